@@ -1,0 +1,33 @@
+# The README's two commands. Each sets itself up from nothing: a fresh machine needs only python3.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# The CPU wheel lies on local disk for this pin; an unpinned torch would pull a multi-GB CUDA build.
+TORCH_PIN ?= torch==2.13.0
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+.PHONY: serve test install lint typecheck pytest
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check "$(TORCH_PIN)"
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,dev]'
+	touch $(STAMP)
+
+serve: $(STAMP)
+	@echo "infer: serving the sim model at http://$(HOST):$(PORT)/v1"
+	$(VENV)/bin/infer serve --model sim --host $(HOST) --port $(PORT)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+pytest: $(STAMP)
+	$(PY) -m pytest -q
+
+test: lint typecheck pytest
