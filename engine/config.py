@@ -1,0 +1,32 @@
+"""Engine configuration shared by every model line."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.contract import ContractError
+
+PAGE_SIZE = 16
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    max_num_seqs: int = 256
+    # Token budget of one step: decode rows first, then prefill chunks.
+    max_num_batched_tokens: int = 2048
+    # None: the model's own limit.
+    max_model_len: int | None = None
+    # None: sized by the model line (measured memory on GPU, a default on CPU).
+    num_kv_pages: int | None = None
+    enable_prefix_caching: bool = True
+    page_size: int = PAGE_SIZE
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "page_size"):
+            value = getattr(self, name)
+            if value < 1:
+                raise ContractError(name, value, "must be at least 1")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ContractError("max_model_len", self.max_model_len, "must be at least 1")
+        if self.num_kv_pages is not None and self.num_kv_pages < 2:
+            raise ContractError("num_kv_pages", self.num_kv_pages, "must be at least 2 (page 0 is padding)")

@@ -1,0 +1,107 @@
+"""Model lines register here by name (`sim`) or by `model_type` (for checkpoint directories).
+
+`load_model` turns a `--model` argument into a `LoadedModel`: the scheduler the engine drives and
+the tokenizer the frontend talks through.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from engine.config import EngineConfig
+from engine.contract import Scheduler
+
+
+class ModelLoadError(ValueError):
+    """The `--model` argument or its checkpoint cannot be served; the message names why."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    role: str
+    content: str
+
+
+class Tokenizer(Protocol):
+    def encode(self, text: str) -> list[int]:
+        ...
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        ...
+
+    def render_chat(self, messages: Sequence[ChatMessage]) -> list[int]:
+        """Apply the chat template with the generation prompt appended; BOS comes from the template."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ModelOptions:
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    dtype: str | None = None
+    device: str | None = None
+    attention_backend: str | None = None
+    # sim only: seconds each step sleeps, standing in for a forward's cost.
+    sim_step_delay_s: float = 0.0
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    name: str
+    scheduler: Scheduler
+    tokenizer: Tokenizer
+    max_model_len: int
+
+
+Loader = Callable[[str, ModelOptions], LoadedModel]
+
+_BY_NAME: dict[str, Loader] = {}
+_BY_MODEL_TYPE: dict[str, Loader] = {}
+
+
+def register_name(name: str, loader: Loader) -> None:
+    _BY_NAME[name] = loader
+
+
+def register_model_types(model_types: Sequence[str], loader: Loader) -> None:
+    for model_type in model_types:
+        _BY_MODEL_TYPE[model_type] = loader
+
+
+def _register_builtin_lines() -> None:
+    # Importing a line registers it; kept here so `registry` is the one list of what exists.
+    import models.sim  # noqa: F401
+
+
+def checkpoint_model_type(path: Path) -> str:
+    config_path = path / "config.json"
+    if not config_path.is_file():
+        raise ModelLoadError(f"{path}: no config.json (a Hugging Face checkpoint directory is expected)")
+    try:
+        config = json.loads(config_path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ModelLoadError(f"{config_path}: not valid JSON ({exc})") from exc
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str):
+        raise ModelLoadError(f"{config_path}: field 'model_type' is missing or not a string")
+    return model_type
+
+
+def load_model(spec: str, options: ModelOptions | None = None) -> LoadedModel:
+    _register_builtin_lines()
+    options = options or ModelOptions()
+    if spec in _BY_NAME:
+        return _BY_NAME[spec](spec, options)
+    path = Path(spec)
+    if not path.exists():
+        known = ", ".join(sorted(_BY_NAME)) or "none"
+        raise ModelLoadError(f"--model {spec!r}: neither a built-in model ({known}) nor an existing directory")
+    model_type = checkpoint_model_type(path)
+    loader = _BY_MODEL_TYPE.get(model_type)
+    if loader is None:
+        supported = ", ".join(sorted(_BY_MODEL_TYPE)) or "none yet"
+        raise ModelLoadError(f"{path}: model_type {model_type!r} is not supported (supported: {supported})")
+    return loader(str(path), options)
