@@ -132,10 +132,9 @@ class Driver:
             self._publish(outputs)
 
     def _publish(self, outputs: StepOutputs) -> None:
-        try:
+        # A closed event loop means nobody is listening any more.
+        with contextlib.suppress(RuntimeError):
             self._loop.call_soon_threadsafe(self._on_outputs, outputs)
-        except RuntimeError:  # the event loop is closed: nobody is listening any more
-            pass
 
     def _die(self, message: str) -> None:
         self.fatal_error = message

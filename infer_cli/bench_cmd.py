@@ -26,7 +26,9 @@ def bench_callback(
     if buckets is None:
         typer.echo(ctx.get_help())
         raise typer.Exit(0)
-    typer.secho("infer bench --buckets is not built yet (see the numeric-policies issue).", fg="red", err=True)
+    typer.secho(
+        "infer bench --buckets is not built yet (see the numeric-policies issue).", fg="red", err=True
+    )
     raise typer.Exit(2)
 
 

@@ -27,11 +27,9 @@ class ChatMessage:
 
 
 class Tokenizer(Protocol):
-    def encode(self, text: str) -> list[int]:
-        ...
+    def encode(self, text: str) -> list[int]: ...
 
-    def decode(self, token_ids: Sequence[int]) -> str:
-        ...
+    def decode(self, token_ids: Sequence[int]) -> str: ...
 
     def render_chat(self, messages: Sequence[ChatMessage]) -> list[int]:
         """Apply the chat template with the generation prompt appended; BOS comes from the template."""
@@ -98,7 +96,9 @@ def load_model(spec: str, options: ModelOptions | None = None) -> LoadedModel:
     path = Path(spec)
     if not path.exists():
         known = ", ".join(sorted(_BY_NAME)) or "none"
-        raise ModelLoadError(f"--model {spec!r}: neither a built-in model ({known}) nor an existing directory")
+        raise ModelLoadError(
+            f"--model {spec!r}: neither a built-in model ({known}) nor an existing directory"
+        )
     model_type = checkpoint_model_type(path)
     loader = _BY_MODEL_TYPE.get(model_type)
     if loader is None:
