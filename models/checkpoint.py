@@ -1,0 +1,125 @@
+"""Reading Hugging Face safetensors checkpoints: every tensor checked before any is trusted.
+
+A model line states the tensors it expects (name → shape, dtype); `load_checked` compares that with
+what the checkpoint holds — one file or shards listed by `model.safetensors.index.json` — and names
+every faulty tensor in one error: missing, unexpected, wrong shape, wrong dtype. Safetensors only:
+no pickle, no remote code.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+_DTYPES: dict[str, torch.dtype] = {
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "F64": torch.float64,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    shape: tuple[int, ...]
+    # None accepts any floating dtype (it is cast to the serving dtype on load).
+    dtype: torch.dtype | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StoredTensor:
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    file: Path
+
+
+class WeightsError(ValueError):
+    """Every faulty tensor of a checkpoint, named at once."""
+
+    def __init__(self, checkpoint: Path, problems: list[str]) -> None:
+        listing = "\n  ".join(problems)
+        super().__init__(f"{checkpoint}: {len(problems)} faulty tensor(s):\n  {listing}")
+        self.checkpoint = checkpoint
+        self.problems = problems
+
+
+def checkpoint_files(checkpoint: Path) -> list[Path]:
+    index = checkpoint / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise WeightsError(checkpoint, [f"{index.name}: no 'weight_map' object"])
+        files = sorted({checkpoint / str(f) for f in weight_map.values()})
+        missing = [f"shard {f.name} listed in {index.name} does not exist" for f in files if not f.is_file()]
+        if missing:
+            raise WeightsError(checkpoint, missing)
+        return files
+    files = sorted(checkpoint.glob("*.safetensors"))
+    if not files:
+        pickles = sorted(p.name for p in checkpoint.glob("*.bin")) + sorted(p.name for p in checkpoint.glob("*.pt"))
+        why = f" (found {', '.join(pickles)}: pickle checkpoints are refused)" if pickles else ""
+        raise WeightsError(checkpoint, [f"no *.safetensors files{why}"])
+    return files
+
+
+def stored_tensors(checkpoint: Path) -> dict[str, StoredTensor]:
+    """Names, shapes and dtypes from the safetensors headers, without reading any data."""
+    found: dict[str, StoredTensor] = {}
+    for file in checkpoint_files(checkpoint):
+        with safe_open(str(file), framework="pt") as handle:
+            for name in handle.keys():  # noqa: SIM118 — safe_open is not a mapping
+                sl = handle.get_slice(name)
+                dtype = _DTYPES.get(sl.get_dtype())
+                if dtype is None:
+                    raise WeightsError(checkpoint, [f"{name}: unsupported dtype {sl.get_dtype()}"])
+                found[name] = StoredTensor(name, tuple(sl.get_shape()), dtype, file)
+    return found
+
+
+def check_tensors(
+    checkpoint: Path,
+    expected: Mapping[str, TensorSpec],
+    stored: Mapping[str, StoredTensor],
+    ignore: Callable[[str], bool] = lambda _name: False,
+) -> None:
+    problems: list[str] = []
+    for name, spec in expected.items():
+        have = stored.get(name)
+        if have is None:
+            problems.append(f"{name}: missing (expected shape {list(spec.shape)})")
+            continue
+        if have.shape != spec.shape:
+            problems.append(f"{name}: shape {list(have.shape)}, expected {list(spec.shape)}")
+        if spec.dtype is None and not have.dtype.is_floating_point:
+            problems.append(f"{name}: dtype {have.dtype}, expected a floating dtype")
+        elif spec.dtype is not None and have.dtype != spec.dtype:
+            problems.append(f"{name}: dtype {have.dtype}, expected {spec.dtype}")
+    for name in sorted(set(stored) - set(expected)):
+        if not ignore(name):
+            problems.append(f"{name}: unexpected tensor (shape {list(stored[name].shape)})")
+    if problems:
+        raise WeightsError(checkpoint, problems)
+
+
+def iter_tensors(
+    stored: Mapping[str, StoredTensor], names: list[str], device: torch.device, dtype: torch.dtype
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield tensors one at a time (file by file) so peak host memory stays at one tensor."""
+    by_file: dict[Path, list[str]] = {}
+    for name in names:
+        by_file.setdefault(stored[name].file, []).append(name)
+    for file, file_names in by_file.items():
+        with safe_open(str(file), framework="pt", device="cpu") as handle:
+            for name in file_names:
+                yield name, handle.get_tensor(name).to(device=device, dtype=dtype)

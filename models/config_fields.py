@@ -1,0 +1,120 @@
+"""Typed reads of `config.json` fields that fail closed, naming the field and its value.
+
+Every model line's `config.py` parses its checkpoint's config through these, before any weight is
+read, so an unsupported or malformed checkpoint is refused with a message a user can act on.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+_MISSING = object()
+
+
+class ConfigError(ValueError):
+    """A config field that is missing, malformed or unsupported."""
+
+    def __init__(self, source: str, field: str, value: object, why: str) -> None:
+        super().__init__(f"{source}: field {field!r} = {value!r}: {why}")
+        self.source = source
+        self.field = field
+        self.value = value
+        self.why = why
+
+
+class ConfigReader:
+    """Reads one JSON object (a config or a nested part of one) with typed, named failures."""
+
+    def __init__(self, data: Mapping[str, Any], source: str, prefix: str = "") -> None:
+        self.data = data
+        self.source = source
+        self.prefix = prefix
+
+    @classmethod
+    def from_file(cls, path: Path) -> ConfigReader:
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError as exc:
+            raise ConfigError(str(path), "<file>", None, "file not found") from exc
+        except json.JSONDecodeError as exc:
+            raise ConfigError(str(path), "<file>", None, f"not valid JSON ({exc})") from exc
+        if not isinstance(data, dict):
+            raise ConfigError(str(path), "<root>", type(data).__name__, "expected a JSON object")
+        return cls(data, str(path))
+
+    def name(self, key: str) -> str:
+        return f"{self.prefix}{key}"
+
+    def has(self, key: str) -> bool:
+        return key in self.data and self.data[key] is not None
+
+    def raw(self, key: str, default: object = _MISSING) -> Any:
+        if key in self.data and self.data[key] is not None:
+            return self.data[key]
+        if default is _MISSING:
+            raise ConfigError(self.source, self.name(key), None, "required but missing")
+        return default
+
+    def fail(self, key: str, why: str) -> ConfigError:
+        return ConfigError(self.source, self.name(key), self.data.get(key), why)
+
+    def get_int(self, key: str, default: int | None = None, minimum: int | None = 1) -> int:
+        value = self.raw(key, _MISSING if default is None else default)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.fail(key, "expected an integer")
+        if minimum is not None and value < minimum:
+            raise self.fail(key, f"must be at least {minimum}")
+        return value
+
+    def get_float(self, key: str, default: float | None = None) -> float:
+        value = self.raw(key, _MISSING if default is None else default)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self.fail(key, "expected a number")
+        return float(value)
+
+    def get_bool(self, key: str, default: bool | None = None) -> bool:
+        value = self.raw(key, _MISSING if default is None else default)
+        if not isinstance(value, bool):
+            raise self.fail(key, "expected true or false")
+        return value
+
+    def get_str(self, key: str, default: str | None = None) -> str:
+        value = self.raw(key, _MISSING if default is None else default)
+        if not isinstance(value, str):
+            raise self.fail(key, "expected a string")
+        return value
+
+    def sub(self, key: str) -> ConfigReader:
+        value = self.raw(key)
+        if not isinstance(value, dict):
+            raise self.fail(key, "expected a JSON object")
+        return ConfigReader(value, self.source, prefix=f"{self.name(key)}.")
+
+    def require_value(self, key: str, allowed: tuple[object, ...], default: object = _MISSING) -> object:
+        value = self.raw(key, default)
+        if value not in allowed:
+            raise self.fail(key, f"not supported (supported: {', '.join(map(repr, allowed))})")
+        return value
+
+    def token_ids(self, key: str) -> frozenset[int]:
+        """An id or a list of ids (EOS fields use both forms); empty when absent."""
+        value = self.data.get(key)
+        if value is None:
+            return frozenset()
+        values = value if isinstance(value, list) else [value]
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+            raise self.fail(key, "expected a token id or a list of token ids")
+        return frozenset(values)
+
+
+def read_generation_eos(checkpoint: Path) -> frozenset[int]:
+    """EOS ids from generation_config.json, if the checkpoint ships one."""
+    path = checkpoint / "generation_config.json"
+    if not path.is_file():
+        return frozenset()
+    return ConfigReader.from_file(path).token_ids("eos_token_id")

@@ -1,0 +1,37 @@
+"""The tensors a Qwen3 checkpoint must hold, by their Hugging Face names."""
+
+from __future__ import annotations
+
+from models.checkpoint import TensorSpec
+from models.qwen3.config import Qwen3Config
+
+
+def expected_tensors(config: Qwen3Config) -> dict[str, TensorSpec]:
+    c = config
+    specs: dict[str, TensorSpec] = {
+        "model.embed_tokens.weight": TensorSpec((c.vocab_size, c.hidden_size)),
+        "model.norm.weight": TensorSpec((c.hidden_size,)),
+    }
+    if not c.tie_word_embeddings:
+        specs["lm_head.weight"] = TensorSpec((c.vocab_size, c.hidden_size))
+    for i in range(c.num_layers):
+        p = f"model.layers.{i}."
+        specs |= {
+            p + "input_layernorm.weight": TensorSpec((c.hidden_size,)),
+            p + "post_attention_layernorm.weight": TensorSpec((c.hidden_size,)),
+            p + "self_attn.q_proj.weight": TensorSpec((c.q_size, c.hidden_size)),
+            p + "self_attn.k_proj.weight": TensorSpec((c.kv_size, c.hidden_size)),
+            p + "self_attn.v_proj.weight": TensorSpec((c.kv_size, c.hidden_size)),
+            p + "self_attn.o_proj.weight": TensorSpec((c.hidden_size, c.q_size)),
+            p + "self_attn.q_norm.weight": TensorSpec((c.head_dim,)),
+            p + "self_attn.k_norm.weight": TensorSpec((c.head_dim,)),
+            p + "mlp.gate_proj.weight": TensorSpec((c.intermediate_size, c.hidden_size)),
+            p + "mlp.up_proj.weight": TensorSpec((c.intermediate_size, c.hidden_size)),
+            p + "mlp.down_proj.weight": TensorSpec((c.hidden_size, c.intermediate_size)),
+        }
+    return specs
+
+
+def ignored_tensor(name: str) -> bool:
+    """Tensors a tied checkpoint may still carry; everything else unexpected is a fault."""
+    return name == "lm_head.weight"
