@@ -1,0 +1,237 @@
+"""KVManager: every request's page tables across all KV groups, and the prefix cache.
+
+Admission and growth reserve pages in all groups or in none. Prefix hits are whole pages found in
+every group, capped so at least one prompt token is still computed (the last token must be run to
+sample from it, and a partially reused page would be written while shared).
+
+Prefix caching is switched off for the whole model when any group is a sliding-window group: a
+sliding group releases pages as the window moves, so it cannot hold a long prefix for a later
+request, and a hit is only usable when every group has it. Gemma 4's issue adds sliding-group
+caching; until then such models always compute their prompts cold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from engine.contract import GroupLoad
+from engine.kv.group import KVGroup
+from engine.kv.page_pool import PADDING_PAGE
+from engine.kv.prefix_cache import PageHash, PageHasher
+from engine.kv.spec import KVGroupSpec
+
+
+class KVConfigError(ValueError):
+    def __init__(self, field_name: str, value: object, why: str) -> None:
+        super().__init__(f"{field_name}={value!r}: {why}")
+        self.field_name = field_name
+        self.value = value
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetShortfall:
+    """Why a request can never fit: in `group` it needs `needed` pages but only `total` exist."""
+
+    group: str
+    needed: int
+    total: int
+
+
+@dataclass(slots=True)
+class _RequestKV:
+    # Per group: page ids covering positions [16i, 16i + 16); released sliding slots hold page 0.
+    tables: list[list[int]]
+    # Per group: how many leading slots a sliding window has released.
+    released: list[int]
+    # The hash chain of the request's token sequence, grown lazily; survives preemption.
+    hashes: list[PageHash] = field(default_factory=list)
+    # Leading pages already known to the prefix cache (hit, or indexed after being computed).
+    num_indexed: int = 0
+    # Per group: the table as a tuple, rebuilt only when the table changes.
+    frozen: list[tuple[int, ...] | None] = field(default_factory=list)
+
+
+class KVManager:
+    def __init__(
+        self, specs: Sequence[KVGroupSpec], model_id: str, enable_prefix_caching: bool = True
+    ) -> None:
+        if not specs:
+            raise KVConfigError("kv_groups", specs, "a model needs at least one KV group")
+        names = [s.name for s in specs]
+        if len(set(names)) != len(names):
+            raise KVConfigError("kv_groups", names, "group names must be distinct")
+        sizes = {s.page_size for s in specs}
+        if len(sizes) != 1:
+            raise KVConfigError("page_size", sorted(sizes), "every group must use the same page size")
+        self.page_size = sizes.pop()
+        self.groups = [KVGroup(s) for s in specs]
+        self.prefix_caching = enable_prefix_caching and all(s.sliding_window is None for s in specs)
+        self._hasher = PageHasher(model_id)
+        self._requests: dict[str, _RequestKV] = {}
+        self._sliding = [i for i, s in enumerate(specs) if s.sliding_window is not None]
+
+    # -- facts ---------------------------------------------------------------------------------
+
+    def load(self) -> tuple[GroupLoad, ...]:
+        return tuple(g.load() for g in self.groups)
+
+    def holds(self, request_id: str) -> bool:
+        state = self._requests.get(request_id)
+        return state is not None and any(state.tables)
+
+    def live_pages(self, request_id: str) -> list[int]:
+        """Per group, how many pages the request references now."""
+        state = self._requests.get(request_id)
+        if state is None:
+            return [0] * len(self.groups)
+        return [sum(1 for p in t if p != PADDING_PAGE) for t in state.tables]
+
+    def shortfall(self, num_positions: int, max_chunk: int) -> BudgetShortfall | None:
+        """The first group in which a request spanning `num_positions` could never fit, alone."""
+        for g in self.groups:
+            needed = g.spec.max_live_pages(num_positions, max_chunk)
+            if needed > g.pool.total:
+                return BudgetShortfall(g.spec.name, needed, g.pool.total)
+        return None
+
+    def page_tables(self, request_id: str, end_pos: int) -> tuple[tuple[int, ...], ...]:
+        """Per group, the page ids covering positions [0, end_pos)."""
+        state = self._requests[request_id]
+        count = -(-end_pos // self.page_size)
+        out: list[tuple[int, ...]] = []
+        for gi, table in enumerate(state.tables):
+            frozen = state.frozen[gi]
+            if frozen is None:
+                frozen = state.frozen[gi] = tuple(table)
+            out.append(frozen if len(frozen) == count else frozen[:count])
+        return tuple(out)
+
+    # -- transitions ---------------------------------------------------------------------------
+
+    def prefix_hit(self, request_id: str, token_ids: Sequence[int]) -> int:
+        """Reference the longest chain of cached full pages that starts `token_ids`, in every group,
+        leaving at least one token to compute. Returns the number of tokens covered. The request
+        must hold no pages."""
+        state = self._state(request_id)
+        if any(state.tables):
+            raise RuntimeError(f"request {request_id!r}: prefix lookup while holding pages")
+        if not self.prefix_caching:
+            return 0
+        ps = self.page_size
+        limit = (len(token_ids) - 1) // ps
+        hit: list[list[int]] = [[] for _ in self.groups]
+        for i in range(limit):
+            self._hasher.extend(state.hashes, token_ids, i + 1, ps)
+            page_hash = state.hashes[i]
+            found = [g.index.find(page_hash) for g in self.groups]
+            if any(p is None for p in found):
+                break
+            for gi, page in enumerate(found):
+                assert page is not None
+                hit[gi].append(page)
+        for g, pages, table in zip(self.groups, hit, state.tables, strict=True):
+            for page in pages:
+                g.pool.incref(page)
+            table.extend(pages)
+        state.num_indexed = len(hit[0])
+        self._touched(state)
+        return len(hit[0]) * ps
+
+    def release_window(self, request_id: str, frontier: int) -> None:
+        """Sliding groups: release pages wholly before the window of the token at `frontier`
+        (it needs positions > frontier - W)."""
+        if not self._sliding:
+            return
+        state = self._requests.get(request_id)
+        if state is None:
+            return
+        for gi in self._sliding:
+            window = self.groups[gi].spec.sliding_window
+            assert window is not None
+            first_needed = frontier - window + 1
+            table = state.tables[gi]
+            stop = min(len(table), max(0, first_needed) // self.page_size)
+            start = state.released[gi]
+            if stop <= start:
+                continue
+            group = self.groups[gi]
+            for slot in range(start, stop):
+                page = table[slot]
+                if page != PADDING_PAGE:
+                    group.release(page)
+                    table[slot] = PADDING_PAGE
+            state.released[gi] = stop
+            state.frozen[gi] = None
+
+    def fit(self, request_id: str, start: int, want: int) -> int:
+        """How many of the `want` tokens from position `start` could get pages right now."""
+        state = self._state(request_id)
+        ps = self.page_size
+        best = want
+        for g, table in zip(self.groups, state.tables, strict=True):
+            best = min(best, (len(table) + g.pool.available) * ps - start)
+        return max(0, best)
+
+    def allocate(self, request_id: str, end_pos: int) -> bool:
+        """Give the request pages up to position `end_pos` in every group, or in none."""
+        state = self._state(request_id)
+        needs = [g.spec.pages_for(end_pos) - len(t) for g, t in zip(self.groups, state.tables, strict=True)]
+        if any(n > g.pool.available for g, n in zip(self.groups, needs, strict=True)):
+            return False
+        for gi, (g, n) in enumerate(zip(self.groups, needs, strict=True)):
+            if n > 0:
+                state.tables[gi].extend(g.pool.allocate(n))
+                state.frozen[gi] = None
+        return True
+
+    def computed(self, request_id: str, token_ids: Sequence[int], num_computed: int) -> None:
+        """The KV of positions [0, num_computed) is written: index the pages that just became full,
+        so later requests may share them (a page is never shared while it is being written)."""
+        if not self.prefix_caching:
+            return
+        state = self._requests[request_id]
+        full = num_computed // self.page_size
+        if full <= state.num_indexed:
+            return
+        self._hasher.extend(state.hashes, token_ids, full, self.page_size)
+        for i in range(state.num_indexed, full):
+            page_hash = state.hashes[i]
+            for g, table in zip(self.groups, state.tables, strict=True):
+                g.index.insert(page_hash, table[i])
+        state.num_indexed = full
+
+    def free(self, request_id: str, keep_hashes: bool = False) -> None:
+        """Drop every page the request references; full indexed pages stay cached (evictable).
+        `keep_hashes` keeps the request's hash chain for its re-admission after preemption."""
+        state = self._requests.get(request_id)
+        if state is None:
+            return
+        for g, table in zip(self.groups, state.tables, strict=True):
+            # Tail first, so the LRU evicts a prefix's tail before its head.
+            for page in reversed(table):
+                if page != PADDING_PAGE:
+                    g.release(page)
+            table.clear()
+        if keep_hashes:
+            state.released = [0] * len(self.groups)
+            state.num_indexed = 0
+            self._touched(state)
+        else:
+            del self._requests[request_id]
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _state(self, request_id: str) -> _RequestKV:
+        state = self._requests.get(request_id)
+        if state is None:
+            n = len(self.groups)
+            state = self._requests[request_id] = _RequestKV(
+                tables=[[] for _ in range(n)], released=[0] * n, frozen=[None] * n
+            )
+        return state
+
+    @staticmethod
+    def _touched(state: _RequestKV) -> None:
+        for gi in range(len(state.frozen)):
+            state.frozen[gi] = None

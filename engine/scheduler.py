@@ -1,0 +1,359 @@
+"""BatchScheduler: the one continuous-batching policy every model line uses.
+
+Each step fills a token budget: decode rows first (oldest admission first), then the next chunks
+of partially prefilled requests, then new admissions (FCFS, while fewer than `max_num_seqs` run).
+Prefill chunks and decode rows share one `StepBatch`. A request is admitted only when every KV
+group can hold the pages of its first chunk. When a running request cannot get its next page, the
+most recently admitted request is preempted by recompute: its pages are dropped (full ones stay in
+the prefix cache) and it returns to the front of the waiting queue, to re-prefill prompt plus
+generated tokens later. Its admission facts and tokens are never emitted twice.
+
+Every fact goes through the `RequestLedger`; the `ModelRunner` only sees rows.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+from engine.config import EngineConfig
+from engine.contract import FinishReason, Load, RejectReason, Request, StepOutputs, TokenLogprob
+from engine.kv import KVGroupSpec, KVManager
+from engine.ledger import RequestLedger
+from engine.runner import BatchRow, ModelRunner, SampledToken, StepBatch
+
+
+class RunnerContractError(RuntimeError):
+    """The model runner answered a batch with the wrong shape of result."""
+
+
+class _Where(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    DONE = "done"
+
+
+@dataclass(slots=True, eq=False)
+class _Seq:
+    request: Request
+    # Prompt plus committed generated tokens; the last one is not yet computed while decoding.
+    tokens: list[int]
+    num_prompt: int
+    where: _Where = _Where.WAITING
+    # Positions whose KV is written.
+    num_computed: int = 0
+    admitted: bool = False
+    # Monotonic admission stamp (re-stamped on re-admission): preemption takes the largest first.
+    admit_order: int = 0
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.tokens) - self.num_prompt
+
+    @property
+    def decoding(self) -> bool:
+        return self.num_generated > 0 and self.num_computed == len(self.tokens) - 1
+
+
+class BatchScheduler:
+    """Implements `engine.contract.Scheduler` over a `ModelRunner`. All methods run on the driver
+    thread. `model_id` salts the prefix cache's hash chain so two models never share KV."""
+
+    def __init__(
+        self,
+        runner: ModelRunner,
+        config: EngineConfig,
+        kv_groups: Sequence[KVGroupSpec],
+        eos_token_ids: Collection[int],
+        max_model_len: int,
+        *,
+        model_id: str,
+        vocab_size: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if max_model_len < 1:
+            raise ValueError(f"max_model_len={max_model_len!r}: must be at least 1")
+        self._runner = runner
+        self._config = config
+        self._eos = frozenset(eos_token_ids)
+        self._max_model_len = max_model_len
+        self._vocab_size = vocab_size
+        self._clock = clock
+        self.kv = KVManager(kv_groups, model_id, config.enable_prefix_caching)
+        self._ledger = RequestLedger()
+        self._seqs: dict[str, _Seq] = {}
+        self._waiting: deque[_Seq] = deque()
+        # In admission order: preemption pops from the end.
+        self._running: list[_Seq] = []
+        self._admit_counter = 0
+        # The requests that have a row in the step being built or run, for `fail_step`.
+        self._in_step: list[_Seq] = []
+        self.num_preemptions = 0
+
+    # -- Scheduler protocol --------------------------------------------------------------------
+
+    def submit(self, request: Request) -> None:
+        self._ledger.open(request)
+        seq = _Seq(request, list(request.prompt_token_ids), len(request.prompt_token_ids))
+        self._seqs[request.request_id] = seq
+        self._waiting.append(seq)
+
+    def abort(self, request_id: str) -> None:
+        self._ledger.abort(request_id)
+        seq = self._seqs.get(request_id)
+        if seq is not None:
+            self._retire(seq)
+
+    def has_work(self) -> bool:
+        return bool(self._waiting) or bool(self._running)
+
+    def load(self) -> Load:
+        groups = self.kv.load()
+        return Load(
+            running=len(self._running),
+            waiting=len(self._waiting),
+            kv_pages_used=sum(g.pages_used for g in groups),
+            kv_pages_total=sum(g.pages_total for g in groups),
+            groups=groups,
+        )
+
+    def step(self) -> StepOutputs:
+        self._in_step = []
+        rows = self._schedule()
+        if rows:
+            results = self._runner.execute(StepBatch(tuple(rows)))
+            self._apply(rows, results)
+        self._in_step = []
+        return self._ledger.drain()
+
+    def fail_step(self, message: str) -> StepOutputs:
+        for seq in self._in_step:
+            if seq.where is not _Where.DONE:
+                self._retire(seq)
+                self._ledger.fail(seq.request_id, message)
+        # A step may have raised after finishing some of its requests, before its sweep.
+        self._running = [s for s in self._running if s.where is _Where.RUNNING]
+        self._in_step = []
+        return self._ledger.drain()
+
+    # -- scheduling ----------------------------------------------------------------------------
+
+    def _schedule(self) -> list[BatchRow]:
+        budget = self._config.max_num_batched_tokens
+        rows: list[BatchRow] = []
+        scheduled: set[int] = set()  # ids of _Seq objects with a row this step
+        preempted = False
+
+        # 1. Decode rows, oldest first. Iterate by index: preemption shortens the list's tail.
+        i = 0
+        while i < len(self._running) and budget > 0:
+            seq = self._running[i]
+            i += 1
+            if not seq.decoding:
+                continue
+            granted, did_preempt = self._reserve(seq, 1, scheduled, may_preempt_self=True)
+            preempted |= did_preempt
+            if granted == 0:
+                break  # seq itself was the newest and was preempted: nothing after it remains
+            rows.append(self._row(seq, granted))
+            scheduled.add(id(seq))
+            budget -= granted
+
+        # 2. Continue partial prefills, oldest first.
+        i = 0
+        while i < len(self._running) and budget > 0:
+            seq = self._running[i]
+            i += 1
+            if seq.decoding or id(seq) in scheduled:
+                continue
+            want = min(len(seq.tokens) - seq.num_computed, budget)
+            # A prefill that finds no page waits instead of preempting itself: the rows already
+            # scheduled are making progress and will free or give up pages.
+            granted, did_preempt = self._reserve(seq, want, scheduled, may_preempt_self=False)
+            preempted |= did_preempt
+            if granted == 0:
+                continue
+            rows.append(self._row(seq, granted))
+            scheduled.add(id(seq))
+            budget -= granted
+
+        # 3. Admit from the waiting queue, FCFS. Not in a step that preempted: the pages just
+        # taken back would be handed straight to a request that lost them a moment ago.
+        while (
+            not preempted and budget > 0 and self._waiting and len(self._running) < self._config.max_num_seqs
+        ):
+            seq = self._waiting[0]
+            if self._refuse_if_never_fits(seq):
+                continue
+            granted = self._admit(seq, budget)
+            if granted == 0:
+                break  # head of line waits for pages; FCFS keeps later ones behind it
+            rows.append(self._row(seq, granted))
+            scheduled.add(id(seq))
+            budget -= granted
+        return rows
+
+    def _reserve(self, seq: _Seq, want: int, scheduled: set[int], may_preempt_self: bool) -> tuple[int, bool]:
+        """Pages for up to `want` tokens of a running request, preempting requests admitted after
+        it (newest first, never one already in this step) when none fit. Returns (tokens granted,
+        whether anything was preempted); 0 granted means the request gets no row this step."""
+        rid = seq.request_id
+        self.kv.release_window(rid, seq.num_computed)
+        preempted = False
+        while True:
+            # A decode needs its one token; a prefill chunk may shrink to what fits.
+            fit = self.kv.fit(rid, seq.num_computed, want)
+            if fit > 0:
+                if not self.kv.allocate(rid, seq.num_computed + fit):
+                    raise AssertionError(f"request {rid!r}: {fit} tokens fit but allocation failed")
+                return fit, preempted
+            victim = self._running[-1]
+            if id(victim) in scheduled or victim.admit_order < seq.admit_order:
+                return 0, preempted
+            if victim is seq and not may_preempt_self:
+                return 0, preempted
+            self._preempt(victim)
+            preempted = True
+            if victim is seq:
+                return 0, preempted
+
+    def _preempt(self, seq: _Seq) -> None:
+        self._running.remove(seq)
+        self.kv.free(seq.request_id, keep_hashes=True)
+        seq.num_computed = 0
+        seq.where = _Where.WAITING
+        self._waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def _refuse_if_never_fits(self, seq: _Seq) -> bool:
+        """Reject the waiting head if it can never run; True when it was rejected."""
+        request = seq.request
+        if seq.admitted:
+            return False
+        rid = request.request_id
+        total = seq.num_prompt + request.sampling.max_tokens
+        reason: RejectReason | None = None
+        message = ""
+        if total > self._max_model_len:
+            reason = RejectReason.CONTEXT_LENGTH
+            message = (
+                f"prompt ({seq.num_prompt} tokens) plus max_tokens ({request.sampling.max_tokens}) "
+                f"is {total}, over the model's maximum context length of {self._max_model_len}"
+            )
+        elif self._vocab_size is not None and any(
+            t < 0 or t >= self._vocab_size for t in request.prompt_token_ids
+        ):
+            bad = next(t for t in request.prompt_token_ids if t < 0 or t >= self._vocab_size)
+            reason = RejectReason.INVALID_INPUT
+            message = f"prompt token id {bad} is outside the vocabulary (0..{self._vocab_size - 1})"
+        else:
+            # The last sampled token is never fed back, so its KV is never written.
+            short = self.kv.shortfall(total - 1, self._config.max_num_batched_tokens)
+            if short is not None:
+                reason = RejectReason.KV_BUDGET
+                message = (
+                    f"request needs {short.needed} KV pages in group {short.group!r} but the cache "
+                    f"holds only {short.total}"
+                )
+        if reason is None:
+            return False
+        self._waiting.popleft()
+        del self._seqs[rid]
+        self.kv.free(rid)
+        self._ledger.reject(rid, reason, message)
+        return True
+
+    def _admit(self, seq: _Seq, budget: int) -> int:
+        """Move the waiting head to running with pages for its first chunk; 0 if they don't fit."""
+        rid = seq.request_id
+        hit = self.kv.prefix_hit(rid, seq.tokens)
+        chunk = min(len(seq.tokens) - hit, budget)
+        if not self.kv.allocate(rid, hit + chunk):
+            self.kv.free(rid, keep_hashes=True)
+            return 0
+        self._waiting.popleft()
+        seq.num_computed = hit
+        seq.where = _Where.RUNNING
+        self._admit_counter += 1
+        seq.admit_order = self._admit_counter
+        self._running.append(seq)
+        if not seq.admitted:
+            seq.admitted = True
+            self._ledger.admit(rid, self._clock())
+            self._ledger.record_cached(rid, hit)
+        return chunk
+
+    def _row(self, seq: _Seq, num_tokens: int) -> BatchRow:
+        start = seq.num_computed
+        end = start + num_tokens
+        self._in_step.append(seq)
+        return BatchRow(
+            request_id=seq.request_id,
+            token_ids=tuple(seq.tokens[start:end]),
+            start_pos=start,
+            page_tables=self.kv.page_tables(seq.request_id, end),
+            sample=end == len(seq.tokens),
+            sampling=seq.request.sampling,
+            context=seq.tokens,
+            num_generated=seq.num_generated,
+        )
+
+    # -- applying a step's results -------------------------------------------------------------
+
+    def _apply(self, rows: Sequence[BatchRow], results: Sequence[SampledToken | None]) -> None:
+        if len(results) != len(rows):
+            raise RunnerContractError(f"runner returned {len(results)} results for {len(rows)} rows")
+        finished = False
+        for seq, row, result in zip(self._in_step, rows, results, strict=True):
+            seq.num_computed = row.end_pos
+            self.kv.computed(seq.request_id, seq.tokens, seq.num_computed)
+            if not row.sample:
+                continue
+            if result is None:
+                raise RunnerContractError(f"row of {row.request_id!r} asked for a token and got None")
+            finished |= self._take_token(seq, result)
+        if finished:
+            self._running = [s for s in self._running if s.where is _Where.RUNNING]
+
+    def _take_token(self, seq: _Seq, sampled: SampledToken) -> bool:
+        """Commit one sampled token or finish on it; True when the request finished."""
+        rid = seq.request_id
+        sampling = seq.request.sampling
+        token = sampled.token_id
+        if token in self._eos and not sampling.ignore_eos:
+            self._finish(seq, FinishReason.STOP)
+            return True
+        logprobs: list[TokenLogprob] | None = None
+        if sampling.logprobs is not None and sampled.logprob is not None:
+            logprobs = [sampled.logprob]
+        self._ledger.commit(rid, (token,), logprobs)
+        seq.tokens.append(token)
+        if seq.num_generated >= sampling.max_tokens or len(seq.tokens) >= self._max_model_len:
+            self._finish(seq, FinishReason.LENGTH)
+            return True
+        return False
+
+    def _finish(self, seq: _Seq, reason: FinishReason) -> None:
+        self._ledger.finish(seq.request_id, reason)
+        # The running list is swept once at the end of the step, not once per finish.
+        self._forget(seq)
+
+    def _retire(self, seq: _Seq) -> None:
+        """Take a request out of its queue and free its pages now (abort, failure)."""
+        if seq.where is _Where.WAITING:
+            self._waiting.remove(seq)
+        elif seq.where is _Where.RUNNING:
+            self._running.remove(seq)
+        self._forget(seq)
+
+    def _forget(self, seq: _Seq) -> None:
+        self._seqs.pop(seq.request_id, None)
+        self.kv.free(seq.request_id)
+        seq.where = _Where.DONE
