@@ -1,0 +1,1 @@
+"""Attention backends behind one plan/run interface."""

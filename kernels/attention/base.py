@@ -1,0 +1,62 @@
+"""The attention-backend seam: plan once per step and KV group, run once per layer.
+
+A backend reads K and V straight from a layer's slice of its group's paged pool (see
+kernels/kv_layout.py), so the prep kernel's writes are what attention sees. Queries of one sequence
+are contiguous rows; sequence i's queries sit at the last `q_lens[i]` positions of its `kv_lens[i]`
+tokens, and each attends causally (and, on a sliding layer, to the last `window` positions only,
+its own included).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionLayerSpec:
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    scale: float
+    # Sliding layers: how many positions a query sees, its own included. None: all before it.
+    window: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GroupBatch:
+    """One step's sequences as one KV group sees them (host-side, built by the model runner)."""
+
+    q_lens: tuple[int, ...]
+    kv_lens: tuple[int, ...]
+    page_tables: tuple[tuple[int, ...], ...]
+    page_size: int
+
+    def __post_init__(self) -> None:
+        n = len(self.q_lens)
+        if len(self.kv_lens) != n or len(self.page_tables) != n:
+            raise ValueError(f"GroupBatch: {n} q_lens, {len(self.kv_lens)} kv_lens, {len(self.page_tables)} tables")
+        for i, (q, kv, table) in enumerate(zip(self.q_lens, self.kv_lens, self.page_tables, strict=True)):
+            if not (1 <= q <= kv):
+                raise ValueError(f"GroupBatch: sequence {i} has q_len {q} and kv_len {kv}")
+            if len(table) * self.page_size < kv:
+                raise ValueError(f"GroupBatch: sequence {i} needs {kv} slots but its table has {len(table)} pages")
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.q_lens)
+
+
+class AttentionBackend(ABC):
+    name: str
+
+    @abstractmethod
+    def plan(self, group: int, batch: GroupBatch) -> None:
+        """Prepare the step's metadata for one KV group (host work happens here, not in run)."""
+
+    @abstractmethod
+    def run(self, group: int, layer: AttentionLayerSpec, q: torch.Tensor, pool_layer: torch.Tensor) -> torch.Tensor:
+        """q: [tokens, num_heads, head_dim]; pool_layer: [pages, 2, page_size, kv_heads, head_dim].
+        Returns [tokens, num_heads, head_dim] in q's dtype."""

@@ -1,0 +1,53 @@
+"""The reference attention backend: gathers each sequence's pages and attends in fp32.
+
+Runs on CPU and GPU. It is the semantics every fast backend is compared with, not a fast path.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.attention.base import AttentionBackend, AttentionLayerSpec, GroupBatch
+
+
+def attend_one_sequence(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: AttentionLayerSpec
+) -> torch.Tensor:
+    """q: [n, H, D] for the last n of the kv_len positions held in k, v: [kv_len, Hkv, D]."""
+    n, kv_len = q.shape[0], k.shape[0]
+    group = layer.num_heads // layer.num_kv_heads
+    qf = q.float().transpose(0, 1)  # [H, n, D]
+    kf = k.float().repeat_interleave(group, dim=1).transpose(0, 1)  # [H, kv, D]
+    vf = v.float().repeat_interleave(group, dim=1).transpose(0, 1)
+    scores = torch.matmul(qf, kf.transpose(1, 2)) * layer.scale  # [H, n, kv]
+    q_pos = torch.arange(kv_len - n, kv_len, device=q.device).unsqueeze(1)
+    k_pos = torch.arange(kv_len, device=q.device).unsqueeze(0)
+    visible = k_pos <= q_pos
+    if layer.window is not None:
+        visible &= k_pos > q_pos - layer.window
+    scores = scores.masked_fill(~visible, float("-inf"))
+    out = torch.matmul(torch.softmax(scores, dim=-1), vf)  # [H, n, D]
+    return out.transpose(0, 1).to(q.dtype)
+
+
+class TorchAttention(AttentionBackend):
+    name = "torch"
+
+    def __init__(self) -> None:
+        self._plans: dict[int, GroupBatch] = {}
+
+    def plan(self, group: int, batch: GroupBatch) -> None:
+        self._plans[group] = batch
+
+    def run(self, group: int, layer: AttentionLayerSpec, q: torch.Tensor, pool_layer: torch.Tensor) -> torch.Tensor:
+        batch = self._plans[group]
+        out = torch.empty_like(q)
+        row = 0
+        for q_len, kv_len, table in zip(batch.q_lens, batch.kv_lens, batch.page_tables, strict=True):
+            pages = torch.tensor(table[: -(-kv_len // batch.page_size)], device=q.device, dtype=torch.long)
+            kv = pool_layer.index_select(0, pages)  # [p, 2, page_size, Hkv, D]
+            k = kv[:, 0].reshape(-1, layer.num_kv_heads, layer.head_dim)[:kv_len]
+            v = kv[:, 1].reshape(-1, layer.num_kv_heads, layer.head_dim)[:kv_len]
+            out[row : row + q_len] = attend_one_sequence(q[row : row + q_len], k, v, layer)
+            row += q_len
+        return out

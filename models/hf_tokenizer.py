@@ -1,0 +1,90 @@
+"""A checkpoint's own tokenizer (tokenizer.json) and chat template, without transformers.
+
+The chat template is rendered in a sandboxed Jinja environment the way Hugging Face renders it
+(trimmed blocks, `raise_exception`, `tojson`), and the rendered text is encoded without adding
+special tokens: BOS comes from the template, so nothing adds a second one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from jinja2 import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer as FastTokenizer
+
+from models.registry import ChatMessage, ModelLoadError
+
+
+class ChatTemplateError(ValueError):
+    """The chat template refused the conversation (e.g. roles out of order); a client error."""
+
+
+def _raise_exception(message: str) -> None:
+    raise ChatTemplateError(message)
+
+
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and isinstance(value.get("content"), str):
+        return str(value["content"])
+    return None
+
+
+class HFTokenizer:
+    def __init__(self, checkpoint: Path) -> None:
+        path = checkpoint / "tokenizer.json"
+        if not path.is_file():
+            raise ModelLoadError(f"{checkpoint}: no tokenizer.json")
+        self._tok = FastTokenizer.from_file(str(path))
+        config_path = checkpoint / "tokenizer_config.json"
+        config: dict[str, Any] = json.loads(config_path.read_text()) if config_path.is_file() else {}
+        template = config.get("chat_template")
+        jinja_path = checkpoint / "chat_template.jinja"
+        if template is None and jinja_path.is_file():
+            template = jinja_path.read_text()
+        if isinstance(template, list):  # named templates: use the default one
+            template = next((t.get("template") for t in template if t.get("name") == "default"), None)
+        self.chat_template: str | None = template if isinstance(template, str) else None
+        self.bos_token = _token_text(config.get("bos_token"))
+        self.eos_token = _token_text(config.get("eos_token"))
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = _raise_exception
+        env.filters["tojson"] = lambda value, indent=None: json.dumps(value, ensure_ascii=False, indent=indent)
+        self._template = env.from_string(self.chat_template) if self.chat_template else None
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self._tok.get_vocab_size(with_added_tokens=True))
+
+    def token_id(self, text: str) -> int | None:
+        value = self._tok.token_to_id(text)
+        return None if value is None else int(value)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=False).ids)
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return str(self._tok.decode(list(token_ids), skip_special_tokens=True))
+
+    def render_chat_text(self, messages: Sequence[ChatMessage]) -> str:
+        if self._template is None:
+            raise ChatTemplateError("this checkpoint has no chat template; use /v1/completions")
+        try:
+            return str(
+                self._template.render(
+                    messages=[{"role": m.role, "content": m.content} for m in messages],
+                    add_generation_prompt=True,
+                    bos_token=self.bos_token or "",
+                    eos_token=self.eos_token or "",
+                )
+            )
+        except TemplateError as exc:
+            raise ChatTemplateError(f"chat template failed: {exc}") from exc
+
+    def render_chat(self, messages: Sequence[ChatMessage]) -> list[int]:
+        return self.encode(self.render_chat_text(messages))
