@@ -128,6 +128,8 @@ class Driver:
             log.exception("step failed; failing its batch")
             outputs = self._scheduler.fail_step(f"step failed: {exc!r}")
         self.steps += 1
+        # Load first: whoever sees a step's terminals must also see the load that follows them.
+        self._load = self._scheduler.load()
         if outputs:
             self._publish(outputs)
 
