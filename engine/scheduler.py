@@ -46,6 +46,8 @@ class _Seq:
     # Positions whose KV is written.
     num_computed: int = 0
     admitted: bool = False
+    # Checked once against the context length, vocabulary and KV capacity (none of which change).
+    vetted: bool = False
     # Monotonic admission stamp (re-stamped on re-admission): preemption takes the largest first.
     admit_order: int = 0
 
@@ -235,7 +237,7 @@ class BatchScheduler:
     def _refuse_if_never_fits(self, seq: _Seq) -> bool:
         """Reject the waiting head if it can never run; True when it was rejected."""
         request = seq.request
-        if seq.admitted:
+        if seq.vetted:
             return False
         rid = request.request_id
         total = seq.num_prompt + request.sampling.max_tokens
@@ -263,10 +265,10 @@ class BatchScheduler:
                     f"holds only {short.total}"
                 )
         if reason is None:
+            seq.vetted = True
             return False
         self._waiting.popleft()
-        del self._seqs[rid]
-        self.kv.free(rid)
+        self._forget(seq)
         self._ledger.reject(rid, reason, message)
         return True
 
