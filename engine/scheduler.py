@@ -8,7 +8,11 @@ most recently admitted request is preempted by recompute: its pages are dropped 
 the prefix cache) and it returns to the front of the waiting queue, to re-prefill prompt plus
 generated tokens later. Its admission facts and tokens are never emitted twice.
 
-Every fact goes through the `RequestLedger`; the `ModelRunner` only sees rows.
+A preempting request only takes pages from requests admitted after it and not already in this
+step, so the oldest request always makes progress; a request that could never fit alone is
+rejected (`kv_budget`) before admission. `fail_step` fails exactly the requests that had a row in
+the step that raised. Every fact goes through the `RequestLedger`; the `ModelRunner` only sees
+rows.
 """
 
 from __future__ import annotations
@@ -208,6 +212,9 @@ class BatchScheduler:
         whether anything was preempted); 0 granted means the request gets no row this step."""
         rid = seq.request_id
         self.kv.release_window(rid, seq.num_computed)
+        # The common case: the pages are there (or free), no fitting needed.
+        if self.kv.allocate(rid, seq.num_computed + want):
+            return want, False
         preempted = False
         while True:
             # A decode needs its one token; a prefill chunk may shrink to what fits.
@@ -303,6 +310,8 @@ class BatchScheduler:
             page_tables=self.kv.page_tables(seq.request_id, end),
             sample=end == len(seq.tokens),
             sampling=seq.request.sampling,
+            # The live token list, not a copy (a copy per row per step would cost O(total tokens)):
+            # valid while the step runs; a runner must not keep it.
             context=seq.tokens,
             num_generated=seq.num_generated,
         )

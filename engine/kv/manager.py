@@ -176,7 +176,10 @@ class KVManager:
     def allocate(self, request_id: str, end_pos: int) -> bool:
         """Give the request pages up to position `end_pos` in every group, or in none."""
         state = self._state(request_id)
-        needs = [g.spec.pages_for(end_pos) - len(t) for g, t in zip(self.groups, state.tables, strict=True)]
+        pages = -(-end_pos // self.page_size)
+        if all(len(t) >= pages for t in state.tables):
+            return True
+        needs = [pages - len(t) for t in state.tables]
         if any(n > g.pool.available for g, n in zip(self.groups, needs, strict=True)):
             return False
         for gi, (g, n) in enumerate(zip(self.groups, needs, strict=True)):
