@@ -20,7 +20,6 @@ class _Checked:
         self.inner = inner
         self.budget = budget
         self.max_num_seqs = max_num_seqs
-        self.preempted_rows = 0
 
     def execute(self, batch: StepBatch) -> list[SampledToken | None]:
         assert 0 < batch.num_tokens <= self.budget
