@@ -1,0 +1,117 @@
+"""PagedModelRunner: turns a scheduler's `StepBatch` into one forward of a paged causal LM.
+
+It owns the step's tensors (token ids, positions, each KV group's page table), plans the attention
+backend for every KV group, asks the model for the hidden states of the rows that sample, and
+samples on the model's device. The model owns its weights and KV pools; the runner owns no policy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from engine.runner import BatchRow, SampledToken, StepBatch
+from engine.sampling import sample
+from engine.sampling_batch import RowSampling, SamplingBatch, SeedSource
+from kernels.attention.base import AttentionBackend, GroupBatch
+from kernels.reference import PagedRows
+
+
+@dataclass(slots=True)
+class ForwardBatch:
+    """One step's device inputs. `rows[g]` says where each token's KV lives in group g;
+    `sample_index` picks the tokens whose logits are needed."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    rows: tuple[PagedRows, ...]
+    sample_index: torch.Tensor
+    attention: AttentionBackend
+
+
+class PagedCausalLM(Protocol):
+    device: torch.device
+    page_size: int
+    num_kv_groups: int
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """Hidden states of the tokens at `batch.sample_index`: [len(sample_index), hidden]."""
+        ...
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[rows, vocab] in float32."""
+        ...
+
+
+def build_forward_batch(
+    rows: Sequence[BatchRow], page_size: int, num_groups: int, device: torch.device, attention: AttentionBackend
+) -> ForwardBatch:
+    input_ids: list[int] = []
+    positions: list[int] = []
+    seq_index: list[int] = []
+    sample_index: list[int] = []
+    for i, row in enumerate(rows):
+        input_ids.extend(row.token_ids)
+        positions.extend(range(row.start_pos, row.end_pos))
+        seq_index.extend([i] * len(row.token_ids))
+        if row.sample:
+            sample_index.append(len(input_ids) - 1)
+
+    def on_device(values: list[int] | list[list[int]], dtype: torch.dtype) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+
+    positions_t = on_device(positions, torch.int32)
+    seq_index_t = on_device(seq_index, torch.int32)
+    paged: list[PagedRows] = []
+    for g in range(num_groups):
+        tables = tuple(r.page_tables[g] for r in rows)
+        width = max(len(t) for t in tables)
+        padded = [list(t) + [0] * (width - len(t)) for t in tables]
+        paged.append(PagedRows(positions_t, seq_index_t, on_device(padded, torch.int32)))
+        attention.plan(
+            g,
+            GroupBatch(
+                q_lens=tuple(len(r.token_ids) for r in rows),
+                kv_lens=tuple(r.end_pos for r in rows),
+                page_tables=tables,
+                page_size=page_size,
+            ),
+        )
+    return ForwardBatch(
+        input_ids=on_device(input_ids, torch.long),
+        positions=positions_t,
+        rows=tuple(paged),
+        sample_index=on_device(sample_index, torch.long),
+        attention=attention,
+    )
+
+
+class PagedModelRunner:
+    """Eager execution of any `PagedCausalLM`; implements `engine.runner.ModelRunner`."""
+
+    def __init__(self, model: PagedCausalLM, attention: AttentionBackend, seeds: SeedSource | None = None) -> None:
+        self.model = model
+        self.attention = attention
+        self.seeds = seeds or SeedSource()
+
+    @torch.inference_mode()
+    def execute(self, batch: StepBatch) -> list[SampledToken | None]:
+        fb = build_forward_batch(
+            batch.rows, self.model.page_size, self.model.num_kv_groups, self.model.device, self.attention
+        )
+        hidden = self.model.forward(fb)
+        results: list[SampledToken | None] = [None] * len(batch.rows)
+        sampling_rows = [r for r in batch.rows if r.sample]
+        if not sampling_rows:
+            return results
+        logits = self.model.logits(hidden)
+        params = SamplingBatch.pack([RowSampling.of(r, self.seeds) for r in sampling_rows])
+        picked = sample(logits, params.to(logits.device), params.plan)
+        sampled = iter(picked.to_sampled_tokens(params.logprobs_requested))
+        for i, row in enumerate(batch.rows):
+            if row.sample:
+                results[i] = next(sampled)
+        return results

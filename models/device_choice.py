@@ -1,0 +1,36 @@
+"""Device, dtype and attention backend defaults shared by the real model lines."""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.attention.base import AttentionBackend
+from kernels.attention.torch_backend import TorchAttention
+from models.registry import ModelLoadError, ModelOptions
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def pick_device(options: ModelOptions) -> torch.device:
+    if options.device:
+        device = torch.device(options.device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ModelLoadError(f"--device {options.device!r}: no CUDA device is available")
+        return device
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def pick_dtype(options: ModelOptions, device: torch.device) -> torch.dtype:
+    """bf16 on GPU; fp32 on CPU (exact parity with references), either by `--dtype`."""
+    if options.dtype in (None, "auto"):
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if options.dtype not in _DTYPES:
+        raise ModelLoadError(f"--dtype {options.dtype!r}: expected one of auto, {', '.join(_DTYPES)}")
+    return _DTYPES[options.dtype]
+
+
+def pick_attention(options: ModelOptions, device: torch.device) -> AttentionBackend:
+    name = options.attention_backend or "torch"
+    if name == "torch":
+        return TorchAttention()
+    raise ModelLoadError(f"--attention-backend {name!r}: not available here (available: torch)")

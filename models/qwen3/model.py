@@ -1,0 +1,110 @@
+"""The Qwen3 dense forward over paged KV, written against kernels/ ops.
+
+Per layer: RMSNorm → fused QKV projection → attention prep (per-head Q/K RMSNorm with weight `w`,
+full RoPE, K and V written to the pool) → paged attention → O projection → residual; RMSNorm →
+SwiGLU MLP (fused gate/up) → residual. Final RMSNorm, tied or untied LM head.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from engine.model_runner import ForwardBatch
+from kernels import reference
+from kernels.attention.base import AttentionLayerSpec
+from kernels.prep_dispatch import run_attention_prep
+from kernels.reference import NormSpec, NormWeight
+from models.qwen3.config import Qwen3Config
+
+Linear = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(slots=True)
+class _Layer:
+    input_norm: torch.Tensor
+    post_attention_norm: torch.Tensor
+    qkv: torch.Tensor  # [q + k + v, hidden]
+    o: torch.Tensor
+    q_norm: torch.Tensor
+    k_norm: torch.Tensor
+    gate_up: torch.Tensor  # [2 * intermediate, hidden]
+    down: torch.Tensor
+
+
+class Qwen3Model:
+    num_kv_groups = 1
+
+    def __init__(
+        self,
+        config: Qwen3Config,
+        weights: Mapping[str, torch.Tensor],
+        kv_pool: torch.Tensor,
+        page_size: int,
+        max_positions: int,
+        linear: Linear = F.linear,
+    ) -> None:
+        self.config = config
+        self.kv_pool = kv_pool  # [layers, pages, 2, page_size, kv_heads, head_dim]
+        self.page_size = page_size
+        self.linear = linear
+        self.device = kv_pool.device
+        self.embed = weights["model.embed_tokens.weight"]
+        self.final_norm = weights["model.norm.weight"]
+        self.lm_head = self.embed if config.tie_word_embeddings else weights["lm_head.weight"]
+        self.layers = [self._layer(weights, i) for i in range(config.num_layers)]
+        self.norm = NormSpec(NormWeight.W, eps=config.rms_norm_eps, round_before_weight=True)
+        self.prep = reference.qwen3_prep(config.head_dim, config.rope_theta, config.rms_norm_eps)
+        self.rope_table = reference.rope_table(self.prep.rope, max_positions, self.embed.dtype, self.device)
+        self.attn_spec = AttentionLayerSpec(
+            num_heads=config.num_heads,
+            num_kv_heads=config.num_kv_heads,
+            head_dim=config.head_dim,
+            scale=config.head_dim**-0.5,
+        )
+
+    @staticmethod
+    def _layer(w: Mapping[str, torch.Tensor], i: int) -> _Layer:
+        p = f"model.layers.{i}."
+        return _Layer(
+            input_norm=w[p + "input_layernorm.weight"],
+            post_attention_norm=w[p + "post_attention_layernorm.weight"],
+            qkv=torch.cat([w[p + f"self_attn.{n}_proj.weight"] for n in ("q", "k", "v")]),
+            o=w[p + "self_attn.o_proj.weight"],
+            q_norm=w[p + "self_attn.q_norm.weight"],
+            k_norm=w[p + "self_attn.k_norm.weight"],
+            gate_up=torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]]),
+            down=w[p + "mlp.down_proj.weight"],
+        )
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        c = self.config
+        hidden = F.embedding(batch.input_ids, self.embed)
+        tokens = hidden.shape[0]
+        for index, layer in enumerate(self.layers):
+            x = reference.rms_norm(hidden, self.norm, layer.input_norm)
+            q, k, v = self.linear(x, layer.qkv).split([c.q_size, c.kv_size, c.kv_size], dim=-1)
+            pool_layer = self.kv_pool[index]
+            q_rot, _ = run_attention_prep(
+                self.prep,
+                q.view(tokens, c.num_heads, c.head_dim),
+                k.view(tokens, c.num_kv_heads, c.head_dim),
+                v.view(tokens, c.num_kv_heads, c.head_dim),
+                layer.q_norm,
+                layer.k_norm,
+                batch.rows[0],
+                self.rope_table,
+                pool_layer,
+            )
+            attn = batch.attention.run(0, self.attn_spec, q_rot, pool_layer)
+            hidden = hidden + self.linear(attn.reshape(tokens, c.q_size), layer.o)
+            x = reference.rms_norm(hidden, self.norm, layer.post_attention_norm)
+            gate, up = self.linear(x, layer.gate_up).chunk(2, dim=-1)
+            hidden = hidden + self.linear(F.silu(gate) * up, layer.down)
+        return reference.rms_norm(hidden.index_select(0, batch.sample_index), self.norm, self.final_norm)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.linear(hidden, self.lm_head).float()
