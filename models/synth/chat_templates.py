@@ -1,0 +1,41 @@
+"""Chat templates written for the synthetic tokenizers (Jinja, as Hugging Face renders them).
+
+They reproduce each family's turn markup for plain text conversations: system, user and
+assistant turns, string content or a list of text parts. Tools and images are out of scope.
+"""
+
+from __future__ import annotations
+
+# ChatML, as Qwen3 and Qwen3.5 mark turns. `enable_thinking=false` pre-fills an empty think
+# block, the documented way to switch Qwen3's reasoning off.
+CHATML = (
+    "{%- macro text(content) -%}"
+    "{%- if content is string -%}{{- content -}}"
+    "{%- else -%}{%- for part in content if part['type'] == 'text' -%}{{- part['text'] -}}{%- endfor -%}"
+    "{%- endif -%}"
+    "{%- endmacro -%}"
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + text(message['content']) + '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}"
+    "{{- '<|im_start|>assistant\\n' -}}"
+    "{%- if enable_thinking is defined and enable_thinking is false -%}"
+    "{{- '<think>\\n\\n</think>\\n\\n' -}}"
+    "{%- endif -%}"
+    "{%- endif -%}"
+)
+
+# Gemma 4 turns: <|turn>ROLE\n ... <turn|>\n, the assistant's role spelled `model`, one BOS first.
+GEMMA4 = (
+    "{%- macro text(content) -%}"
+    "{%- if content is string -%}{{- content | trim -}}"
+    "{%- else -%}{%- for part in content if part['type'] == 'text' -%}{{- part['text'] | trim -}}{%- endfor -%}"
+    "{%- endif -%}"
+    "{%- endmacro -%}"
+    "{{- bos_token -}}"
+    "{%- for message in messages -%}"
+    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
+    "{{- '<|turn>' + role + '\\n' + text(message['content']) + '<turn|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|turn>model\\n' -}}{%- endif -%}"
+)

@@ -1,0 +1,52 @@
+"""The config.json and generation_config.json bodies of a synthetic checkpoint.
+
+config.json is spelled as the family's published file is (see each family module); the token
+ids come from the tokenizer actually written beside it, so they agree by construction.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from models.synth.family import Family, Preset
+from models.synth.tokenizer_build import BuiltTokenizer
+
+
+def config_body(
+    family: Family,
+    preset: Preset,
+    vocab_size: int,
+    tokenizer: BuiltTokenizer,
+    dtype: str,
+    transformers_version: str,
+) -> dict[str, Any]:
+    body: dict[str, Any] = dict(preset.fields)
+    body["vocab_size"] = vocab_size
+    if "vocab_size_per_layer_input" in body:
+        body["vocab_size_per_layer_input"] = vocab_size
+    body["architectures"] = [family.architecture]
+    body["model_type"] = family.model_type
+    body[family.dtype_key] = dtype
+    body["transformers_version"] = transformers_version
+    roles = family.roles
+    for key, content in (
+        ("bos_token_id", roles.bos),
+        ("eos_token_id", roles.eos),
+        ("pad_token_id", roles.pad),
+    ):
+        if content is not None:
+            body[key] = tokenizer.id_of(content)
+    return dict(sorted(body.items()))
+
+
+def generation_body(family: Family, tokenizer: BuiltTokenizer, transformers_version: str) -> dict[str, Any]:
+    roles = family.roles
+    eos_ids = [tokenizer.id_of(content) for content in roles.generation_eos]
+    body: dict[str, Any] = dict(family.generation_defaults)
+    body["eos_token_id"] = eos_ids if len(eos_ids) > 1 else eos_ids[0]
+    if roles.generation_bos is not None:
+        body["bos_token_id"] = tokenizer.id_of(roles.generation_bos)
+    if roles.generation_pad is not None:
+        body["pad_token_id"] = tokenizer.id_of(roles.generation_pad)
+    body["transformers_version"] = transformers_version
+    return dict(sorted(body.items()))

@@ -1,0 +1,126 @@
+"""What a model family contributes to a synthetic checkpoint: presets, tokens, template and init rules.
+
+Each family module (models/synth/families/) builds one `Family`; everything downstream (config
+building, weights, tokenizer, writing) reads only these value objects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+InitKind = Literal["normal", "centred", "uniform", "log_uniform"]
+TokenizerKind = Literal["real", "trained"]
+
+
+@dataclass(slots=True, frozen=True)
+class InitRule:
+    """Tensors whose name ends with `suffix` draw from this distribution.
+
+    normal: N(0, a); centred: a + N(0, b) (norm weights around their identity value);
+    uniform: U(a, b); log_uniform: log U(a, b) (Gated DeltaNet's A_log).
+    """
+
+    suffix: str
+    kind: InitKind
+    a: float
+    b: float = 0.0
+
+    def matches(self, tensor_name: str) -> bool:
+        return tensor_name.endswith(self.suffix)
+
+
+@dataclass(slots=True, frozen=True)
+class Preset:
+    """One size of a family. `fields` is the full config.json body except token ids and dtype,
+    spelled as the family's published config.json spells it."""
+
+    name: str
+    fields: Mapping[str, Any]
+    default_dtype: str
+    default_tokenizer: TokenizerKind
+    # True for `tiny`: built on the CPU by default, so a CPU box and a GPU box write the same bits.
+    small: bool = False
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.fields["vocab_size"])
+
+
+@dataclass(slots=True, frozen=True)
+class SpecialToken:
+    content: str
+    # False for added tokens that decode as text (Qwen's <think>, <tool_call>): they survive
+    # `skip_special_tokens`, as in the published tokenizers.
+    special: bool = True
+
+
+@dataclass(slots=True, frozen=True)
+class TokenLayout:
+    """Where special tokens sit in the id space.
+
+    pinned: fixed ids (Gemma: <pad>=0, <eos>=1, <bos>=2, ...); an id at or past the vocabulary
+    size is dropped, so a tiny vocabulary keeps only the low ones.
+    appended: placed right after the ordinary vocabulary, in this order (Qwen: <|endoftext|>, ...).
+    """
+
+    pinned: Mapping[int, SpecialToken]
+    appended: tuple[SpecialToken, ...]
+
+
+@dataclass(slots=True, frozen=True)
+class TokenRoles:
+    """Token contents for the ids config.json, generation_config.json and tokenizer_config.json name."""
+
+    # config.json
+    bos: str | None
+    eos: str
+    pad: str | None
+    unk: str | None
+    generation_bos: str | None
+    generation_eos: tuple[str, ...]
+    generation_pad: str | None
+    # tokenizer_config.json (Qwen's names no BOS there, though its config.json has a bos id)
+    tokenizer_bos: str | None
+    tokenizer_eos: str
+
+
+@dataclass(slots=True, frozen=True)
+class RealVocab:
+    """A published vocabulary shipped by an installable package as tiktoken ranks."""
+
+    package: str
+    resource: str
+    pip_name: str
+    # The vocabulary size the published config pads the embedding table to.
+    padded_vocab_size: int
+
+
+@dataclass(slots=True, frozen=True)
+class Family:
+    name: str
+    model_type: str
+    architecture: str
+    # Published Qwen3 files say "torch_dtype"; Gemma 4 and Qwen3.5 say "dtype".
+    dtype_key: str
+    presets: Mapping[str, Preset]
+    tokens: TokenLayout
+    roles: TokenRoles
+    # Pre-tokenizer split regex; None: byte-level's built-in GPT-2 split.
+    split_pattern: str | None
+    # Whether plain `encode` prepends BOS (Gemma does; Qwen has no BOS).
+    adds_bos: bool
+    chat_template: str
+    tokenizer_class: str
+    init_rules: tuple[InitRule, ...]
+    generation_defaults: Mapping[str, Any]
+    real_vocab: RealVocab | None
+
+    def preset(self, name: str) -> Preset:
+        from models.synth.errors import UnknownPresetError
+
+        try:
+            return self.presets[name]
+        except KeyError:
+            raise UnknownPresetError(self.name, name, tuple(self.presets)) from None

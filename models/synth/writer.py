@@ -1,0 +1,247 @@
+"""Write a synthetic Hugging Face checkpoint directory.
+
+Order: tokenizer first (its ids go into the configs), then config.json and
+generation_config.json, then the tensor list read back from that config.json through
+transformers, then the weights streamed into safetensors shards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import torch
+
+from models.synth.config_build import config_body, generation_body
+from models.synth.errors import OutputDirError, SynthError
+from models.synth.families import get_family
+from models.synth.family import Family, Preset, TokenizerKind
+from models.synth.hf import import_transformers
+from models.synth.safetensors_stream import plan_shards, write_safetensors
+from models.synth.tensors import DTYPES, TensorSpec, materialise, plan_tensors, rule_for
+from models.synth.tokenizer_build import build_tokenizer, real_vocab_size
+
+# Published checkpoints ship shards of a few GB; 4 GiB keeps each file under common upload limits.
+DEFAULT_SHARD_BYTES = 4 << 30
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+_WRITTEN_NAMES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    INDEX_FILE,
+)
+
+DeviceChoice = Literal["auto", "cpu", "cuda"]
+TokenizerChoice = Literal["auto", "real", "trained"]
+
+
+@dataclass(slots=True, frozen=True)
+class SynthRequest:
+    family: str
+    preset: str
+    out: Path
+    seed: int = 0
+    dtype: str | None = None
+    device: DeviceChoice = "auto"
+    tokenizer: TokenizerChoice = "auto"
+    overwrite: bool = False
+    shard_bytes: int = DEFAULT_SHARD_BYTES
+
+
+@dataclass(slots=True, frozen=True)
+class SynthPlan:
+    """Everything decided before a byte of weights is written."""
+
+    family: Family
+    preset: Preset
+    dtype: str
+    device: torch.device
+    tokenizer: TokenizerKind
+    vocab_size: int
+
+
+@dataclass(slots=True, frozen=True)
+class SynthResult:
+    out: Path
+    family: str
+    preset: str
+    model_type: str
+    dtype: str
+    device: str
+    tokenizer: TokenizerKind
+    vocab_size: int
+    tokenizer_size: int
+    num_tensors: int
+    num_parameters: int
+    total_bytes: int
+    weight_files: tuple[str, ...]
+    seconds: float
+
+
+class ProgressSink(Protocol):
+    def start(self, total_bytes: int, num_tensors: int) -> None: ...
+
+    def advance(self, tensor: str, nbytes: int) -> None: ...
+
+
+class _NoProgress:
+    def start(self, total_bytes: int, num_tensors: int) -> None:
+        pass
+
+    def advance(self, tensor: str, nbytes: int) -> None:
+        pass
+
+
+def _resolve_device(choice: DeviceChoice, preset: Preset) -> torch.device:
+    if choice == "cpu":
+        return torch.device("cpu")
+    if choice == "cuda":
+        if not torch.cuda.is_available():
+            raise SynthError("--device cuda: no CUDA device is available")
+        return torch.device("cuda")
+    # Tiny checkpoints draw on the CPU everywhere, so a CPU box and a GPU box write the same bits.
+    if preset.small or not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda")
+
+
+def _resolve_tokenizer(choice: TokenizerChoice, family: Family, preset: Preset) -> TokenizerKind:
+    if choice == "trained":
+        return "trained"
+    if choice == "real":
+        if family.real_vocab is None:
+            raise SynthError(
+                f"no installable package ships the {family.name} vocabulary; use --tokenizer trained"
+            )
+        return "real"
+    return preset.default_tokenizer if family.real_vocab is not None else "trained"
+
+
+def plan(request: SynthRequest) -> SynthPlan:
+    family = get_family(request.family)
+    preset = family.preset(request.preset)
+    dtype = request.dtype or preset.default_dtype
+    if dtype not in DTYPES:
+        raise SynthError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    tokenizer = _resolve_tokenizer(request.tokenizer, family, preset)
+    vocab_size = preset.vocab_size
+    if tokenizer == "real" and family.real_vocab is not None and real_vocab_size(family) > vocab_size:
+        # A small preset with the real vocabulary: the embedding grows to the published size.
+        vocab_size = family.real_vocab.padded_vocab_size
+    return SynthPlan(family, preset, dtype, _resolve_device(request.device, preset), tokenizer, vocab_size)
+
+
+def _prepare_out(out: Path, overwrite: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise OutputDirError(str(out), "it is a file")
+    if out.is_dir() and any(out.iterdir()):
+        if not overwrite:
+            raise OutputDirError(
+                str(out), "the directory is not empty (pass --overwrite to replace a checkpoint)"
+            )
+        # Only what a checkpoint consists of is removed, never the rest of the folder.
+        for entry in out.iterdir():
+            if entry.is_file() and (entry.name in _WRITTEN_NAMES or entry.name.endswith(".safetensors")):
+                entry.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def _check_resources(out: Path, specs: list[TensorSpec], device: torch.device) -> None:
+    total = sum(spec.nbytes for spec in specs)
+    free_disk = shutil.disk_usage(out).free
+    if free_disk < total:
+        raise SynthError(
+            f"{out}: the weights need {total / 1e9:.1f} GB of disk, {free_disk / 1e9:.1f} GB is free"
+        )
+    # The largest tensor is drawn in float32 and then cast: two copies of it at the peak.
+    largest = max(specs, key=lambda spec: spec.numel)
+    peak = largest.numel * (4 + largest.dtype.itemsize)
+    if device.type == "cuda":
+        free_device, _ = torch.cuda.mem_get_info(device)
+        if free_device < peak:
+            raise SynthError(
+                f"{largest.name} needs {peak / 1e9:.1f} GB of device memory to draw, {free_device / 1e9:.1f} GB is free"
+            )
+    available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else None
+    if available is not None and available < peak:
+        raise SynthError(
+            f"{largest.name} needs {peak / 1e9:.1f} GB of memory to draw, {available / 1e9:.1f} GB is free"
+        )
+
+
+def _write_json(path: Path, body: dict[str, Any]) -> None:
+    path.write_text(json.dumps(body, indent=2, ensure_ascii=False) + "\n")
+
+
+def synthesize(request: SynthRequest, progress: ProgressSink | None = None) -> SynthResult:
+    started = time.monotonic()
+    sink = progress or _NoProgress()
+    transformers = import_transformers()
+    decided = plan(request)
+    family, preset = decided.family, decided.preset
+    max_len = int(preset.fields["max_position_embeddings"])
+    built = build_tokenizer(family, decided.tokenizer, decided.vocab_size, max_len)
+
+    out = request.out
+    _prepare_out(out, request.overwrite)
+    (out / "tokenizer.json").write_text(built.to_json())
+    _write_json(out / "tokenizer_config.json", dict(built.config))
+    version = str(transformers.__version__)
+    _write_json(
+        out / "config.json", config_body(family, preset, decided.vocab_size, built, decided.dtype, version)
+    )
+    _write_json(out / "generation_config.json", generation_body(family, built, version))
+
+    dtype = DTYPES[decided.dtype]
+    specs = plan_tensors(out, dtype)
+    _check_resources(out, specs, decided.device)
+    std = float(preset.fields["initializer_range"])
+    rules = {spec.name: rule_for(spec, family.init_rules, std) for spec in specs}
+    total = sum(spec.nbytes for spec in specs)
+    sink.start(total, len(specs))
+
+    shards = plan_shards(specs, request.shard_bytes)
+    names = (
+        [SINGLE_FILE]
+        if len(shards) == 1
+        else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    )
+    for name, shard in zip(names, shards, strict=True):
+        write_safetensors(
+            out / name,
+            shard,
+            lambda spec: materialise(spec, rules[spec.name], request.seed, decided.device),
+            lambda spec: sink.advance(spec.name, spec.nbytes),
+        )
+    if len(shards) > 1:
+        weight_map = {spec.name: name for name, shard in zip(names, shards, strict=True) for spec in shard}
+        _write_json(
+            out / INDEX_FILE,
+            {
+                "metadata": {"total_size": total, "total_parameters": sum(s.numel for s in specs)},
+                "weight_map": dict(sorted(weight_map.items())),
+            },
+        )
+    return SynthResult(
+        out=out,
+        family=family.name,
+        preset=preset.name,
+        model_type=family.model_type,
+        dtype=decided.dtype,
+        device=str(decided.device),
+        tokenizer=decided.tokenizer,
+        vocab_size=decided.vocab_size,
+        tokenizer_size=built.size,
+        num_tensors=len(specs),
+        num_parameters=sum(spec.numel for spec in specs),
+        total_bytes=total,
+        weight_files=tuple(names),
+        seconds=time.monotonic() - started,
+    )
