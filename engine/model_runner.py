@@ -16,7 +16,7 @@ import torch
 from engine.runner import BatchRow, SampledToken, StepBatch
 from engine.sampling import sample
 from engine.sampling_batch import RowSampling, SamplingBatch, SeedSource
-from kernels.attention.base import AttentionBackend, GroupBatch
+from kernels.attention.base import AttentionBackend, AttentionLayerSpec, GroupBatch
 from kernels.reference import PagedRows
 
 
@@ -35,7 +35,8 @@ class ForwardBatch:
 class PagedCausalLM(Protocol):
     device: torch.device
     page_size: int
-    num_kv_groups: int
+    # One per KV group: the geometry every layer of that group shares.
+    attention_specs: tuple[AttentionLayerSpec, ...]
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Hidden states of the tokens at `batch.sample_index`: [len(sample_index), hidden]."""
@@ -47,7 +48,11 @@ class PagedCausalLM(Protocol):
 
 
 def build_forward_batch(
-    rows: Sequence[BatchRow], page_size: int, num_groups: int, device: torch.device, attention: AttentionBackend
+    rows: Sequence[BatchRow],
+    page_size: int,
+    specs: Sequence[AttentionLayerSpec],
+    device: torch.device,
+    attention: AttentionBackend,
 ) -> ForwardBatch:
     input_ids: list[int] = []
     positions: list[int] = []
@@ -66,7 +71,7 @@ def build_forward_batch(
     positions_t = on_device(positions, torch.int32)
     seq_index_t = on_device(seq_index, torch.int32)
     paged: list[PagedRows] = []
-    for g in range(num_groups):
+    for g, spec in enumerate(specs):
         tables = tuple(r.page_tables[g] for r in rows)
         width = max(len(t) for t in tables)
         padded = [list(t) + [0] * (width - len(t)) for t in tables]
@@ -79,6 +84,7 @@ def build_forward_batch(
                 page_tables=tables,
                 page_size=page_size,
             ),
+            spec,
         )
     return ForwardBatch(
         input_ids=on_device(input_ids, torch.long),
@@ -92,7 +98,9 @@ def build_forward_batch(
 class PagedModelRunner:
     """Eager execution of any `PagedCausalLM`; implements `engine.runner.ModelRunner`."""
 
-    def __init__(self, model: PagedCausalLM, attention: AttentionBackend, seeds: SeedSource | None = None) -> None:
+    def __init__(
+        self, model: PagedCausalLM, attention: AttentionBackend, seeds: SeedSource | None = None
+    ) -> None:
         self.model = model
         self.attention = attention
         self.seeds = seeds or SeedSource()
@@ -100,7 +108,7 @@ class PagedModelRunner:
     @torch.inference_mode()
     def execute(self, batch: StepBatch) -> list[SampledToken | None]:
         fb = build_forward_batch(
-            batch.rows, self.model.page_size, self.model.num_kv_groups, self.model.device, self.attention
+            batch.rows, self.model.page_size, self.model.attention_specs, self.model.device, self.attention
         )
         hidden = self.model.forward(fb)
         results: list[SampledToken | None] = [None] * len(batch.rows)

@@ -67,7 +67,9 @@ def checkpoint_files(checkpoint: Path) -> list[Path]:
         return files
     files = sorted(checkpoint.glob("*.safetensors"))
     if not files:
-        pickles = sorted(p.name for p in checkpoint.glob("*.bin")) + sorted(p.name for p in checkpoint.glob("*.pt"))
+        pickles = sorted(p.name for p in checkpoint.glob("*.bin")) + sorted(
+            p.name for p in checkpoint.glob("*.pt")
+        )
         why = f" (found {', '.join(pickles)}: pickle checkpoints are refused)" if pickles else ""
         raise WeightsError(checkpoint, [f"no *.safetensors files{why}"])
     return files

@@ -29,8 +29,18 @@ def pick_dtype(options: ModelOptions, device: torch.device) -> torch.dtype:
     return _DTYPES[options.dtype]
 
 
-def pick_attention(options: ModelOptions, device: torch.device) -> AttentionBackend:
-    name = options.attention_backend or "torch"
+def pick_attention(options: ModelOptions, device: torch.device, dtype: torch.dtype) -> AttentionBackend:
+    name = options.attention_backend or ("flashinfer" if device.type == "cuda" else "torch")
     if name == "torch":
         return TorchAttention()
-    raise ModelLoadError(f"--attention-backend {name!r}: not available here (available: torch)")
+    if name == "flashinfer":
+        if device.type != "cuda":
+            raise ModelLoadError("--attention-backend flashinfer needs a CUDA device")
+        try:
+            from kernels.attention.flashinfer_backend import FlashInferAttention
+        except ImportError as exc:
+            raise ModelLoadError(
+                f"--attention-backend flashinfer: flashinfer is not installed ({exc})"
+            ) from exc
+        return FlashInferAttention(device, dtype)
+    raise ModelLoadError(f"--attention-backend {name!r}: unknown (available: torch, flashinfer)")

@@ -54,7 +54,9 @@ class HFTokenizer:
         self.eos_token = _token_text(config.get("eos_token"))
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = _raise_exception
-        env.filters["tojson"] = lambda value, indent=None: json.dumps(value, ensure_ascii=False, indent=indent)
+        env.filters["tojson"] = lambda value, indent=None: json.dumps(
+            value, ensure_ascii=False, indent=indent
+        )
         self._template = env.from_string(self.chat_template) if self.chat_template else None
 
     @property

@@ -37,12 +37,16 @@ class GroupBatch:
     def __post_init__(self) -> None:
         n = len(self.q_lens)
         if len(self.kv_lens) != n or len(self.page_tables) != n:
-            raise ValueError(f"GroupBatch: {n} q_lens, {len(self.kv_lens)} kv_lens, {len(self.page_tables)} tables")
+            raise ValueError(
+                f"GroupBatch: {n} q_lens, {len(self.kv_lens)} kv_lens, {len(self.page_tables)} tables"
+            )
         for i, (q, kv, table) in enumerate(zip(self.q_lens, self.kv_lens, self.page_tables, strict=True)):
             if not (1 <= q <= kv):
                 raise ValueError(f"GroupBatch: sequence {i} has q_len {q} and kv_len {kv}")
             if len(table) * self.page_size < kv:
-                raise ValueError(f"GroupBatch: sequence {i} needs {kv} slots but its table has {len(table)} pages")
+                raise ValueError(
+                    f"GroupBatch: sequence {i} needs {kv} slots but its table has {len(table)} pages"
+                )
 
     @property
     def num_tokens(self) -> int:
@@ -53,10 +57,13 @@ class AttentionBackend(ABC):
     name: str
 
     @abstractmethod
-    def plan(self, group: int, batch: GroupBatch) -> None:
-        """Prepare the step's metadata for one KV group (host work happens here, not in run)."""
+    def plan(self, group: int, batch: GroupBatch, layer: AttentionLayerSpec) -> None:
+        """Prepare the step's metadata for one KV group, whose layers all share `layer`'s geometry
+        (host work happens here, not in run)."""
 
     @abstractmethod
-    def run(self, group: int, layer: AttentionLayerSpec, q: torch.Tensor, pool_layer: torch.Tensor) -> torch.Tensor:
+    def run(
+        self, group: int, layer: AttentionLayerSpec, q: torch.Tensor, pool_layer: torch.Tensor
+    ) -> torch.Tensor:
         """q: [tokens, num_heads, head_dim]; pool_layer: [pages, 2, page_size, kv_heads, head_dim].
         Returns [tokens, num_heads, head_dim] in q's dtype."""

@@ -36,10 +36,12 @@ class TorchAttention(AttentionBackend):
     def __init__(self) -> None:
         self._plans: dict[int, GroupBatch] = {}
 
-    def plan(self, group: int, batch: GroupBatch) -> None:
+    def plan(self, group: int, batch: GroupBatch, layer: AttentionLayerSpec) -> None:
         self._plans[group] = batch
 
-    def run(self, group: int, layer: AttentionLayerSpec, q: torch.Tensor, pool_layer: torch.Tensor) -> torch.Tensor:
+    def run(
+        self, group: int, layer: AttentionLayerSpec, q: torch.Tensor, pool_layer: torch.Tensor
+    ) -> torch.Tensor:
         batch = self._plans[group]
         out = torch.empty_like(q)
         row = 0

@@ -76,7 +76,9 @@ def parse_qwen3_config(checkpoint: Path) -> Qwen3Config:
         raise cfg.fail("torch_dtype", "expected bfloat16, float16 or float32")
     eos = read_generation_eos(checkpoint) or cfg.token_ids("eos_token_id")
     if not eos:
-        raise ConfigError(str(checkpoint), "eos_token_id", None, "no EOS id in generation_config.json or config.json")
+        raise ConfigError(
+            str(checkpoint), "eos_token_id", None, "no EOS id in generation_config.json or config.json"
+        )
     return Qwen3Config(
         vocab_size=cfg.get_int("vocab_size"),
         hidden_size=hidden_size,

@@ -59,12 +59,14 @@ def load_qwen3(spec: str, options: ModelOptions) -> LoadedModel:
     tokenizer = HFTokenizer(path)
     weights = load_weights(path, config, device, dtype)
     engine = options.engine
-    max_model_len = min(engine.max_model_len or config.max_position_embeddings, config.max_position_embeddings)
+    max_model_len = min(
+        engine.max_model_len or config.max_position_embeddings, config.max_position_embeddings
+    )
     layout = KVPoolLayout(
         config.num_layers, kv_pages(config, engine, dtype, device), config.num_kv_heads, config.head_dim
     )
     model = Qwen3Model(config, weights, layout.allocate(dtype, device), layout.page_size, max_model_len)
-    runner = PagedModelRunner(model, pick_attention(options, device))
+    runner = PagedModelRunner(model, pick_attention(options, device, dtype))
     scheduler = BatchScheduler(
         runner,
         engine,

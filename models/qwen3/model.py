@@ -36,8 +36,6 @@ class _Layer:
 
 
 class Qwen3Model:
-    num_kv_groups = 1
-
     def __init__(
         self,
         config: Qwen3Config,
@@ -65,6 +63,7 @@ class Qwen3Model:
             head_dim=config.head_dim,
             scale=config.head_dim**-0.5,
         )
+        self.attention_specs: tuple[AttentionLayerSpec, ...] = (self.attn_spec,)
 
     @staticmethod
     def _layer(w: Mapping[str, torch.Tensor], i: int) -> _Layer:
