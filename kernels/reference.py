@@ -1,0 +1,468 @@
+"""The one host-side statement of the attention-prep ops, in plain torch.
+
+Fast kernels are tested against these functions and model code on the CPU calls them directly, so
+they are written for use, not only for reading: batched over rows, positions per row.
+
+Shapes: ``rows`` is a token batch (prefill chunks and decode rows mixed); per-head tensors are
+``[rows, heads, head_dim]``; cos/sin are ``[rows, turning_pairs]``.
+
+Rounding points (the storage dtype S is bf16, fp16 or fp32; ``R`` rounds fp32 to S, nearest-even):
+
+- RMSNorm: ``inv = 1 / sqrt(mean(x²) + eps)`` in fp32 (IEEE sqrt and divide); ``n = x·inv`` in fp32.
+  Weight ``w`` / ``1+w``: ``R(n · w)`` once (Gemma 4, Qwen3.5), or, with ``round_before_weight``,
+  ``R(w · R(n))`` (Qwen3 / Llama: the weight multiplies the already-stored value). No weight: ``R(n)``.
+- Rotary: cos and sin are ``R(cos(p·f))``, ``R(sin(p·f))`` with ``p·f`` in fp32; for a pair
+  ``(a, b)`` of already-normalised S values: ``a' = R(R(a·c) − R(b·s))``, ``b' = R(R(b·c) + R(a·s))``.
+  That is what a model doing the rotation in S arithmetic (Hugging Face's ``q*cos + rotate_half(q)*sin``
+  in bf16) computes; dims that do not turn are passed through bit for bit.
+- Nothing else rounds: a gate is copied, V without a norm is copied.
+
+Kernels must follow exactly these points; they may differ from this file only in the order of the
+fp32 sum inside ``mean(x²)`` and in the last bit of fp32 transcendental functions (which the rope
+table below removes from the comparison altogether).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import torch
+
+from kernels.kv_layout import K_INDEX, PAGE_SIZE, V_INDEX, check_pool_layer
+
+
+class SpecError(ValueError):
+    """Inputs that the spec does not define; the message names the offending value."""
+
+
+class SlotAddressError(SpecError):
+    """A row addresses a page-table entry that does not exist."""
+
+
+# --------------------------------------------------------------------------------------------- norms
+
+
+class NormWeight(enum.Enum):
+    NONE = "none"
+    W = "w"
+    ONE_PLUS_W = "1+w"
+
+
+@dataclass(slots=True, frozen=True)
+class NormSpec:
+    """One RMSNorm over the last dim.
+
+    ``round_before_weight``: store the normalised value in the storage dtype first, then multiply by
+    the weight and round again (Qwen3 and Llama); otherwise one rounding after the weight (Gemma 4,
+    Qwen3.5).
+    """
+
+    weight: NormWeight
+    eps: float = 1e-6
+    round_before_weight: bool = False
+
+    def __post_init__(self) -> None:
+        if self.eps < 0:
+            raise SpecError(f"eps must be non-negative, got {self.eps}")
+        if self.round_before_weight and self.weight is NormWeight.NONE:
+            raise SpecError("round_before_weight needs a weight, got NormWeight.NONE")
+
+
+def round_to(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Round fp32 values to ``dtype`` (nearest-even) and return them as fp32 again."""
+    return x.to(dtype).to(torch.float32)
+
+
+def inverse_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """``1 / sqrt(mean(x²) + eps)`` over the last dim, in fp32, keepdim."""
+    xf = x.to(torch.float32)
+    mean_square = xf.square().mean(dim=-1, keepdim=True)
+    return 1.0 / torch.sqrt(mean_square + eps)
+
+
+def rms_norm(x: torch.Tensor, spec: NormSpec, weight: torch.Tensor | None = None) -> torch.Tensor:
+    """RMSNorm of ``x`` over its last dim, returned in ``x.dtype`` (rounding points: module doc)."""
+    if (weight is None) != (spec.weight is NormWeight.NONE):
+        raise SpecError(
+            f"norm weight {spec.weight.value!r} was given weight={None if weight is None else 'tensor'}"
+        )
+    if weight is not None and tuple(weight.shape) != (x.shape[-1],):
+        raise SpecError(f"norm weight shape {tuple(weight.shape)} does not match last dim {x.shape[-1]}")
+    normalised = x.to(torch.float32) * inverse_rms(x, spec.eps)
+    if weight is None:
+        return normalised.to(x.dtype)
+    scale = weight.to(torch.float32)
+    if spec.weight is NormWeight.ONE_PLUS_W:
+        scale = 1.0 + scale
+    if spec.round_before_weight:
+        return (scale * round_to(normalised, x.dtype)).to(x.dtype)
+    return (normalised * scale).to(x.dtype)
+
+
+# -------------------------------------------------------------------------------------------- rotary
+
+
+@dataclass(slots=True, frozen=True)
+class RopeSpec:
+    """Rotary embedding with rotate-half pairing.
+
+    Ordinary (full or partial) rotary: the leading ``rotary_dim`` dims turn, pairs are
+    ``(d, d + rotary_dim/2)``, frequencies ``theta^(-2i/rotary_dim)``; dims from ``rotary_dim`` on
+    pass through.
+
+    Proportional (Gemma 4 global layers): pairs span the whole head, ``(d, d + head_dim/2)``;
+    frequencies are ``theta^(-2i/head_dim)`` for the first ``rotary_dim/2`` pairs and zero after,
+    i.e. only those pairs turn (dims ``[0, rotary_dim/2)`` and ``[head_dim/2, head_dim/2 + rotary_dim/2)``).
+    """
+
+    head_dim: int
+    rotary_dim: int
+    theta: float
+    proportional: bool = False
+
+    def __post_init__(self) -> None:
+        if self.head_dim < 2 or self.head_dim % 2:
+            raise SpecError(f"head_dim must be even and positive, got {self.head_dim}")
+        if self.rotary_dim < 0 or self.rotary_dim % 2 or self.rotary_dim > self.head_dim:
+            raise SpecError(
+                f"rotary_dim must be even and within head_dim={self.head_dim}, got {self.rotary_dim}"
+            )
+        if self.theta <= 0:
+            raise SpecError(f"theta must be positive, got {self.theta}")
+
+    @classmethod
+    def from_factor(
+        cls, head_dim: int, theta: float, partial_rotary_factor: float = 1.0, *, proportional: bool = False
+    ) -> RopeSpec:
+        """Build from config facts the way Hugging Face derives the turning dims."""
+        if not 0.0 <= partial_rotary_factor <= 1.0:
+            raise SpecError(f"partial_rotary_factor must lie in [0, 1], got {partial_rotary_factor}")
+        if proportional:
+            rotary_dim = 2 * int(partial_rotary_factor * head_dim // 2)
+        else:
+            rotary_dim = int(head_dim * partial_rotary_factor)
+        return cls(head_dim=head_dim, rotary_dim=rotary_dim, theta=theta, proportional=proportional)
+
+    @property
+    def turning_pairs(self) -> int:
+        return self.rotary_dim // 2
+
+    @property
+    def pair_offset(self) -> int:
+        """Distance between the two dims of a pair."""
+        return self.head_dim // 2 if self.proportional else self.rotary_dim // 2
+
+    @property
+    def exponent_denominator(self) -> int:
+        return self.head_dim if self.proportional else self.rotary_dim
+
+
+def inverse_frequencies(rope: RopeSpec) -> torch.Tensor:
+    """fp32 ``[turning_pairs]``: ``1 / theta^(2i / exponent_denominator)``."""
+    exponents = torch.arange(0, rope.rotary_dim, 2, dtype=torch.int64).to(torch.float32)
+    return 1.0 / (rope.theta ** (exponents / rope.exponent_denominator))
+
+
+def rope_angles(positions: torch.Tensor, rope: RopeSpec) -> torch.Tensor:
+    """fp32 ``[rows, turning_pairs]``: ``position · inverse frequency``, one fp32 multiply."""
+    inv_freq = inverse_frequencies(rope).to(positions.device)
+    return positions.to(torch.float32)[:, None] * inv_freq[None, :]
+
+
+def rope_cos_sin(
+    positions: torch.Tensor, rope: RopeSpec, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin ``[rows, turning_pairs]`` for each row's position, rounded to ``dtype``."""
+    angles = rope_angles(positions, rope)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def rope_table(
+    rope: RopeSpec, max_positions: int, dtype: torch.dtype, device: torch.device | str | None = None
+) -> torch.Tensor:
+    """``[max_positions, 2, turning_pairs]``: cos (index 0) and sin (index 1) for every position.
+
+    Built once per model and rope family; the fused op and the kernels read cos/sin from it, so a
+    kernel and this spec see the very same bits (fp32 cos/sin differ in the last bit between
+    libraries and devices).
+    """
+    if max_positions < 1:
+        raise SpecError(f"max_positions must be at least 1, got {max_positions}")
+    positions = torch.arange(max_positions, dtype=torch.int64)
+    cos, sin = rope_cos_sin(positions, rope, dtype)
+    return torch.stack((cos, sin), dim=1).to(device).contiguous()
+
+
+def rope_lookup(table: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin rows of ``table`` for each position."""
+    if positions.numel() and (int(positions.min()) < 0 or int(positions.max()) >= table.shape[0]):
+        bad = positions[(positions < 0) | (positions >= table.shape[0])][0]
+        raise SpecError(f"position {int(bad)} is outside the rope table of {table.shape[0]} positions")
+    rows = table[positions.long()]
+    return rows[:, 0], rows[:, 1]
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rope: RopeSpec) -> torch.Tensor:
+    """Rotate ``x [rows, heads, head_dim]`` by per-row ``cos``/``sin [rows, turning_pairs]``."""
+    if x.shape[-1] != rope.head_dim:
+        raise SpecError(f"x has head_dim {x.shape[-1]}, the rope spec {rope.head_dim}")
+    turning, offset = rope.turning_pairs, rope.pair_offset
+    if tuple(cos.shape) != (x.shape[0], turning) or cos.shape != sin.shape:
+        raise SpecError(f"cos/sin shapes {tuple(cos.shape)}/{tuple(sin.shape)} are not [rows, {turning}]")
+    dtype = x.dtype
+    xf = x.to(torch.float32)
+    c = cos.to(torch.float32)[:, None, :]
+    s = sin.to(torch.float32)[:, None, :]
+    a = xf[..., :turning]
+    b = xf[..., offset : offset + turning]
+    out = xf.clone()
+    out[..., :turning] = round_to(round_to(a * c, dtype) - round_to(b * s, dtype), dtype)
+    out[..., offset : offset + turning] = round_to(round_to(b * c, dtype) + round_to(a * s, dtype), dtype)
+    return out.to(dtype)
+
+
+# ------------------------------------------------------------------------------------ slot addresses
+
+
+@dataclass(slots=True, frozen=True)
+class PagedRows:
+    """Where each row of a token batch lives.
+
+    ``positions [rows]``: the token's position in its sequence. ``seq_index [rows]``: which row of
+    ``page_table [seqs, max_pages]`` holds its sequence's page ids. All int32 on the compute device.
+    """
+
+    positions: torch.Tensor
+    seq_index: torch.Tensor
+    page_table: torch.Tensor
+
+    @property
+    def rows(self) -> int:
+        return int(self.positions.shape[0])
+
+
+def paged_slots(rows: PagedRows, page_size: int = PAGE_SIZE) -> torch.Tensor:
+    """int64 ``[rows]`` flat slots: ``page_table[seq, position // page_size] · page_size + position % page_size``."""
+    positions = rows.positions.long()
+    seq_index = rows.seq_index.long()
+    seqs, max_pages = rows.page_table.shape
+    if positions.shape != seq_index.shape:
+        raise SlotAddressError(
+            f"positions {tuple(positions.shape)} and seq_index {tuple(seq_index.shape)} differ"
+        )
+    bad_seq = (seq_index < 0) | (seq_index >= seqs)
+    if bool(bad_seq.any()):
+        i = int(bad_seq.nonzero()[0, 0])
+        raise SlotAddressError(
+            f"row {i}: seq_index {int(seq_index[i])} is outside the page table's {seqs} rows"
+        )
+    bad_position = (positions < 0) | (positions >= max_pages * page_size)
+    if bool(bad_position.any()):
+        i = int(bad_position.nonzero()[0, 0])
+        raise SlotAddressError(
+            f"row {i}: position {int(positions[i])} is outside the page table's {max_pages} pages of {page_size}"
+        )
+    pages = rows.page_table.long()[seq_index, positions // page_size]
+    return pages * page_size + positions % page_size
+
+
+def slot_pages_offsets(slots: torch.Tensor, page_size: int = PAGE_SIZE) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split flat slots into ``(page, offset in page)``."""
+    return slots // page_size, slots % page_size
+
+
+def write_kv(pool_layer: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Store ``k``/``v [rows, kv_heads, head_dim]`` at their slots in one pool layer (in place)."""
+    pages, offsets = slot_pages_offsets(slots.to(pool_layer.device))
+    pool_layer[pages, K_INDEX, offsets] = k
+    pool_layer[pages, V_INDEX, offsets] = v
+
+
+# ---------------------------------------------------------------------------------- fused prep op
+
+
+class VSource(enum.Enum):
+    PROJECTION = "projection"  # V given and stored as is (Qwen3, Qwen3.5)
+    NORMED_PROJECTION = "normed_projection"  # V given, weightless RMSNorm, no rotation (Gemma 4 sliding)
+    NORMED_RAW_K = "normed_raw_k"  # no V input: weightless RMSNorm of the raw K row (Gemma 4 global)
+
+
+@dataclass(slots=True, frozen=True)
+class PrepSpec:
+    """One attention family's prep: Q/K norms, rotary, where V comes from, and Q's output gate.
+
+    With ``q_gated`` each Q head arrives as ``[q | gate]`` (``2·head_dim`` wide); the gate is passed
+    through untouched to its own output.
+    """
+
+    name: str
+    head_dim: int
+    q_norm: NormSpec
+    k_norm: NormSpec
+    v_source: VSource
+    rope: RopeSpec
+    q_gated: bool = False
+
+    def __post_init__(self) -> None:
+        if self.rope.head_dim != self.head_dim:
+            raise SpecError(f"{self.name}: rope head_dim {self.rope.head_dim} is not {self.head_dim}")
+        if self.q_norm.weight is NormWeight.NONE or self.k_norm.weight is NormWeight.NONE:
+            raise SpecError(f"{self.name}: Q and K norms carry a weight in every supported family")
+
+    @property
+    def v_norm(self) -> NormSpec:
+        return NormSpec(NormWeight.NONE, eps=self.k_norm.eps)
+
+    @property
+    def takes_v(self) -> bool:
+        return self.v_source is not VSource.NORMED_RAW_K
+
+    @property
+    def q_width(self) -> int:
+        """Width of one Q head in the input: the gate doubles it."""
+        return 2 * self.head_dim if self.q_gated else self.head_dim
+
+
+def qwen3_prep(head_dim: int = 128, theta: float = 1_000_000.0, eps: float = 1e-6) -> PrepSpec:
+    norm = NormSpec(NormWeight.W, eps=eps, round_before_weight=True)
+    return PrepSpec(
+        name="qwen3",
+        head_dim=head_dim,
+        q_norm=norm,
+        k_norm=norm,
+        v_source=VSource.PROJECTION,
+        rope=RopeSpec.from_factor(head_dim, theta),
+    )
+
+
+def qwen35_full_attention_prep(
+    head_dim: int = 256, theta: float = 10_000_000.0, partial_rotary_factor: float = 0.25, eps: float = 1e-6
+) -> PrepSpec:
+    norm = NormSpec(NormWeight.ONE_PLUS_W, eps=eps)
+    return PrepSpec(
+        name="qwen35_full",
+        head_dim=head_dim,
+        q_norm=norm,
+        k_norm=norm,
+        v_source=VSource.PROJECTION,
+        rope=RopeSpec.from_factor(head_dim, theta, partial_rotary_factor),
+        q_gated=True,
+    )
+
+
+def gemma4_sliding_prep(head_dim: int = 256, theta: float = 10_000.0, eps: float = 1e-6) -> PrepSpec:
+    norm = NormSpec(NormWeight.W, eps=eps)
+    return PrepSpec(
+        name="gemma4_sliding",
+        head_dim=head_dim,
+        q_norm=norm,
+        k_norm=norm,
+        v_source=VSource.NORMED_PROJECTION,
+        rope=RopeSpec.from_factor(head_dim, theta),
+    )
+
+
+def gemma4_global_prep(
+    head_dim: int = 512, theta: float = 1_000_000.0, partial_rotary_factor: float = 0.25, eps: float = 1e-6
+) -> PrepSpec:
+    norm = NormSpec(NormWeight.W, eps=eps)
+    return PrepSpec(
+        name="gemma4_global",
+        head_dim=head_dim,
+        q_norm=norm,
+        k_norm=norm,
+        v_source=VSource.NORMED_RAW_K,
+        rope=RopeSpec.from_factor(head_dim, theta, partial_rotary_factor, proportional=True),
+    )
+
+
+@dataclass(slots=True, frozen=True)
+class PrepOutputs:
+    """Per-row results: ``q``/``gate [rows, q_heads, head_dim]`` and the K/V rows the pool receives."""
+
+    q: torch.Tensor
+    gate: torch.Tensor | None
+    k: torch.Tensor
+    v: torch.Tensor
+
+
+def check_prep_inputs(
+    spec: PrepSpec,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor | None,
+    q_norm_weight: torch.Tensor,
+    k_norm_weight: torch.Tensor,
+) -> None:
+    """Shapes and dtypes the fused op accepts; raises SpecError naming the offending value."""
+    if q.dim() != 3 or q.shape[-1] != spec.q_width:
+        raise SpecError(f"{spec.name}: q must be [rows, q_heads, {spec.q_width}], got {tuple(q.shape)}")
+    if k.dim() != 3 or k.shape[-1] != spec.head_dim or k.shape[0] != q.shape[0]:
+        raise SpecError(
+            f"{spec.name}: k must be [{q.shape[0]}, kv_heads, {spec.head_dim}], got {tuple(k.shape)}"
+        )
+    if spec.takes_v != (v is not None):
+        raise SpecError(
+            f"{spec.name}: V source {spec.v_source.value} but v is {'given' if v is not None else 'None'}"
+        )
+    if v is not None and v.shape != k.shape:
+        raise SpecError(f"{spec.name}: v shape {tuple(v.shape)} differs from k {tuple(k.shape)}")
+    if q.shape[1] % k.shape[1]:
+        raise SpecError(f"{spec.name}: {q.shape[1]} q heads are not a multiple of {k.shape[1]} kv heads")
+    for name, t in (("k", k), ("v", v)):
+        if t is not None and t.dtype != q.dtype:
+            raise SpecError(f"{spec.name}: {name} dtype {t.dtype} differs from q {q.dtype}")
+    for name, w in (("q_norm_weight", q_norm_weight), ("k_norm_weight", k_norm_weight)):
+        if tuple(w.shape) != (spec.head_dim,):
+            raise SpecError(f"{spec.name}: {name} must be [{spec.head_dim}], got {tuple(w.shape)}")
+
+
+def prep_rows(
+    spec: PrepSpec,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor | None,
+    q_norm_weight: torch.Tensor,
+    k_norm_weight: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+) -> PrepOutputs:
+    """The fused op without the pool write: normalise, rotate, derive V, split off the gate."""
+    check_prep_inputs(spec, q, k, v, q_norm_weight, k_norm_weight)
+    q_in = q[..., : spec.head_dim]
+    gate = q[..., spec.head_dim :].clone() if spec.q_gated else None
+    q_out = apply_rope(rms_norm(q_in, spec.q_norm, q_norm_weight), cos, sin, spec.rope)
+    k_out = apply_rope(rms_norm(k, spec.k_norm, k_norm_weight), cos, sin, spec.rope)
+    if spec.v_source is VSource.PROJECTION:
+        assert v is not None
+        v_out = v.clone()
+    elif spec.v_source is VSource.NORMED_PROJECTION:
+        assert v is not None
+        v_out = rms_norm(v, spec.v_norm)
+    else:
+        v_out = rms_norm(k, spec.v_norm)
+    return PrepOutputs(q=q_out, gate=gate, k=k_out, v=v_out)
+
+
+def attention_prep(
+    spec: PrepSpec,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor | None,
+    q_norm_weight: torch.Tensor,
+    k_norm_weight: torch.Tensor,
+    rows: PagedRows,
+    rope_cos_sin_table: torch.Tensor,
+    kv_pool_layer: torch.Tensor,
+) -> PrepOutputs:
+    """The fused prep op: ``prep_rows`` with cos/sin from the rope table, then K/V into their slots.
+
+    ``kv_pool_layer`` is ``pool[layer]`` (``kernels.kv_layout``) and is written in place. Rows that
+    map to the padding page write there like any other row.
+    """
+    check_pool_layer(kv_pool_layer, k.shape[1], spec.head_dim)
+    cos, sin = rope_lookup(rope_cos_sin_table, rows.positions)
+    out = prep_rows(spec, q, k, v, q_norm_weight, k_norm_weight, cos, sin)
+    write_kv(kv_pool_layer, paged_slots(rows), out.k, out.v)
+    return out

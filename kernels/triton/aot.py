@@ -1,0 +1,87 @@
+"""Compile the prep kernel for a GPU target on a machine without one.
+
+Triton's GPU frontend is stricter than its interpreter (e.g. names bound in both branches of a
+runtime ``if`` must agree in shape), so the interpreter tests alone do not prove the kernel builds.
+This compiles every variant at serving head counts down to a cubin, which needs only the ptxas
+that ships with Triton. It must run without ``TRITON_INTERPRET`` (the jit functions would be
+interpreter objects): ``python -m kernels.triton.aot``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from kernels.reference import (
+    PrepSpec,
+    gemma4_global_prep,
+    gemma4_sliding_prep,
+    qwen3_prep,
+    qwen35_full_attention_prep,
+)
+from kernels.triton.attention_prep import DEFAULT_LAUNCH, PrepLaunchConfig, prep_constexprs
+from kernels.triton.prep_kernel import attention_prep_kernel
+
+_POINTER_TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32"}
+_INDEX_POINTERS = ("positions_ptr", "seq_index_ptr", "page_table_ptr")
+
+# (spec, q heads, kv heads): the serving shapes in shared/presets.md.
+SERVING_VARIANTS: tuple[tuple[PrepSpec, int, int], ...] = (
+    (qwen3_prep(), 32, 8),
+    (qwen35_full_attention_prep(), 16, 4),
+    (gemma4_sliding_prep(), 16, 8),
+    (gemma4_global_prep(), 16, 1),
+    (gemma4_global_prep(), 32, 4),
+)
+
+
+def compile_variant(
+    spec: PrepSpec,
+    q_heads: int,
+    kv_heads: int,
+    dtype: torch.dtype = torch.bfloat16,
+    *,
+    arch: int = 90,
+    launch: PrepLaunchConfig = DEFAULT_LAUNCH,
+) -> object:
+    """The compiled kernel (cubin included) for one variant on ``sm_{arch}``."""
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        raise RuntimeError("ahead-of-time compilation needs TRITON_INTERPRET unset")
+    constexprs = prep_constexprs(spec, q_heads, kv_heads, dtype, launch)
+    names = list(attention_prep_kernel.arg_names)
+    signature: dict[str, str] = {}
+    for name in names:
+        if name in constexprs:
+            signature[name] = "constexpr"
+        elif name in _INDEX_POINTERS:
+            signature[name] = "*i32"
+        elif name.endswith("_ptr"):
+            signature[name] = _POINTER_TYPES[dtype]
+        elif name.endswith("_eps"):
+            signature[name] = "fp32"
+        else:
+            signature[name] = "i64"
+    source = ASTSource(
+        fn=attention_prep_kernel,
+        signature=signature,
+        constexprs={(names.index(name),): value for name, value in constexprs.items()},
+    )
+    options = {"num_warps": launch.num_warps, "enable_fp_fusion": False}
+    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
+
+
+def main() -> int:
+    for spec, q_heads, kv_heads in SERVING_VARIANTS:
+        for dtype in _POINTER_TYPES:
+            compile_variant(spec, q_heads, kv_heads, dtype)
+        print(f"compiled {spec.name} q_heads={q_heads} kv_heads={kv_heads} for sm_90")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
