@@ -66,8 +66,13 @@ def server_state(app: FastAPI) -> ServerState:
     return state
 
 
-def _error_response(info: ErrorInfo) -> JSONResponse:
-    return JSONResponse(info.body(), status_code=info.status)
+def _error_response(info: ErrorInfo, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(info.body(), status_code=info.status, headers=headers)
+
+
+def _id_header(gen: Generation) -> dict[str, str]:
+    # Lets a client (and the logs) name the engine request behind any answer, errors included.
+    return {"x-request-id": gen.request_id}
 
 
 def _install_error_handlers(app: FastAPI) -> None:
@@ -158,10 +163,10 @@ async def _run_full(gen: Generation, renderer: Renderer, http_request: HTTPReque
         while (delta := await gen.next_delta()) is not None:
             logprobs.extend(delta.logprobs)
     if gen.error is not None:
-        return _error_response(gen.error)
+        return _error_response(gen.error, _id_header(gen))
     if gen.aborted:
         return _client_gone()
-    return JSONResponse(renderer.response(gen, logprobs))
+    return JSONResponse(renderer.response(gen, logprobs), headers=_id_header(gen))
 
 
 async def _run_streaming(
@@ -171,11 +176,13 @@ async def _run_streaming(
     async with on_disconnect(http_request.receive, gen.abort):
         await gen.wait_admitted()
     if gen.error is not None and gen.error.status < 500:
-        return _error_response(gen.error)
+        return _error_response(gen.error, _id_header(gen))
     if gen.aborted:
         return _client_gone()
     # A failure (500) is reported inside the stream: an error event, then [DONE].
-    return EventStreamResponse(_events(gen, renderer, include_usage), on_disconnect=gen.abort)
+    return EventStreamResponse(
+        _events(gen, renderer, include_usage), on_disconnect=gen.abort, headers=_id_header(gen)
+    )
 
 
 async def _events(gen: Generation, renderer: Renderer, include_usage: bool) -> AsyncIterator[bytes]:
