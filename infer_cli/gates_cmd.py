@@ -1,10 +1,247 @@
-"""Placeholder: replaced by the issue that builds this command."""
+"""`infer gates --manifest NAME|PATH` (alias `run-gates`): run a suite's checked-in gate manifest.
+
+Exit status: 0 when every selected gate passed (or `--check`/`--list` found nothing wrong, or the
+tier selected no gate); 1 when a gate failed; 2 when the run stopped before executing anything
+(manifest, membership or preflight problems).
+"""
 
 from __future__ import annotations
 
+import os
+from enum import StrEnum
+from pathlib import Path
+
 import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table
+
+from gates.runner import (
+    Gate,
+    GateOutcome,
+    GateRunError,
+    Manifest,
+    Problem,
+    RunOptions,
+    RunReport,
+    load_manifest,
+    locate_manifest,
+    run_manifest,
+    write_json,
+    write_junit,
+)
+from gates.runner.preflight import checkpoint_argument
+from gates.runner.reports import now
+
+EXIT_GATE_FAILED = 1
+EXIT_STOPPED = 2
+_RESULT_STYLE = {
+    "passed": "green",
+    "failed": "red",
+    "skipped": "red",
+    "timeout": "red",
+    "error": "red",
+    "not-selected": "dim",
+    "not-run": "yellow",
+}
 
 
-def gates_command() -> None:
-    typer.secho("not built yet", fg="red", err=True)
-    raise typer.Exit(2)
+class TierOption(StrEnum):
+    cpu = "cpu"
+    gpu = "gpu"
+    all = "all"
+
+
+class _ConsoleObserver:
+    """Draws a run: stage lines, a progress bar over the gates, one line per finished gate."""
+
+    def __init__(self, console: Console) -> None:
+        self._console = console
+        self._progress: Progress | None = None
+        self._task: TaskID | None = None
+
+    def stage(self, message: str) -> None:
+        self._console.print(f"[dim]{message}…[/dim]")
+
+    def run_started(self, gates: list[Gate]) -> None:
+        self._progress = Progress(
+            SpinnerColumn(),
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=self._console,
+            transient=True,
+        )
+        self._progress.start()
+        self._task = self._progress.add_task("gates", total=len(gates))
+
+    def gate_started(self, gate: Gate) -> None:
+        if self._progress is not None and self._task is not None:
+            self._progress.update(self._task, description=gate.id)
+
+    def gate_done(self, outcome: GateOutcome) -> None:
+        style = _RESULT_STYLE[outcome.result]
+        self._console.print(
+            f"[{style}]{outcome.result:>7}[/{style}] {outcome.gate.id} ({outcome.seconds:.1f}s)"
+        )
+        if self._progress is not None and self._task is not None:
+            self._progress.advance(self._task)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+
+def manifest_table(manifest: Manifest) -> Table:
+    suite = manifest.suite
+    types = ", ".join(suite.model_types) or "none (no checkpoint)"
+    table = Table(title=f"suite {suite.name} · {suite.gates_dir_shown} · model types: {types}")
+    for column in ("gate", "invariant", "needs", "timeout", "test", "why"):
+        table.add_column(column, overflow="fold")
+    for gate in manifest.gates:
+        table.add_row(
+            gate.id, gate.invariant, ", ".join(gate.needs) or "-", f"{gate.timeout_s}s", gate.test, gate.why
+        )
+    return table
+
+
+def problems_table(problems: tuple[Problem, ...] | list[Problem]) -> Table:
+    table = Table(title=f"[red]{len(problems)} problem(s): nothing was run[/red]", title_justify="left")
+    for column in ("stage", "subject", "problem"):
+        table.add_column(column, overflow="fold")
+    for problem in problems:
+        table.add_row(problem.stage, problem.subject, problem.message, style="red")
+    return table
+
+
+def results_table(report: RunReport) -> Table:
+    """One row per gate (gate, invariant, result, seconds); failures in red."""
+    table = Table(title=f"suite {report.suite} · tier {report.tier}")
+    for column in ("gate", "invariant", "result", "seconds", "detail"):
+        table.add_column(column, overflow="fold")
+    for row in report.rows:
+        seconds = f"{row.outcome.seconds:.1f}" if row.outcome is not None else "-"
+        if row.outcome is not None:
+            detail = row.outcome.message.splitlines()[0] if row.outcome.message else ""
+        elif not row.selected:
+            detail = f"needs {', '.join(row.base_needs)}"
+        else:
+            detail = ""
+        table.add_row(
+            row.gate.id, row.gate.invariant, row.result, seconds, detail, style=_RESULT_STYLE[row.result]
+        )
+    return table
+
+
+def _write_reports(
+    report: RunReport, json_path: Path | None, junit_path: Path | None, console: Console
+) -> None:
+    if json_path is not None:
+        write_json(report, json_path)
+        console.print(f"[dim]JSON report: {json_path}[/dim]")
+    if junit_path is not None:
+        write_junit(report, junit_path)
+        console.print(f"[dim]JUnit report: {junit_path}[/dim]")
+
+
+def _print_outcome(report: RunReport, console: Console) -> None:
+    if report.problems:
+        console.print(problems_table(report.problems))
+        return
+    if report.mode == "check":
+        console.print(
+            f"[green]check passed[/green]: {len(report.rows)} gate(s) listed, every one present, "
+            f"no unlisted test, every gate module imports"
+        )
+        return
+    unselected = [row for row in report.rows if not row.selected]
+    for row in unselected:
+        console.print(
+            f"[dim]not selected at tier {report.tier}: {row.gate.id} (needs {', '.join(row.base_needs)})[/dim]"
+        )
+    if not any(row.selected for row in report.rows):
+        console.print(
+            f"[yellow]no gate of suite {report.suite} is selected at tier {report.tier}: nothing to run[/yellow]"
+        )
+        return
+    console.print(results_table(report))
+    for outcome in report.ran:
+        if not outcome.passed:
+            console.rule(f"[red]{outcome.gate.id}: {outcome.result}")
+            console.print(outcome.output_tail.strip()[-3000:], markup=False, highlight=False)
+
+
+def gates_command(
+    manifest: str = typer.Option(
+        ..., "--manifest", help="Manifest NAME (manifests/NAME.toml) or PATH to a .toml."
+    ),
+    checkpoint: Path | None = typer.Option(
+        None,
+        "--checkpoint",
+        help="Checkpoint folder for gates that need one (default: $INFER_TEST_CHECKPOINT).",
+    ),
+    tier: TierOption = typer.Option(
+        TierOption.all,
+        "--tier",
+        help="cpu: gates needing no GPU; gpu: the gates needing one; all: every gate.",
+    ),
+    check: bool = typer.Option(
+        False,
+        "--check",
+        help="Validate, check membership and import every gate module; run nothing (no GPU, no checkpoint).",
+    ),
+    list_gates: bool = typer.Option(False, "--list", help="Print the manifest and exit."),
+    junit: Path | None = typer.Option(None, "--junit", help="Write a JUnit XML report here."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write a JSON report here."),
+) -> None:
+    console = Console()
+    started = now()
+    try:
+        loaded = load_manifest(locate_manifest(manifest))
+    except GateRunError as exc:
+        stopped = RunReport(
+            suite=Path(manifest).stem,
+            manifest=Path(manifest),
+            mode="check" if check else "run",
+            tier=tier.value,
+            checkpoint=checkpoint,
+            problems=tuple(exc.problems),
+            rows=(),
+            started=started,
+        )
+        console.print(problems_table(exc.problems))
+        _write_reports(stopped, json_out, junit, console)
+        raise typer.Exit(EXIT_STOPPED) from exc
+
+    if list_gates:
+        console.print(manifest_table(loaded))
+        return
+
+    options = RunOptions(
+        mode="check" if check else "run",
+        tier=tier.value,
+        checkpoint=None if check else checkpoint_argument(checkpoint, os.environ),
+    )
+    console.print(
+        f"[bold]infer gates[/bold] · suite {loaded.suite.name} · {len(loaded.gates)} gate(s) · {loaded.path}"
+    )
+    observer = _ConsoleObserver(console)
+    try:
+        report = run_manifest(loaded, options, observer)
+    finally:
+        observer.close()
+    _print_outcome(report, console)
+    _write_reports(report, json_out, junit, console)
+    if report.problems:
+        raise typer.Exit(EXIT_STOPPED)
+    if not report.ok:
+        raise typer.Exit(EXIT_GATE_FAILED)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
@@ -18,7 +19,10 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from models.synth import FAMILIES, SynthError, SynthRequest, SynthResult, synthesize
+from models.synth import FAMILIES, SynthError
+
+if TYPE_CHECKING:
+    from models.synth.writer import SynthResult
 
 
 class DtypeChoice(StrEnum):
@@ -104,6 +108,8 @@ def synth_command(
     ),
     shard_gb: float = typer.Option(4.0, "--shard-gb", help="Largest safetensors shard, in GiB."),
 ) -> None:
+    from models.synth.writer import SynthRequest, synthesize
+
     console = Console()
     request = SynthRequest(
         family=family,

@@ -2,13 +2,29 @@
 
 Families qwen3, gemma4 and qwen35 (model types qwen3, gemma4_text, qwen3_5_text); a `tiny`
 preset per family for CPU tests and the published dimensions for GPU benchmarks. See
-docs/synth.md.
+docs/synth.md. The writer (torch, transformers) is imported on first use, so listing families
+and presets stays cheap.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from models.synth.errors import SynthError
 from models.synth.families import FAMILIES, get_family
-from models.synth.writer import SynthRequest, SynthResult, plan, synthesize
+
+if TYPE_CHECKING:
+    from models.synth.writer import SynthRequest, SynthResult, plan, synthesize
+
+_WRITER_NAMES = ("SynthRequest", "SynthResult", "plan", "synthesize")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WRITER_NAMES:
+        from models.synth import writer
+
+        return getattr(writer, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["FAMILIES", "SynthError", "SynthRequest", "SynthResult", "get_family", "plan", "synthesize"]

@@ -1,0 +1,83 @@
+"""Execution: each selected gate in its own pytest process, one after another, with its timeout.
+
+A process per gate means a gate that exhausts GPU memory, leaks a CUDA context or crashes the
+interpreter cannot poison the next one. The checkpoint reaches the gate as INFER_TEST_CHECKPOINT.
+A gate passes only when pytest ran at least one test for it and every one of them passed; a
+skip, an xfail, a timeout, a crash or an empty collection is a failure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from gates.runner.manifest import Gate, Manifest
+from gates.runner.preflight import CHECKPOINT_ENV
+from gates.runner.pytest_process import PytestRun, run_pytest
+
+Result = Literal["passed", "failed", "skipped", "timeout", "error"]
+
+
+@dataclass(slots=True, frozen=True)
+class GateOutcome:
+    gate: Gate
+    result: Result
+    seconds: float
+    message: str
+    output_tail: str
+
+    @property
+    def passed(self) -> bool:
+        return self.result == "passed"
+
+
+def judge(gate: Gate, run: PytestRun) -> tuple[Result, str]:
+    if run.timed_out:
+        return "timeout", f"ran past its timeout of {gate.timeout_s}s and was killed"
+    if run.report is None:
+        return "error", f"pytest exited {run.returncode} before reporting (crash or startup error)"
+    errors = run.report.get("collect_errors", [])
+    if errors:
+        return "error", f"did not collect: {errors[0]['message']}"
+    tests = run.report.get("tests", [])
+    if not tests:
+        return "error", f"pytest ran no test for {gate.test} (exit {run.returncode})"
+    for outcome in ("failed", "skipped"):
+        bad = [t for t in tests if t["outcome"] == outcome]
+        if bad:
+            first = bad[0]
+            verdict: Result = "failed" if outcome == "failed" else "skipped"
+            if len(tests) == 1:
+                return verdict, first["message"]
+            return (
+                verdict,
+                f"{len(bad)} of {len(tests)} tests {outcome}; first {first['nodeid']}: {first['message']}",
+            )
+    if run.returncode != 0:
+        return "failed", f"every test passed but pytest exited {run.returncode}"
+    return "passed", ""
+
+
+def run_gate(manifest: Manifest, gate: Gate, checkpoint: Path | None) -> GateOutcome:
+    env = {CHECKPOINT_ENV: str(checkpoint)} if checkpoint is not None else {}
+    run = run_pytest(manifest.suite.root, ["-q", "-rA", gate.test], gate.timeout_s, env)
+    result, message = judge(gate, run)
+    return GateOutcome(gate, result, run.seconds, message, run.output_tail)
+
+
+def run_gates(
+    manifest: Manifest,
+    gates: Sequence[Gate],
+    checkpoint: Path | None,
+    on_start: Callable[[Gate], None],
+    on_done: Callable[[GateOutcome], None],
+) -> list[GateOutcome]:
+    outcomes: list[GateOutcome] = []
+    for gate in gates:
+        on_start(gate)
+        outcome = run_gate(manifest, gate, checkpoint)
+        outcomes.append(outcome)
+        on_done(outcome)
+    return outcomes

@@ -1,0 +1,119 @@
+"""Preflight: before any gate runs, every need of the selected gates must be met on this machine.
+
+Each unmet need is one problem naming the need, why it is unmet and the gates that need it. The
+checkpoint comes from --checkpoint, else INFER_TEST_CHECKPOINT; it must be a folder whose
+config.json parses and names a model type the suite covers.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gates.runner.manifest import Gate, Manifest
+from gates.runner.model_types import checkpoint_types, covered_types, covers
+from gates.runner.needs import CHECKPOINT, GPU, HF_REFERENCE
+from gates.runner.problems import Problem
+
+CHECKPOINT_ENV = "INFER_TEST_CHECKPOINT"
+
+
+@dataclass(slots=True, frozen=True)
+class CheckpointInfo:
+    path: Path
+    model_types: tuple[str, ...]
+
+
+@dataclass(slots=True, frozen=True)
+class PreflightResult:
+    problems: tuple[Problem, ...]
+    checkpoint: CheckpointInfo | None
+
+
+def checkpoint_argument(flag: Path | None, env: Mapping[str, str]) -> Path | None:
+    if flag is not None:
+        return flag
+    raw = env.get(CHECKPOINT_ENV, "").strip()
+    return Path(raw) if raw else None
+
+
+def _inspect_checkpoint(path: Path | None, manifest: Manifest) -> tuple[CheckpointInfo | None, str | None]:
+    """The checkpoint's model types, or why it cannot serve this suite."""
+    if path is None:
+        return None, f"no checkpoint given (pass --checkpoint PATH or set {CHECKPOINT_ENV})"
+    resolved = path.expanduser().resolve()
+    if not resolved.is_dir():
+        return None, f"{path} does not exist or is not a folder"
+    config_path = resolved / "config.json"
+    if not config_path.is_file():
+        return None, f"{path} has no config.json"
+    try:
+        config: Any = json.loads(config_path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        return None, f"{config_path} does not parse: {exc}"
+    if not isinstance(config, dict):
+        return None, f"{config_path} is not a JSON object"
+    types = checkpoint_types(config)
+    if not types:
+        return None, f"{config_path} names no model_type"
+    if not covers(manifest.suite.model_types, types):
+        accepted = ", ".join(covered_types(manifest.suite.model_types)) or "none"
+        return None, (
+            f"{path} is a {' / '.join(types)} checkpoint; suite {manifest.suite.name} covers {accepted}"
+        )
+    return CheckpointInfo(resolved, tuple(types)), None
+
+
+def _hf_reference_unmet(model_types: Sequence[str]) -> str | None:
+    if importlib.util.find_spec("transformers") is None:
+        return "transformers is not installed"
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    unknown = [t for t in model_types if t not in CONFIG_MAPPING_NAMES]
+    if unknown:
+        return f"transformers {transformers.__version__} does not know model type(s) {', '.join(unknown)}"
+    return None
+
+
+def _gpu_unmet() -> str | None:
+    if importlib.util.find_spec("torch") is None:
+        return "torch is not installed"
+    import torch
+
+    if not torch.cuda.is_available():
+        return "no CUDA device (torch.cuda.is_available() is False)"
+    return None
+
+
+def preflight(manifest: Manifest, selected: Sequence[Gate], checkpoint: Path | None) -> PreflightResult:
+    needed_by: dict[str, list[str]] = {}
+    for gate in selected:
+        for need in manifest.base_needs(gate):
+            needed_by.setdefault(need, []).append(gate.id)
+
+    problems: list[Problem] = []
+
+    def unmet(need: str, why: str) -> None:
+        gates = ", ".join(needed_by[need])
+        problems.append(Problem("preflight", need, f"{why}; needed by {gates}"))
+
+    info: CheckpointInfo | None = None
+    if CHECKPOINT in needed_by or HF_REFERENCE in needed_by:
+        info, why = _inspect_checkpoint(checkpoint, manifest)
+        if why is not None and CHECKPOINT in needed_by:
+            unmet(CHECKPOINT, why)
+    if HF_REFERENCE in needed_by:
+        types = info.model_types if info is not None else manifest.suite.model_types
+        why = _hf_reference_unmet(types)
+        if why is not None:
+            unmet(HF_REFERENCE, why)
+    if GPU in needed_by:
+        why = _gpu_unmet()
+        if why is not None:
+            unmet(GPU, why)
+    return PreflightResult(tuple(problems), info)

@@ -1,0 +1,96 @@
+"""Start pytest in a child process the way the runner needs it, and read back what it recorded.
+
+Every child runs `python -m pytest` from the suite root with the root as rootdir (so node ids
+are the manifest's), no cache writes, and the runner's plugin (plugin_path/) on PYTHONPATH. Its
+process group is killed on timeout, so a hung gate leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+PLUGIN_DIR = Path(__file__).resolve().parent / "plugin_path"
+PLUGIN = "infer_gate_plugin"
+REPORT_OUT = "INFER_GATE_REPORT_OUT"
+OUTPUT_TAIL_CHARS = 6000
+
+
+@dataclass(slots=True, frozen=True)
+class PytestRun:
+    returncode: int | None  # None: killed at the timeout
+    seconds: float
+    output: str
+    # What the plugin recorded; None if pytest died before writing it.
+    report: Mapping[str, Any] | None
+
+    @property
+    def timed_out(self) -> bool:
+        return self.returncode is None
+
+    @property
+    def output_tail(self) -> str:
+        return self.output[-OUTPUT_TAIL_CHARS:]
+
+
+def _env(extra: Mapping[str, str]) -> dict[str, str]:
+    env = dict(os.environ)
+    paths = [str(PLUGIN_DIR), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env.update(extra)
+    return env
+
+
+def run_pytest(
+    root: Path, args: Sequence[str], timeout_s: float, env: Mapping[str, str] | None = None
+) -> PytestRun:
+    with tempfile.TemporaryDirectory(prefix="infer-gates-") as scratch:
+        report_path = Path(scratch) / "report.json"
+        command = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            PLUGIN,
+            "-p",
+            "no:cacheprovider",
+            "--rootdir",
+            str(root),
+            *args,
+        ]
+        started = time.monotonic()
+        process = subprocess.Popen(
+            command,
+            cwd=root,
+            env=_env({REPORT_OUT: str(report_path), **(env or {})}),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            start_new_session=True,
+        )
+        returncode: int | None
+        try:
+            output, _ = process.communicate(timeout=timeout_s)
+            returncode = process.returncode
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            output, _ = process.communicate()
+            returncode = None
+        seconds = time.monotonic() - started
+        report: Mapping[str, Any] | None = None
+        if report_path.is_file():
+            try:
+                report = json.loads(report_path.read_text())
+            except json.JSONDecodeError:
+                report = None
+        return PytestRun(returncode, seconds, output or "", report)

@@ -1,0 +1,76 @@
+"""The stages of `infer gates` after the manifest is loaded: membership, (check stops here), tier
+selection, preflight, execution. Each stage that finds problems stops the run with all of them;
+nothing executes after a problem. Output is left to an observer (the CLI draws it with rich).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from gates.runner.execution import GateOutcome, run_gates
+from gates.runner.manifest import Gate, Manifest
+from gates.runner.membership import collect, membership_problems
+from gates.runner.needs import Tier, in_tier
+from gates.runner.preflight import preflight
+from gates.runner.problems import Problem
+from gates.runner.reports import GateRow, Mode, RunReport, now
+
+
+@dataclass(slots=True, frozen=True)
+class RunOptions:
+    mode: Mode
+    tier: Tier
+    checkpoint: Path | None
+
+
+class Observer(Protocol):
+    def stage(self, message: str) -> None: ...
+
+    def run_started(self, gates: list[Gate]) -> None: ...
+
+    def gate_started(self, gate: Gate) -> None: ...
+
+    def gate_done(self, outcome: GateOutcome) -> None: ...
+
+
+def run_manifest(manifest: Manifest, options: RunOptions, observer: Observer) -> RunReport:
+    started = now()
+    needs = {gate.id: tuple(sorted(manifest.base_needs(gate))) for gate in manifest.gates}
+    check = options.mode == "check"
+    selected = {gate.id: check or in_tier(needs[gate.id], options.tier) for gate in manifest.gates}
+
+    def report(problems: list[Problem], outcomes: list[GateOutcome] | None = None) -> RunReport:
+        by_id = {outcome.gate.id: outcome for outcome in outcomes or []}
+        rows = tuple(
+            GateRow(gate, needs[gate.id], selected[gate.id], by_id.get(gate.id)) for gate in manifest.gates
+        )
+        return RunReport(
+            suite=manifest.suite.name,
+            manifest=manifest.path,
+            mode=options.mode,
+            tier=options.tier,
+            checkpoint=options.checkpoint,
+            problems=tuple(problems),
+            rows=rows,
+            started=started,
+        )
+
+    observer.stage(f"collecting {manifest.suite.gates_dir_shown} (imports every gate module)")
+    problems = membership_problems(manifest, collect(manifest))
+    if problems or check:
+        return report(problems)
+
+    chosen = [gate for gate in manifest.gates if selected[gate.id]]
+    if not chosen:
+        return report([])
+    observer.stage(f"preflight of {len(chosen)} gate(s)")
+    checked = preflight(manifest, chosen, options.checkpoint)
+    if checked.problems:
+        return report(list(checked.problems))
+
+    observer.run_started(chosen)
+    checkpoint = checked.checkpoint.path if checked.checkpoint is not None else options.checkpoint
+    outcomes = run_gates(manifest, chosen, checkpoint, observer.gate_started, observer.gate_done)
+    return report([], outcomes)
