@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from engine.contract import Failed, Load, Request, RequestUpdate, Scheduler, StepOutputs
 from engine.driver import Driver
 
+StepObserver = Callable[[float], None]
+
 
 class EngineDeadError(RuntimeError):
     """The driver has stopped; no request can be served any more. Carries the driver's reason."""
@@ -112,8 +114,38 @@ class EngineCounters:
     open_streams: int
 
 
+class _TimedScheduler:
+    """Passes every call through, timing `step` (on the driver thread) for `on_step`."""
+
+    def __init__(self, inner: Scheduler, on_step: StepObserver) -> None:
+        self._inner = inner
+        self._on_step = on_step
+
+    def submit(self, request: Request) -> None:
+        self._inner.submit(request)
+
+    def abort(self, request_id: str) -> None:
+        self._inner.abort(request_id)
+
+    def step(self) -> StepOutputs:
+        start = time.perf_counter()
+        outputs = self._inner.step()
+        self._on_step(time.perf_counter() - start)
+        return outputs
+
+    def fail_step(self, message: str) -> StepOutputs:
+        return self._inner.fail_step(message)
+
+    def load(self) -> Load:
+        return self._inner.load()
+
+    def has_work(self) -> bool:
+        return self._inner.has_work()
+
+
 class AsyncEngine:
-    """Owns one Driver and routes its outputs to per-request streams."""
+    """Owns one Driver and routes its outputs to per-request streams. `on_step`, when given, is
+    called on the driver thread with the duration of every successful step."""
 
     def __init__(
         self,
@@ -121,8 +153,9 @@ class AsyncEngine:
         *,
         name: str = "infer-driver",
         on_fatal: Callable[[str], None] | None = None,
+        on_step: StepObserver | None = None,
     ) -> None:
-        self._scheduler = scheduler
+        self._scheduler: Scheduler = scheduler if on_step is None else _TimedScheduler(scheduler, on_step)
         self._name = name
         self._external_on_fatal = on_fatal
         self._driver: Driver | None = None

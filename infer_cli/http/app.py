@@ -205,8 +205,10 @@ async def _events(gen: Generation, renderer: Renderer, include_usage: bool) -> A
 
 
 def create_app(model: LoadedModel, settings: ServerSettings) -> FastAPI:
-    engine = AsyncEngine(model.scheduler, name=f"infer-driver-{settings.served_model_name}")
     metrics = ServerMetrics(settings.served_model_name)
+    engine = AsyncEngine(
+        model.scheduler, name=f"infer-driver-{settings.served_model_name}", on_step=metrics.engine_step
+    )
     state = ServerState(
         model=model, settings=settings, engine=engine, metrics=metrics, created=int(time.time())
     )

@@ -6,7 +6,7 @@ refreshed when /metrics is scraped rather than on every step: a scrape is rare, 
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 
 from engine.contract import Load
 
@@ -18,6 +18,8 @@ _TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 
                  1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
 _ITL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1,
                 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
+_STEP_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.03,
+                 0.05, 0.075, 0.1, 0.25, 0.5, 1.0)
 _E2E_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0,
                 60.0, 120.0, 300.0, 600.0, 1800.0)
 # fmt: on
@@ -84,6 +86,17 @@ class ServerMetrics:
             buckets=_E2E_BUCKETS,
             registry=r,
         ).labels(model_name)
+        # The engine's own time per step, next to the latencies clients see: the difference is the
+        # frontend's cost. Observed on the driver thread (prometheus_client is thread-safe).
+        self._step = Histogram(
+            "infer:engine_step_duration_seconds",
+            "Wall time of one engine step, measured around Scheduler.step on the driver thread.",
+            label,
+            buckets=_STEP_BUCKETS,
+            registry=r,
+        ).labels(model_name)
+        # process_cpu_seconds_total and friends, as vLLM exposes them: CPU per output token.
+        ProcessCollector(registry=r)
         self._queue = Histogram(
             "vllm:request_queue_time_seconds",
             "Submission to admission.",
@@ -109,6 +122,9 @@ class ServerMetrics:
     def ended(self, finished_reason: str, e2e_seconds: float) -> None:
         self._success.labels(self.model_name, finished_reason).inc()
         self._e2e.observe(e2e_seconds)
+
+    def engine_step(self, seconds: float) -> None:
+        self._step.observe(seconds)
 
     def errored(self, kind: str) -> None:
         self._errors.labels(self.model_name, kind).inc()

@@ -66,7 +66,7 @@ async def _run_all(live: LiveServer) -> list[tuple[str, str | None, int | None]]
         # Few pages and a small step budget: requests queue, prefill in chunks and get preempted,
         # and must still produce exactly the same text.
         pytest.param(
-            SimOptions(engine=EngineConfig(max_num_seqs=96, max_num_batched_tokens=256), num_kv_pages=160),
+            SimOptions(engine=EngineConfig(max_num_seqs=96, max_num_batched_tokens=256), num_kv_pages=48),
             True,
             id="tight",
         ),
