@@ -1,0 +1,1 @@
+"""GPU gates for the kernels suite (manifests/kernels.toml)."""
