@@ -39,16 +39,22 @@ def _events(raw: str) -> list[str]:
     return [e.removeprefix("data: ") for e in raw.split("\n\n") if e]
 
 
-async def _post(client: httpx.AsyncClient, path: str, body: dict[str, Any]) -> tuple[int, Any, str]:
-    """(status, JSON body or list of SSE payloads, request id)."""
+async def _post(
+    client: httpx.AsyncClient, path: str, body: dict[str, Any], seen: list[str]
+) -> tuple[int, Any, str]:
+    """(status, JSON body or list of SSE payloads, request id). SSE payloads are appended to `seen`
+    as they arrive, so a test can act while the stream is flowing."""
     if not body.get("stream"):
         response = await client.post(path, json=body)
         return response.status_code, response.json(), response.headers["x-request-id"]
     async with client.stream("POST", path, json=body) as response:
-        raw = (await response.aread()).decode()
-    if response.status_code != 200:
-        return response.status_code, json.loads(raw), response.headers.get("x-request-id", "")
-    return response.status_code, _events(raw), response.headers["x-request-id"]
+        if response.status_code != 200:
+            raw = (await response.aread()).decode()
+            return response.status_code, json.loads(raw), response.headers.get("x-request-id", "")
+        async for line in response.aiter_lines():
+            if line.startswith("data: "):
+                seen.append(line.removeprefix("data: "))
+    return response.status_code, seen, response.headers["x-request-id"]
 
 
 def _bodies(tag: str, max_tokens: int) -> list[tuple[str, dict[str, Any]]]:
@@ -65,11 +71,17 @@ def _bodies(tag: str, max_tokens: int) -> list[tuple[str, dict[str, Any]]]:
 
 
 async def _concurrently(
-    live: LiveServer, bodies: list[tuple[str, dict[str, Any]]], meanwhile: Callable[[], Awaitable[None]]
+    live: LiveServer,
+    bodies: list[tuple[str, dict[str, Any]]],
+    meanwhile: Callable[[list[list[str]]], Awaitable[None]],
 ) -> list[tuple[int, Any, str]]:
+    seen: list[list[str]] = [[] for _ in bodies]
     async with httpx.AsyncClient(base_url=live.url, timeout=60) as client:
-        tasks = [asyncio.create_task(_post(client, path, body)) for path, body in bodies]
-        await meanwhile()
+        tasks = [
+            asyncio.create_task(_post(client, path, body, events))
+            for (path, body), events in zip(bodies, seen, strict=True)
+        ]
+        await meanwhile(seen)
         return await asyncio.gather(*tasks)
 
 
@@ -120,9 +132,10 @@ def test_a_failed_step_errors_its_batch_and_the_next_requests_succeed() -> None:
     with live_server(options=SimOptions(step_delay_s=0.003), fault=fault) as live:
         first = _bodies("doomed", LONG)
 
-        async def fail_once_all_run() -> None:
+        async def fail_once_all_run(seen: list[list[str]]) -> None:
             await _until(lambda: live.engine.load.running == len(first))
-            await asyncio.sleep(0.02)  # a few decode steps in, the streams are flowing
+            # The streams are flowing: each has its opening chunk and some text.
+            await _until(lambda: all(len(seen[i]) >= 3 for i in (1, 3)))
             fault.armed.set()
 
         results = asyncio.run(_concurrently(live, first, fail_once_all_run))
@@ -135,7 +148,7 @@ def test_a_failed_step_errors_its_batch_and_the_next_requests_succeed() -> None:
 
         second = _bodies("fine", 20)
 
-        async def nothing() -> None:
+        async def nothing(_: list[list[str]]) -> None:
             return None
 
         for (path, body), (status, payload, _) in zip(
@@ -174,7 +187,7 @@ def test_a_dead_driver_fails_every_open_request_and_health_turns_503() -> None:
     with spied_server(SimOptions(step_delay_s=0.003)) as (live, spy):
         bodies = _bodies("orphaned", LONG)
 
-        async def kill_once_all_run() -> None:
+        async def kill_once_all_run(_: list[list[str]]) -> None:
             await _until(lambda: live.engine.load.running == len(bodies))
             spy.die = True
 

@@ -3,11 +3,11 @@ usage counts the tokens generated up to it, and the engine stops generating for 
 
 from __future__ import annotations
 
-from http_support import LiveServer
+from http_support import LiveServer, spied_server
 
 from engine.contract import SamplingParams
 from models.registry import ChatMessage
-from models.sim import SimTokenizer, sim_completion
+from models.sim import SimOptions, SimTokenizer, sim_completion
 
 TOK = SimTokenizer()
 MAX_TOKENS = 80
@@ -17,12 +17,11 @@ def _full_text(prompt_ids: list[int], seed: int) -> str:
     return sim_completion(prompt_ids, SamplingParams(max_tokens=MAX_TOKENS, seed=seed, ignore_eos=True)).text
 
 
-def test_stop_string_cuts_a_completion_and_aborts_the_request(sim_server: LiveServer) -> None:
+def test_stop_string_cuts_a_completion(sim_server: LiveServer) -> None:
     prompt = "stop somewhere in the middle"
     full = _full_text(TOK.encode(prompt), seed=4)
     stop = full[30:33]
     cut = full.find(stop)
-    aborted_before = sim_server.engine.counters.aborted
     result = sim_server.client().completions.create(
         model="sim", prompt=prompt, max_tokens=MAX_TOKENS, seed=4, stop=stop, extra_body={"ignore_eos": True}
     )
@@ -31,11 +30,33 @@ def test_stop_string_cuts_a_completion_and_aborts_the_request(sim_server: LiveSe
     assert result.usage is not None
     # The sim's tokenizer is byte-level: one token per character, up to the end of the stop string.
     assert result.usage.completion_tokens == cut + len(stop)
-    # The engine was told to stop instead of running on to max_tokens.
-    assert sim_server.engine.counters.aborted == aborted_before + 1
     load = sim_server.wait_idle()
     assert load.kv_pages_used == 0
     assert sim_server.metric("vllm:request_success_total", model_name="sim", finished_reason="stop") >= 1
+
+
+def test_stop_string_aborts_the_request_in_the_engine() -> None:
+    # Slow steps, so the engine is still far from max_tokens when the stop string shows up.
+    max_tokens = 2000
+    with spied_server(SimOptions(step_delay_s=0.002)) as (live, spy):
+        full = sim_completion(
+            TOK.encode("abort on stop"), SamplingParams(max_tokens=max_tokens, seed=1, ignore_eos=True)
+        ).text
+        stop = full[20:23]
+        result = live.client().completions.create(
+            model="sim",
+            prompt="abort on stop",
+            max_tokens=max_tokens,
+            seed=1,
+            stop=stop,
+            extra_body={"ignore_eos": True},
+        )
+        assert result.choices[0].finish_reason == "stop"
+        live.wait_idle()
+        assert [a[0] for a in spy.aborts] == [spy.submitted[0].request_id]
+        assert live.engine.counters.aborted == 1
+        # The engine stopped within a few steps of the stop string, not at max_tokens.
+        assert len(spy.steps) < 1000
 
 
 def test_streamed_stop_string_never_leaks_into_the_stream(sim_server: LiveServer) -> None:
