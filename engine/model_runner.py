@@ -13,6 +13,7 @@ from typing import Protocol
 
 import torch
 
+from engine.contract import SamplingParams
 from engine.runner import BatchRow, SampledToken, StepBatch
 from engine.sampling import sample
 from engine.sampling_batch import RowSampling, SamplingBatch, SeedSource
@@ -123,3 +124,24 @@ class PagedModelRunner:
             if row.sample:
                 results[i] = next(sampled)
         return results
+
+    @torch.inference_mode()
+    def score(self, token_ids: Sequence[int], page_table: Sequence[int]) -> torch.Tensor:
+        """Float32 logits [len(token_ids), vocab] at every position of one sequence, computed by a
+        single prefill into `page_table` (one table for every KV group). A diagnostic for parity
+        gates: the caller owns those pages, so it must not run while the scheduler holds them."""
+        row = BatchRow(
+            request_id="score",
+            token_ids=tuple(token_ids),
+            start_pos=0,
+            page_tables=(tuple(page_table),) * len(self.model.attention_specs),
+            sample=True,
+            sampling=SamplingParams(),
+            context=list(token_ids),
+            num_generated=0,
+        )
+        fb = build_forward_batch(
+            [row], self.model.page_size, self.model.attention_specs, self.model.device, self.attention
+        )
+        fb.sample_index = torch.arange(len(token_ids), device=self.model.device)
+        return self.model.logits(self.model.forward(fb))

@@ -103,6 +103,10 @@ class BatchScheduler:
         self._in_step: list[_Seq] = []
         self.num_preemptions = 0
 
+    @property
+    def runner(self) -> ModelRunner:
+        return self._runner
+
     # -- Scheduler protocol --------------------------------------------------------------------
 
     def submit(self, request: Request) -> None:

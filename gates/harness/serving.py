@@ -1,0 +1,116 @@
+"""Loading a checkpoint through infer's own path and driving its scheduler synchronously."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from engine.config import EngineConfig
+from engine.contract import Admission, Request, SamplingParams, Terminal, TokenLogprob
+from engine.model_runner import PagedModelRunner
+from engine.scheduler import BatchScheduler
+from models.registry import LoadedModel, ModelOptions, load_model
+
+
+def gate_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def load_for_gate(checkpoint: Path, **engine: object) -> LoadedModel:
+    """The model as `infer serve` would load it on this machine (bf16 + FlashInfer on a GPU, fp32 +
+    torch attention on CPU), with engine settings overridden by keyword."""
+    config = EngineConfig(**engine)  # type: ignore[arg-type]
+    return load_model(str(checkpoint), ModelOptions(engine=config, device=str(gate_device())))
+
+
+def batch_scheduler(model: LoadedModel) -> BatchScheduler:
+    if not isinstance(model.scheduler, BatchScheduler):
+        raise TypeError(f"expected a BatchScheduler, got {type(model.scheduler).__name__}")
+    return model.scheduler
+
+
+def paged_runner(model: LoadedModel) -> PagedModelRunner:
+    runner = batch_scheduler(model).runner
+    if not isinstance(runner, PagedModelRunner):
+        raise TypeError(f"expected a PagedModelRunner, got {type(runner).__name__}")
+    return runner
+
+
+@dataclass(slots=True)
+class Completion:
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    admission: Admission | None = None
+    cached_tokens: int | None = None
+    terminal: Terminal | None = None
+    terminals_seen: int = 0
+
+
+def drive(
+    model: LoadedModel,
+    requests: Sequence[Request],
+    arrivals: Mapping[int, Sequence[Request]] | None = None,
+    after_step: Callable[[int, dict[str, Completion]], None] | None = None,
+    max_steps: int = 100_000,
+) -> dict[str, Completion]:
+    """Submit `requests`, then step until idle; `arrivals[k]` are submitted before step k.
+    Collects every update and checks that each request sees at most one terminal."""
+    scheduler = model.scheduler
+    results: dict[str, Completion] = {}
+
+    def submit(batch: Iterable[Request]) -> None:
+        for request in batch:
+            results[request.request_id] = Completion()
+            scheduler.submit(request)
+
+    submit(requests)
+    pending = dict(arrivals or {})
+    step = 0
+    while scheduler.has_work() or any(k >= step for k in pending):
+        submit(pending.pop(step, ()))
+        if scheduler.has_work():
+            for update in scheduler.step().updates:
+                done = results[update.request_id]
+                done.tokens.extend(update.new_token_ids)
+                done.logprobs.extend(update.logprobs or ())
+                if update.admission is not None:
+                    assert done.admission is None, f"{update.request_id}: admission reported twice"
+                    done.admission = update.admission
+                if update.cached_tokens is not None:
+                    done.cached_tokens = update.cached_tokens
+                if update.terminal is not None:
+                    done.terminals_seen += 1
+                    done.terminal = update.terminal
+        if after_step is not None:
+            after_step(step, results)
+        step += 1
+        if step > max_steps:
+            raise AssertionError(f"the scheduler did not finish within {max_steps} steps")
+    return results
+
+
+def greedy(max_tokens: int, logprobs: int | None = 5) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, logprobs=logprobs)
+
+
+def random_prompt(length: int, seed: int, vocab_size: int, avoid: Iterable[int] = ()) -> tuple[int, ...]:
+    """Token ids drawn from the vocabulary (special ids in `avoid` excluded), deterministic per seed."""
+    generator = torch.Generator().manual_seed(seed)
+    banned = set(avoid)
+    ids: list[int] = []
+    while len(ids) < length:
+        for t in torch.randint(0, vocab_size, (length,), generator=generator).tolist():
+            if t not in banned and len(ids) < length:
+                ids.append(t)
+    return tuple(ids)
+
+
+def score(model: LoadedModel, token_ids: Sequence[int]) -> torch.Tensor:
+    """infer's float32 log-probs at every position of `token_ids` ([n, vocab]) from one prefill on a
+    model that has served nothing yet (the pages used are 1..n/16, which nothing else holds)."""
+    runner = paged_runner(model)
+    pages = list(range(1, 1 + -(-len(token_ids) // 16)))
+    return torch.log_softmax(runner.score(token_ids, pages), dim=-1)

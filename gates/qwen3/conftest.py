@@ -1,0 +1,55 @@
+"""Fixtures of the qwen3 suite: the checkpoint served through infer, and transformers beside it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from gates.harness.hf_reference import hf_model
+from gates.harness.serving import gate_device, load_for_gate
+from gates.harness.tolerances import Tolerance, tolerance_for
+from models.qwen3.config import Qwen3Config, parse_qwen3_config
+from models.registry import LoadedModel
+
+
+@pytest.fixture(scope="session")
+def qwen3_config(checkpoint_path: Path) -> Qwen3Config:
+    return parse_qwen3_config(checkpoint_path)
+
+
+@pytest.fixture(scope="session")
+def serving_dtype() -> torch.dtype:
+    return torch.bfloat16 if gate_device().type == "cuda" else torch.float32
+
+
+@pytest.fixture(scope="session")
+def tol(serving_dtype: torch.dtype) -> Tolerance:
+    return tolerance_for(serving_dtype)
+
+
+@pytest.fixture()
+def served(checkpoint_path: Path) -> Iterator[LoadedModel]:
+    """A fresh load per gate: no prefix cache or pages carried over from another gate."""
+    model = load_for_gate(checkpoint_path, num_kv_pages=_pages_for_gates())
+    yield model
+    del model
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+@pytest.fixture(scope="session")
+def hf(checkpoint_path: Path, serving_dtype: torch.dtype) -> Any:
+    return hf_model(checkpoint_path, gate_device(), serving_dtype)
+
+
+def _pages_for_gates() -> int:
+    return 4096 if gate_device().type == "cuda" else 512
+
+
+def prompt_lengths() -> tuple[int, ...]:
+    """Prompt sizes: a partial page, a few pages, and (on GPU) a long prompt."""
+    return (13, 50, 700) if gate_device().type == "cuda" else (13, 50, 83)
