@@ -99,7 +99,9 @@ def _install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(Exception, unexpected)
 
 
-def _context_length_error(prompt_tokens: int, max_tokens: int | None, max_model_len: int) -> APIError:
+def _context_length_error(
+    prompt_tokens: int, max_tokens: int | None, max_model_len: int, prompt_param: str
+) -> APIError:
     if max_tokens is None:
         message = (
             f"the prompt is {prompt_tokens} tokens, which leaves no room to generate within this model's "
@@ -112,7 +114,7 @@ def _context_length_error(prompt_tokens: int, max_tokens: int | None, max_model_
             "or lower max_tokens"
         )
     return bad_request(
-        message, param="max_tokens" if max_tokens else "messages", code="context_length_exceeded"
+        message, param="max_tokens" if max_tokens else prompt_param, code="context_length_exceeded"
     )
 
 
@@ -122,17 +124,18 @@ def _engine_request(
     common: CommonParams,
     logprobs: int | None,
     max_model_len: int,
+    prompt_param: str,
 ) -> Request:
     if not prompt:
-        raise bad_request("the prompt encodes to no tokens", param="prompt")
+        raise bad_request("the prompt encodes to no tokens", param=prompt_param)
     prompt_tokens = len(prompt)
     max_tokens = common.max_tokens
     if max_tokens is None:
         if prompt_tokens >= max_model_len:
-            raise _context_length_error(prompt_tokens, None, max_model_len)
+            raise _context_length_error(prompt_tokens, None, max_model_len, prompt_param)
         max_tokens = max_model_len - prompt_tokens
     elif prompt_tokens + max_tokens > max_model_len:
-        raise _context_length_error(prompt_tokens, max_tokens, max_model_len)
+        raise _context_length_error(prompt_tokens, max_tokens, max_model_len, prompt_param)
     try:
         sampling = SamplingParams(
             max_tokens=max_tokens,
@@ -255,26 +258,40 @@ def create_app(model: LoadedModel, settings: ServerSettings) -> FastAPI:
 
     auth = [Depends(require_api_key)]
 
+    async def generate(
+        http_request: HTTPRequest,
+        request_id: str,
+        prompt: list[int] | tuple[int, ...],
+        common: CommonParams,
+        logprobs: int | None,
+        renderer: Renderer,
+        prompt_param: str,
+    ) -> Response:
+        request = _engine_request(request_id, prompt, common, logprobs, model.max_model_len, prompt_param)
+        gen = Generation(
+            engine,
+            request,
+            model.tokenizer,
+            metrics,
+            stop=common.stop,
+            want_logprobs=logprobs is not None,
+            prompt_param=prompt_param,
+        )
+        start(gen)
+        if common.stream:
+            return await _run_streaming(gen, renderer, common.include_usage, http_request)
+        return await _run_full(gen, renderer, http_request)
+
     @app.post("/v1/completions", dependencies=auth)
     async def completions(http_request: HTTPRequest) -> Response:
         spec: CompletionSpec = parse_completion(await read_json_body(http_request, settings.max_body_bytes))
         check_model(spec.common.model)
         prompt = spec.prompt if isinstance(spec.prompt, tuple) else model.tokenizer.encode(spec.prompt)
         request_id = f"cmpl-{uuid.uuid4().hex}"
-        request = _engine_request(request_id, prompt, spec.common, spec.logprobs, model.max_model_len)
-        gen = Generation(
-            engine,
-            request,
-            model.tokenizer,
-            metrics,
-            stop=spec.common.stop,
-            want_logprobs=spec.logprobs is not None,
-        )
         renderer = CompletionRenderer(request_id, settings.served_model_name, model.tokenizer, spec.logprobs)
-        start(gen)
-        if spec.common.stream:
-            return await _run_streaming(gen, renderer, spec.common.include_usage, http_request)
-        return await _run_full(gen, renderer, http_request)
+        return await generate(
+            http_request, request_id, prompt, spec.common, spec.logprobs, renderer, "prompt"
+        )
 
     @app.post("/v1/chat/completions", dependencies=auth)
     async def chat_completions(http_request: HTTPRequest) -> Response:
@@ -282,18 +299,11 @@ def create_app(model: LoadedModel, settings: ServerSettings) -> FastAPI:
         check_model(spec.common.model)
         prompt = model.tokenizer.render_chat(spec.messages)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
-        logprobs = spec.top_logprobs if spec.logprobs else None
-        request = _engine_request(request_id, prompt, spec.common, logprobs, model.max_model_len)
-        gen = Generation(
-            engine, request, model.tokenizer, metrics, stop=spec.common.stop, want_logprobs=spec.logprobs
-        )
         renderer = ChatRenderer(
             request_id, settings.served_model_name, model.tokenizer, spec.logprobs, spec.top_logprobs
         )
-        start(gen)
-        if spec.common.stream:
-            return await _run_streaming(gen, renderer, spec.common.include_usage, http_request)
-        return await _run_full(gen, renderer, http_request)
+        logprobs = spec.top_logprobs if spec.logprobs else None
+        return await generate(http_request, request_id, prompt, spec.common, logprobs, renderer, "messages")
 
     @app.get("/v1/models", dependencies=auth)
     async def list_models() -> dict[str, Any]:

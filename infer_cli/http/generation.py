@@ -30,9 +30,9 @@ class Delta:
     finish_reason: str | None = None
 
 
-def rejection_error(rejected: Rejected) -> ErrorInfo:
+def rejection_error(rejected: Rejected, prompt_param: str = "prompt") -> ErrorInfo:
     if rejected.reason is RejectReason.CONTEXT_LENGTH:
-        return ErrorInfo(400, rejected.message, param="messages", code="context_length_exceeded")
+        return ErrorInfo(400, rejected.message, param=prompt_param, code="context_length_exceeded")
     if rejected.reason is RejectReason.KV_BUDGET:
         # The scheduler rejects only a request that could never fit the KV cache, even empty: a
         # property of the request, as with vLLM's over-long prompts, so 400 and not a retryable 503.
@@ -54,8 +54,10 @@ class Generation:
         *,
         stop: tuple[str, ...] = (),
         want_logprobs: bool = False,
+        prompt_param: str = "prompt",
     ) -> None:
         self.request = request
+        self._prompt_param = prompt_param
         self._engine = engine
         self._metrics = metrics
         self._want_logprobs = want_logprobs
@@ -156,7 +158,7 @@ class Generation:
             self.finish_reason = "stop" if self._output.stopped else terminal.reason.value
             self._record_end(self.finish_reason)
         elif isinstance(terminal, Rejected):
-            self.error = rejection_error(terminal)
+            self.error = rejection_error(terminal, self._prompt_param)
             self._metrics.errored(f"rejected_{terminal.reason.value}")
         elif isinstance(terminal, Failed):
             self.error = ErrorInfo(500, terminal.message, type=SERVER_ERROR, code="engine_failure")

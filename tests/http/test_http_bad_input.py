@@ -128,12 +128,20 @@ CASES = [
         "max_tokens",
     ),
     Case(
-        "prompt alone over the context",
+        "chat prompt alone over the context",
         H,
         without(chat(messages=[{"role": "user", "content": "y" * MAX_MODEL_LEN}]), "max_tokens"),
         400,
         "context_length_exceeded",
         "messages",
+    ),
+    Case(
+        "prompt alone over the context",
+        C,
+        without(completion(prompt="y" * MAX_MODEL_LEN), "max_tokens"),
+        400,
+        "context_length_exceeded",
+        "prompt",
     ),
     # Sampling values.
     Case("temperature negative", C, completion(temperature=-0.1), 400, "invalid_value", "temperature"),
