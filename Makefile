@@ -7,7 +7,7 @@ TORCH_PIN ?= torch==2.13.0
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: serve test install lint typecheck pytest
+.PHONY: serve test install lint typecheck pytest gates-ci
 
 install: $(STAMP)
 
@@ -30,4 +30,10 @@ typecheck: $(STAMP)
 pytest: $(STAMP)
 	$(PY) -m pytest -q
 
-test: lint typecheck pytest
+# Every manifests/*.toml: `infer gates --manifest NAME --check`, then its cpu-tier gates against a
+# tiny synthetic checkpoint made on the spot (`infer synth FAMILY --preset tiny`). A suite with no
+# cpu-tier gate says so and passes.
+gates-ci: $(STAMP)
+	HF_HUB_OFFLINE=1 $(PY) -m gates.runner.ci
+
+test: lint typecheck pytest gates-ci

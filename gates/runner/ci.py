@@ -1,0 +1,114 @@
+"""What `make test` runs for the gate suites: `python -m gates.runner.ci [--root DIR]`.
+
+For every manifests/*.toml:
+1. `infer gates --manifest M --check` (validation, membership, every gate module imports);
+2. if the suite has cpu-tier gates, `infer gates --manifest M --tier cpu`, against a tiny
+   synthetic checkpoint of the suite's model line (`infer synth FAMILY --preset tiny`, made once
+   per family in a temporary folder) when those gates need a checkpoint.
+A suite with no cpu-tier gate is reported as such and does not fail the run. Exit 1 if any step
+failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from gates.runner.manifest import Manifest, load_manifest
+from gates.runner.model_types import line_of
+from gates.runner.needs import CHECKPOINT, HF_REFERENCE, in_tier
+from gates.runner.problems import GateRunError
+
+# Synthetic family per model line (models/synth's families and their model types).
+_FAMILY_OF_LINE = {"qwen3": "qwen3", "gemma4": "gemma4", "qwen3_5": "qwen35"}
+
+
+@dataclass(slots=True, frozen=True)
+class Step:
+    manifest: str
+    step: str
+    ok: bool
+    note: str
+
+
+def _infer(*args: str, cwd: Path) -> int:
+    command = [sys.executable, "-m", "infer_cli.main", *args]
+    return subprocess.run(command, cwd=cwd, check=False).returncode
+
+
+def _family_for(manifest: Manifest) -> str | None:
+    for model_type in manifest.suite.model_types:
+        family = _FAMILY_OF_LINE.get(line_of(model_type))
+        if family is not None:
+            return family
+    return None
+
+
+def _cpu_run(manifest_path: Path, root: Path, scratch: Path, made: dict[str, Path]) -> Step:
+    name = manifest_path.stem
+    try:
+        manifest = load_manifest(manifest_path)
+    except GateRunError as exc:
+        return Step(name, "tier cpu", False, f"manifest does not load: {exc}")
+    cpu_gates = [gate for gate in manifest.gates if in_tier(manifest.base_needs(gate), "cpu")]
+    if not cpu_gates:
+        return Step(name, "tier cpu", True, "no cpu-tier gate in this suite: nothing to run at tier cpu")
+    args = ["gates", "--manifest", str(manifest_path), "--tier", "cpu"]
+    needs_checkpoint = any(manifest.base_needs(g) & {CHECKPOINT, HF_REFERENCE} for g in cpu_gates)
+    note = f"{len(cpu_gates)} gate(s)"
+    if needs_checkpoint:
+        family = _family_for(manifest)
+        if family is None:
+            types = ", ".join(manifest.suite.model_types)
+            return Step(name, "tier cpu", False, f"no synthetic family for model types {types}")
+        if family not in made:
+            out = scratch / f"{family}-tiny"
+            if _infer("synth", family, "--preset", "tiny", "--out", str(out), cwd=root) != 0:
+                return Step(name, "tier cpu", False, f"infer synth {family} --preset tiny failed")
+            made[family] = out
+        args += ["--checkpoint", str(made[family])]
+        note += f" on a tiny synthetic {family} checkpoint"
+    code = _infer(*args, cwd=root)
+    return Step(name, "tier cpu", code == 0, note if code == 0 else f"{note}: exit {code}")
+
+
+def run(root: Path, console: Console) -> int:
+    manifests = sorted((root / "manifests").glob("*.toml"))
+    if not manifests:
+        console.print(f"[yellow]no manifests in {root / 'manifests'}: no gate suite to check[/yellow]")
+        return 0
+    steps: list[Step] = []
+    with tempfile.TemporaryDirectory(prefix="infer-gates-ci-") as scratch:
+        made: dict[str, Path] = {}
+        for manifest_path in manifests:
+            console.rule(f"[bold]{manifest_path.stem}")
+            code = _infer("gates", "--manifest", str(manifest_path), "--check", cwd=root)
+            steps.append(Step(manifest_path.stem, "--check", code == 0, "" if code == 0 else f"exit {code}"))
+            if code == 0:
+                steps.append(_cpu_run(manifest_path, root, Path(scratch), made))
+    table = Table(title="gate suites")
+    for column in ("manifest", "step", "result", "note"):
+        table.add_column(column)
+    for step in steps:
+        style = "green" if step.ok else "red"
+        table.add_row(step.manifest, step.step, "ok" if step.ok else "failed", step.note, style=style)
+    console.print(table)
+    return 0 if all(step.ok for step in steps) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--root", type=Path, default=Path.cwd(), help="repository root holding manifests/")
+    args = parser.parse_args(argv)
+    return run(args.root.resolve(), Console())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""`python -m gates.runner.ci`: every manifest checked, cpu tiers run on tiny synthetic checkpoints."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from throwaway_suite import ThrowawaySuite, gate_entry
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_ci(root: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gates.runner.ci", "--root", str(root)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "200", "HF_HUB_OFFLINE": "1"},
+        timeout=300,
+    )
+
+
+def test_ci_checks_every_manifest_and_runs_cpu_tiers_on_synthetic_checkpoints(suite: ThrowawaySuite) -> None:
+    suite.name, suite.gates_dir = "qwen3", "gates/qwen3"
+    gate = suite.marking_gate(
+        "test_config.py",
+        "test_reads_the_synthetic_checkpoint",
+        "import json, os; "
+        "assert json.load(open(os.path.join(os.environ['INFER_TEST_CHECKPOINT'], 'config.json')))['model_type'] == 'qwen3'",
+    )
+    suite.write_manifest(
+        [gate_entry("qwen3.reads_config", gate, needs=["checkpoint"])], model_types=["qwen3"]
+    )
+
+    gpu_only = ThrowawaySuite(root=suite.root, name="kernels", gates_dir="gates/kernels")
+    kernel = gpu_only.write_module(
+        "test_kernel.py", "def test_kernel():\n    raise AssertionError('needs a GPU')\n"
+    )
+    gpu_only.write_manifest([gate_entry("kernels.kernel", f"{kernel}::test_kernel", needs=["gpu"])])
+
+    done = run_ci(suite.root)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert suite.executed() == ["test_reads_the_synthetic_checkpoint"]
+    assert "no cpu-tier gate in this suite" in done.stdout
+    assert "on a tiny synthetic qwen3 checkpoint" in done.stdout
+
+
+def test_ci_fails_when_a_manifest_does_not_check(suite: ThrowawaySuite) -> None:
+    suite.marking_gate("test_a.py", "test_unlisted")
+    suite.write_manifest([])
+    done = run_ci(suite.root)
+    assert done.returncode == 1
+    assert "the manifest lists no gate for it" in done.stdout
