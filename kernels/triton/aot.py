@@ -66,10 +66,18 @@ def compile_variant(
             signature[name] = "fp32"
         else:
             signature[name] = "i64"
+    # What the runtime JIT infers at serving shapes: 16-byte aligned buffers and strides that are
+    # multiples of 16 elements (head dims and widths are). Without it loads would not vectorise.
+    aligned = [
+        name
+        for name in names
+        if name.endswith("_ptr") or (name.startswith("stride_") and name != "stride_page_table_row")
+    ]
     source = ASTSource(
         fn=attention_prep_kernel,
         signature=signature,
         constexprs={(names.index(name),): value for name, value in constexprs.items()},
+        attrs={(names.index(name),): [["tt.divisibility", 16]] for name in aligned},
     )
     options = {"num_warps": launch.num_warps, "enable_fp_fusion": False}
     return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)

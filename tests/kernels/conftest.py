@@ -1,8 +1,10 @@
-"""Kernel tests run the Triton kernels on the CPU through Triton's interpreter.
+"""Kernel tests run the Triton kernels at small shapes: on the GPU when there is one, otherwise on
+the CPU through Triton's interpreter (so `make test` runs them on a CPU-only CI box).
 
-``triton.jit`` picks the interpreter when a kernel module is imported, so the switch is set
-here, before the test modules import anything. Should a test elsewhere in the session have
-imported the kernel modules first, they are re-imported so their jit functions are interpreted.
+``triton.jit`` picks the interpreter when a kernel module is imported, so the switch is set here,
+before the test modules import anything; should a test elsewhere in the session have imported the
+kernel modules first, they are re-imported so their jit functions are interpreted. On a machine
+with CUDA nothing is switched, so other suites' Triton kernels keep compiling for the GPU.
 GPU runs at serving sizes live in gates/kernels/.
 """
 
@@ -10,8 +12,10 @@ import importlib
 import os
 import sys
 
-os.environ["TRITON_INTERPRET"] = "1"
+import torch
 
-for _name in ("kernels.triton.prep_kernel", "kernels.triton.attention_prep", "kernels.triton"):
-    if _name in sys.modules:
-        importlib.reload(sys.modules[_name])
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+    for _name in ("kernels.triton.prep_kernel", "kernels.triton.attention_prep", "kernels.triton"):
+        if _name in sys.modules:
+            importlib.reload(sys.modules[_name])

@@ -1,4 +1,4 @@
-"""The fused Triton prep kernel against kernels.reference, on the CPU through Triton's interpreter.
+"""The fused Triton prep kernel against kernels.reference at small shapes (the interpreter on a CPU).
 
 Every variant runs on a mixed batch (see ``mixed_sequences``): a prefill chunk that starts
 mid-page, crosses a page boundary and ends on a partial page, decode rows at ragged positions,
@@ -40,6 +40,7 @@ from kernels.triton.workload import (
 )
 
 ROWS = 12
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,14 @@ CASES = [
 def make_batch(case: Case, dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> PrepBatch:
     sequences, filler_rows = mixed_sequences(ROWS, seed=seed)
     return build_batch(
-        case.spec, case.q_heads, case.kv_heads, sequences, filler_rows=filler_rows, dtype=dtype, seed=seed
+        case.spec,
+        case.q_heads,
+        case.kv_heads,
+        sequences,
+        filler_rows=filler_rows,
+        dtype=dtype,
+        device=DEVICE,
+        seed=seed,
     )
 
 
@@ -123,7 +131,7 @@ def case(request: pytest.FixtureRequest) -> Case:
 
 def test_the_batch_has_the_layout_the_tests_rely_on() -> None:
     sequences, filler_rows = mixed_sequences(ROWS)
-    batch = build_batch(qwen3_prep(), 4, 2, sequences, filler_rows=filler_rows)
+    batch = build_batch(qwen3_prep(), 4, 2, sequences, filler_rows=filler_rows, device=DEVICE)
     slots = paged_slots(batch.rows)
     pages = (slots // PAGE_SIZE).tolist()
     chunk = sequences[0]
