@@ -81,9 +81,11 @@ class TokenRoles:
     generation_bos: str | None
     generation_eos: tuple[str, ...]
     generation_pad: str | None
-    # tokenizer_config.json (Qwen's names no BOS there, though its config.json has a bos id)
+    # tokenizer_config.json (Qwen names no BOS there, though its config.json has a bos id, and a
+    # pad token its config.json does not name)
     tokenizer_bos: str | None
     tokenizer_eos: str
+    tokenizer_pad: str | None
 
 
 @dataclass(slots=True, frozen=True)

@@ -199,7 +199,7 @@ def build_tokenizer(
         "clean_up_tokenization_spaces": False,
         "eos_token": roles.tokenizer_eos,
         "model_max_length": model_max_length,
-        "pad_token": roles.pad,
+        "pad_token": roles.tokenizer_pad,
         "tokenizer_class": family.tokenizer_class,
         "unk_token": roles.unk,
     }

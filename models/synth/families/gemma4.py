@@ -193,6 +193,7 @@ GEMMA4 = Family(
         generation_pad="<pad>",
         tokenizer_bos="<bos>",
         tokenizer_eos="<eos>",
+        tokenizer_pad="<pad>",
     ),
     split_pattern=None,
     adds_bos=True,

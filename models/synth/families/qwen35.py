@@ -180,7 +180,7 @@ QWEN35 = Family(
     roles=TokenRoles(
         bos="<|endoftext|>",
         eos="<|endoftext|>",
-        pad="<|endoftext|>",
+        pad=None,
         unk=None,
         generation_bos="<|endoftext|>",
         # Qwen3.5 ships no generation_config.json; chat turns end at <|im_end|>, so the file
@@ -189,6 +189,7 @@ QWEN35 = Family(
         generation_pad="<|endoftext|>",
         tokenizer_bos=None,
         tokenizer_eos="<|im_end|>",
+        tokenizer_pad="<|endoftext|>",
     ),
     split_pattern=QWEN35_SPLIT,
     adds_bos=False,
