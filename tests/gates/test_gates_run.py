@@ -110,6 +110,7 @@ def test_a_failing_gate_gives_a_nonzero_exit_and_a_red_row(suite: ThrowawaySuite
     # The same run in a terminal: the failed row is drawn red, the passed one green.
     env = {**os.environ, "FORCE_COLOR": "1", "COLUMNS": "200", "TERM": "xterm"}
     env.pop("INFER_TEST_CHECKPOINT", None)
+    env.pop("NO_COLOR", None)
     shown = subprocess.run(
         [sys.executable, "-m", "infer_cli.main", "gates", "--manifest", str(suite.manifest)],
         capture_output=True,
@@ -186,12 +187,16 @@ def test_a_gate_that_skips_itself_counts_as_failed(suite: ThrowawaySuite, infer_
 def test_a_gate_past_its_timeout_is_killed_and_failed(suite: ThrowawaySuite, infer_gates: Run) -> None:
     slow = suite.marking_gate("test_a.py", "test_slow", "import time; time.sleep(60)")
     after = suite.marking_gate("test_b.py", "test_after")
-    suite.write_manifest([gate_entry("demo.slow", slow, timeout_s=2), gate_entry("demo.after", after)])
-    code, output = infer_gates("--manifest", str(suite.manifest))
+    suite.write_manifest([gate_entry("demo.slow", slow, timeout_s=3), gate_entry("demo.after", after)])
+    code, output = infer_gates("--manifest", str(suite.manifest), "--json", str(suite.root / "report.json"))
     assert code == 1
-    assert "timeout" in output and "ran past its timeout of 2s" in output
+    assert "ran past its timeout of 3s" in output
+    results = {
+        gate["id"]: gate["result"] for gate in json.loads((suite.root / "report.json").read_text())["gates"]
+    }
+    assert results == {"demo.slow": "timeout", "demo.after": "passed"}
     # The next gate still ran, in its own process.
-    assert suite.executed() == ["test_slow", "test_after"]
+    assert suite.executed()[-1] == "test_after"
 
 
 def test_tier_cpu_leaves_gpu_gates_out_and_says_so(
