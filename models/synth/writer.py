@@ -153,6 +153,19 @@ def _prepare_out(out: Path, overwrite: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
 
 
+def _available_memory() -> int | None:
+    """Bytes the kernel can hand out now, page cache included (a box that just wrote a checkpoint
+    has little "free" memory but plenty available); None where it cannot be told."""
+    meminfo = Path("/proc/meminfo")
+    if meminfo.is_file():
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    if hasattr(os, "sysconf"):
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    return None
+
+
 def _check_resources(out: Path, specs: list[TensorSpec], device: torch.device) -> None:
     total = sum(spec.nbytes for spec in specs)
     free_disk = shutil.disk_usage(out).free
@@ -169,7 +182,7 @@ def _check_resources(out: Path, specs: list[TensorSpec], device: torch.device) -
             raise SynthError(
                 f"{largest.name} needs {peak / 1e9:.1f} GB of device memory to draw, {free_device / 1e9:.1f} GB is free"
             )
-    available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else None
+    available = _available_memory()
     if available is not None and available < peak:
         raise SynthError(
             f"{largest.name} needs {peak / 1e9:.1f} GB of memory to draw, {available / 1e9:.1f} GB is free"

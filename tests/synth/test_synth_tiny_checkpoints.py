@@ -262,3 +262,18 @@ def test_a_missing_transformers_is_a_clear_error(tmp_path: Path, monkeypatch: py
     assert result.exit_code == 2
     assert "needs the 'transformers' package" in result.output and "pip install" in result.output
     assert not (tmp_path / "x").exists()
+
+
+def test_too_little_disk_is_refused_before_any_weight_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil
+    from collections import namedtuple
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**12, 10**12 - 1000, 1000))
+    out = tmp_path / "full-disk"
+    result = CliRunner().invoke(app, ["synth", "qwen35", "--preset", "tiny", "--out", str(out)])
+    assert result.exit_code == 2
+    assert "GB of disk" in result.output and "is free" in result.output
+    assert list(out.glob("*.safetensors")) == []
