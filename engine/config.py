@@ -20,6 +20,10 @@ class EngineConfig:
     num_kv_pages: int | None = None
     enable_prefix_caching: bool = True
     page_size: int = PAGE_SIZE
+    # Decode steps run eagerly instead of through captured CUDA graphs.
+    enforce_eager: bool = False
+    # Fraction of device memory the engine may take (weights, activations, graphs and KV).
+    gpu_memory_utilization: float = 0.9
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "page_size"):
@@ -28,5 +32,7 @@ class EngineConfig:
                 raise ContractError(name, value, "must be at least 1")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ContractError("max_model_len", self.max_model_len, "must be at least 1")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ContractError("gpu_memory_utilization", self.gpu_memory_utilization, "must be in (0, 1]")
         if self.num_kv_pages is not None and self.num_kv_pages < 2:
             raise ContractError("num_kv_pages", self.num_kv_pages, "must be at least 2 (page 0 is padding)")

@@ -8,44 +8,17 @@ samples on the model's device. The model owns its weights and KV pools; the runn
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 
 from engine.contract import SamplingParams
+from engine.cuda_graphs import GraphedDecode
+from engine.forward_batch import ForwardBatch, PagedCausalLM
 from engine.runner import BatchRow, SampledToken, StepBatch
 from engine.sampling import sample
 from engine.sampling_batch import RowSampling, SamplingBatch, SeedSource
 from kernels.attention.base import AttentionBackend, AttentionLayerSpec, GroupBatch
 from kernels.reference import PagedRows
-
-
-@dataclass(slots=True)
-class ForwardBatch:
-    """One step's device inputs. `rows[g]` says where each token's KV lives in group g;
-    `sample_index` picks the tokens whose logits are needed."""
-
-    input_ids: torch.Tensor
-    positions: torch.Tensor
-    rows: tuple[PagedRows, ...]
-    sample_index: torch.Tensor
-    attention: AttentionBackend
-
-
-class PagedCausalLM(Protocol):
-    device: torch.device
-    page_size: int
-    # One per KV group: the geometry every layer of that group shares.
-    attention_specs: tuple[AttentionLayerSpec, ...]
-
-    def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        """Hidden states of the tokens at `batch.sample_index`: [len(sample_index), hidden]."""
-        ...
-
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[rows, vocab] in float32."""
-        ...
 
 
 def build_forward_batch(
@@ -97,30 +70,42 @@ def build_forward_batch(
 
 
 class PagedModelRunner:
-    """Eager execution of any `PagedCausalLM`; implements `engine.runner.ModelRunner`."""
+    """Runs any `PagedCausalLM`: decode-only steps through captured CUDA graphs when it has them,
+    everything else eagerly. Implements `engine.runner.ModelRunner`."""
 
     def __init__(
-        self, model: PagedCausalLM, attention: AttentionBackend, seeds: SeedSource | None = None
+        self,
+        model: PagedCausalLM,
+        attention: AttentionBackend,
+        seeds: SeedSource | None = None,
+        graphs: GraphedDecode | None = None,
     ) -> None:
         self.model = model
         self.attention = attention
         self.seeds = seeds or SeedSource()
+        self.graphs = graphs
+        # False: graphed steps run their padded buffers eagerly (the graph gate's comparison).
+        self.replay_graphs = True
 
     @torch.inference_mode()
     def execute(self, batch: StepBatch) -> list[SampledToken | None]:
-        fb = build_forward_batch(
-            batch.rows, self.model.page_size, self.model.attention_specs, self.model.device, self.attention
-        )
-        hidden = self.model.forward(fb)
-        results: list[SampledToken | None] = [None] * len(batch.rows)
-        sampling_rows = [r for r in batch.rows if r.sample]
-        if not sampling_rows:
-            return results
-        logits = self.model.logits(hidden)
+        rows = batch.rows
+        results: list[SampledToken | None] = [None] * len(rows)
+        if self.graphs is not None and self.graphs.accepts(rows):
+            logits = self.graphs.logits(rows, replay=self.replay_graphs)
+        else:
+            fb = build_forward_batch(
+                rows, self.model.page_size, self.model.attention_specs, self.model.device, self.attention
+            )
+            hidden = self.model.forward(fb)
+            if not any(r.sample for r in rows):
+                return results
+            logits = self.model.logits(hidden)
+        sampling_rows = [r for r in rows if r.sample]
         params = SamplingBatch.pack([RowSampling.of(r, self.seeds) for r in sampling_rows])
         picked = sample(logits, params.to(logits.device), params.plan)
         sampled = iter(picked.to_sampled_tokens(params.logprobs_requested))
-        for i, row in enumerate(batch.rows):
+        for i, row in enumerate(rows):
             if row.sample:
                 results[i] = next(sampled)
         return results

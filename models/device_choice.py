@@ -29,7 +29,9 @@ def pick_dtype(options: ModelOptions, device: torch.device) -> torch.dtype:
     return _DTYPES[options.dtype]
 
 
-def pick_attention(options: ModelOptions, device: torch.device, dtype: torch.dtype) -> AttentionBackend:
+def pick_attention(
+    options: ModelOptions, device: torch.device, dtype: torch.dtype, max_pages_per_seq: int
+) -> AttentionBackend:
     name = options.attention_backend or ("flashinfer" if device.type == "cuda" else "torch")
     if name == "torch":
         return TorchAttention()
@@ -42,5 +44,5 @@ def pick_attention(options: ModelOptions, device: torch.device, dtype: torch.dty
             raise ModelLoadError(
                 f"--attention-backend flashinfer: flashinfer is not installed ({exc})"
             ) from exc
-        return FlashInferAttention(device, dtype)
+        return FlashInferAttention(device, dtype, max_pages_per_seq)
     raise ModelLoadError(f"--attention-backend {name!r}: unknown (available: torch, flashinfer)")

@@ -14,14 +14,21 @@ from engine.model_runner import PagedModelRunner
 from engine.scheduler import BatchScheduler
 from models.registry import LoadedModel, ModelOptions, load_model
 
+GATE_KV_PAGES_GPU = 2048
+GATE_KV_PAGES_CPU = 512
+
 
 def gate_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def load_for_gate(checkpoint: Path, **engine: object) -> LoadedModel:
-    """The model as `infer serve` would load it on this machine (bf16 + FlashInfer on a GPU, fp32 +
-    torch attention on CPU), with engine settings overridden by keyword."""
+    """The model as `infer serve` would load it on this machine (bf16 + FlashInfer + CUDA graphs on a
+    GPU, fp32 + torch attention on CPU), with engine settings overridden by keyword. The KV pool
+    has a fixed size (gates load several models side by side, so none may take the device)."""
+    engine.setdefault(
+        "num_kv_pages", GATE_KV_PAGES_GPU if gate_device().type == "cuda" else GATE_KV_PAGES_CPU
+    )
     config = EngineConfig(**engine)  # type: ignore[arg-type]
     return load_model(str(checkpoint), ModelOptions(engine=config, device=str(gate_device())))
 

@@ -34,7 +34,7 @@ def tol(serving_dtype: torch.dtype) -> Tolerance:
 @pytest.fixture()
 def served(checkpoint_path: Path) -> Iterator[LoadedModel]:
     """A fresh load per gate: no prefix cache or pages carried over from another gate."""
-    model = load_for_gate(checkpoint_path, num_kv_pages=_pages_for_gates())
+    model = load_for_gate(checkpoint_path)
     yield model
     del model
     if torch.cuda.is_available():
@@ -44,10 +44,6 @@ def served(checkpoint_path: Path) -> Iterator[LoadedModel]:
 @pytest.fixture(scope="session")
 def hf(checkpoint_path: Path, serving_dtype: torch.dtype) -> Any:
     return hf_model(checkpoint_path, gate_device(), serving_dtype)
-
-
-def _pages_for_gates() -> int:
-    return 4096 if gate_device().type == "cuda" else 512
 
 
 def prompt_lengths() -> tuple[int, ...]:

@@ -55,11 +55,17 @@ class GroupBatch:
 
 class AttentionBackend(ABC):
     name: str
+    # Whether `plan(..., graph_bucket=B)` is supported: decode-only steps padded to B rows, planned
+    # into buffers whose addresses never change so a captured CUDA graph can replay them.
+    supports_graphs: bool = False
 
     @abstractmethod
-    def plan(self, group: int, batch: GroupBatch, layer: AttentionLayerSpec) -> None:
+    def plan(
+        self, group: int, batch: GroupBatch, layer: AttentionLayerSpec, graph_bucket: int | None = None
+    ) -> None:
         """Prepare the step's metadata for one KV group, whose layers all share `layer`'s geometry
-        (host work happens here, not in run)."""
+        (host work happens here, not in run). With `graph_bucket`, the batch is a decode step of
+        exactly that many rows planned into that bucket's fixed buffers."""
 
     @abstractmethod
     def run(

@@ -4,11 +4,14 @@ Steps whose every sequence has one query token use FlashInfer's paged decode ker
 holding a prefill chunk uses its paged prefill kernel with a causal mask (decode rows ride along as
 one-token queries). Sliding layers pass `window_left = window - 1`: FlashInfer's window counts the
 positions before the query, ours includes the query itself.
+
+CUDA graphs: each (group, bucket) gets its own decode wrapper in FlashInfer's graph mode, whose
+index buffers are allocated once at the bucket's size; planning a padded decode step rewrites
+those buffers in place, so a graph captured over `run` replays against the new step.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -18,33 +21,31 @@ from kernels.attention.base import AttentionBackend, AttentionLayerSpec, GroupBa
 WORKSPACE_BYTES = 256 << 20
 
 
-@dataclass(slots=True)
-class _GroupPlan:
-    wrapper: Any
-
-
-def _indptr(lengths: list[int], device: torch.device) -> torch.Tensor:
+def _indptr(lengths: list[int]) -> torch.Tensor:
     values = [0]
     for n in lengths:
         values.append(values[-1] + n)
-    return torch.tensor(values, dtype=torch.int32, device=device)
+    return torch.tensor(values, dtype=torch.int32)
 
 
 class FlashInferAttention(AttentionBackend):
     name = "flashinfer"
+    supports_graphs = True
 
-    def __init__(self, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(self, device: torch.device, dtype: torch.dtype, max_pages_per_seq: int) -> None:
         import flashinfer
 
         self._fi = flashinfer
         self.device = device
         self.dtype = dtype
+        self.max_pages_per_seq = max_pages_per_seq
         self._workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         self._prefill: dict[int, Any] = {}
         self._decode: dict[int, Any] = {}
-        self._plans: dict[int, _GroupPlan] = {}
+        self._graph_decode: dict[tuple[int, int], Any] = {}
+        self._active: dict[int, Any] = {}
 
-    def _wrappers(self, group: int) -> tuple[Any, Any]:
+    def _eager_wrappers(self, group: int) -> tuple[Any, Any]:
         if group not in self._prefill:
             self._prefill[group] = self._fi.BatchPrefillWithPagedKVCacheWrapper(self._workspace, "NHD")
             self._decode[group] = self._fi.BatchDecodeWithPagedKVCacheWrapper(
@@ -52,40 +53,48 @@ class FlashInferAttention(AttentionBackend):
             )
         return self._prefill[group], self._decode[group]
 
-    def plan(self, group: int, batch: GroupBatch, layer: AttentionLayerSpec) -> None:
+    def _graph_wrapper(self, group: int, bucket: int) -> Any:
+        key = (group, bucket)
+        if key not in self._graph_decode:
+            self._graph_decode[key] = self._fi.BatchDecodeWithPagedKVCacheWrapper(
+                self._workspace,
+                "NHD",
+                use_cuda_graph=True,
+                use_tensor_cores=True,
+                paged_kv_indptr_buffer=torch.zeros(bucket + 1, dtype=torch.int32, device=self.device),
+                paged_kv_indices_buffer=torch.zeros(
+                    bucket * self.max_pages_per_seq, dtype=torch.int32, device=self.device
+                ),
+                paged_kv_last_page_len_buffer=torch.zeros(bucket, dtype=torch.int32, device=self.device),
+            )
+        return self._graph_decode[key]
+
+    def plan(
+        self, group: int, batch: GroupBatch, layer: AttentionLayerSpec, graph_bucket: int | None = None
+    ) -> None:
         ps = batch.page_size
         pages_per_seq = [-(-kv // ps) for kv in batch.kv_lens]
         indices = [p for table, n in zip(batch.page_tables, pages_per_seq, strict=True) for p in table[:n]]
-        kv_indptr = _indptr(pages_per_seq, self.device)
-        kv_indices = torch.tensor(indices, dtype=torch.int32, device=self.device)
+        kv_indptr = _indptr(pages_per_seq)
+        kv_indices = torch.tensor(indices, dtype=torch.int32)
         last_page_len = torch.tensor(
-            [kv - (n - 1) * ps for kv, n in zip(batch.kv_lens, pages_per_seq, strict=True)],
-            dtype=torch.int32,
-            device=self.device,
+            [kv - (n - 1) * ps for kv, n in zip(batch.kv_lens, pages_per_seq, strict=True)], dtype=torch.int32
         )
         window_left = -1 if layer.window is None else layer.window - 1
-        prefill, decode = self._wrappers(group)
-        if all(q == 1 for q in batch.q_lens):
-            decode.plan(
-                kv_indptr,
-                kv_indices,
-                last_page_len,
-                layer.num_heads,
-                layer.num_kv_heads,
-                layer.head_dim,
-                ps,
-                window_left=window_left,
-                sm_scale=layer.scale,
-                q_data_type=self.dtype,
-                kv_data_type=self.dtype,
-            )
-            self._plans[group] = _GroupPlan(decode)
+        decode_only = all(q == 1 for q in batch.q_lens)
+        if graph_bucket is not None:
+            if not decode_only or len(batch.q_lens) != graph_bucket:
+                raise ValueError(f"a graph plan needs a decode step of exactly {graph_bucket} rows")
+            wrapper = self._graph_wrapper(group, graph_bucket)
+        elif decode_only:
+            wrapper = self._eager_wrappers(group)[1]
         else:
-            prefill.plan(
-                _indptr(list(batch.q_lens), self.device),
-                kv_indptr,
-                kv_indices,
-                last_page_len,
+            wrapper = self._eager_wrappers(group)[0]
+            wrapper.plan(
+                _indptr(list(batch.q_lens)).to(self.device),
+                kv_indptr.to(self.device),
+                kv_indices.to(self.device),
+                last_page_len.to(self.device),
                 layer.num_heads,
                 layer.num_kv_heads,
                 layer.head_dim,
@@ -96,10 +105,25 @@ class FlashInferAttention(AttentionBackend):
                 q_data_type=self.dtype,
                 kv_data_type=self.dtype,
             )
-            self._plans[group] = _GroupPlan(prefill)
+            self._active[group] = wrapper
+            return
+        wrapper.plan(
+            kv_indptr.to(self.device),
+            kv_indices.to(self.device),
+            last_page_len.to(self.device),
+            layer.num_heads,
+            layer.num_kv_heads,
+            layer.head_dim,
+            ps,
+            window_left=window_left,
+            sm_scale=layer.scale,
+            q_data_type=self.dtype,
+            kv_data_type=self.dtype,
+        )
+        self._active[group] = wrapper
 
     def run(
         self, group: int, layer: AttentionLayerSpec, q: torch.Tensor, pool_layer: torch.Tensor
     ) -> torch.Tensor:
-        out: torch.Tensor = self._plans[group].wrapper.run(q.contiguous(), pool_layer)
+        out: torch.Tensor = self._active[group].run(q.contiguous(), pool_layer)
         return out

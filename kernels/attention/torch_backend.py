@@ -36,7 +36,11 @@ class TorchAttention(AttentionBackend):
     def __init__(self) -> None:
         self._plans: dict[int, GroupBatch] = {}
 
-    def plan(self, group: int, batch: GroupBatch, layer: AttentionLayerSpec) -> None:
+    def plan(
+        self, group: int, batch: GroupBatch, layer: AttentionLayerSpec, graph_bucket: int | None = None
+    ) -> None:
+        if graph_bucket is not None:
+            raise NotImplementedError("the torch attention backend cannot be captured in a CUDA graph")
         self._plans[group] = batch
 
     def run(

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from engine.model_runner import ForwardBatch
+from engine.forward_batch import ForwardBatch
 from kernels import reference
 from kernels.attention.base import AttentionLayerSpec
+from kernels.kv_layout import PAGE_SIZE, KVPoolLayout
 from kernels.prep_dispatch import run_attention_prep
 from kernels.reference import NormSpec, NormWeight
 from models.qwen3.config import Qwen3Config
@@ -40,16 +41,15 @@ class Qwen3Model:
         self,
         config: Qwen3Config,
         weights: Mapping[str, torch.Tensor],
-        kv_pool: torch.Tensor,
-        page_size: int,
+        device: torch.device,
         max_positions: int,
         linear: Linear = F.linear,
     ) -> None:
         self.config = config
-        self.kv_pool = kv_pool  # [layers, pages, 2, page_size, kv_heads, head_dim]
-        self.page_size = page_size
+        self.page_size = PAGE_SIZE
         self.linear = linear
-        self.device = kv_pool.device
+        self.device = device
+        self.kv_pool = torch.empty(0, device=device)  # [layers, pages, 2, page_size, kv_heads, head_dim]
         self.embed = weights["model.embed_tokens.weight"]
         self.final_norm = weights["model.norm.weight"]
         self.lm_head = self.embed if config.tie_word_embeddings else weights["lm_head.weight"]
@@ -64,6 +64,17 @@ class Qwen3Model:
             scale=config.head_dim**-0.5,
         )
         self.attention_specs: tuple[AttentionLayerSpec, ...] = (self.attn_spec,)
+
+    def kv_layout(self, pages: int) -> KVPoolLayout:
+        c = self.config
+        return KVPoolLayout(c.num_layers, pages, c.num_kv_heads, c.head_dim, self.page_size)
+
+    def kv_bytes_per_page(self) -> int:
+        return self.kv_layout(2).bytes(self.embed.dtype) // 2
+
+    def allocate_kv(self, pages: int) -> None:
+        self.kv_pool = torch.empty(0, device=self.device)
+        self.kv_pool = self.kv_layout(pages).allocate(self.embed.dtype, self.device)
 
     @staticmethod
     def _layer(w: Mapping[str, torch.Tensor], i: int) -> _Layer:

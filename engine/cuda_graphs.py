@@ -1,0 +1,187 @@
+"""CUDA-graph decode: one captured forward per batch bucket, replayed for decode-only steps.
+
+A decode step of n rows runs in the smallest bucket B >= n. Rows n..B-1 are filler: token 0 at
+position 0, their page-table rows all padding page 0, so they write only the padding page and
+attend one token there. Every bucket reads the same static input buffers (their first B rows) and
+is captured largest first into one shared memory pool. The graph covers the model's forward and
+its logits; sampling runs eagerly on the live rows, so the cheapest sampler plan serves each step.
+
+`replay=False` runs the same padded buffers eagerly instead of replaying: the graph gate compares
+the two bit for bit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from engine.forward_batch import ForwardBatch, PagedCausalLM
+from engine.runner import BatchRow
+from kernels.attention.base import AttentionBackend, GroupBatch
+from kernels.reference import PagedRows
+
+MAX_GRAPH_BUCKET = 256
+_SMALL_BUCKETS = (1, 2, 4, 8, 16, 24, 32)
+
+
+def decode_buckets(max_num_seqs: int) -> tuple[int, ...]:
+    """1, 2, 4, 8, 16, 24, 32, then every 16 up to max_num_seqs (capped at 256); the largest
+    bucket always covers max_num_seqs (up to the cap)."""
+    top = min(max_num_seqs, MAX_GRAPH_BUCKET)
+    buckets = [b for b in _SMALL_BUCKETS if b < top]
+    b = 48
+    while b < top:
+        buckets.append(b)
+        b += 16
+    buckets.append(top)
+    return tuple(sorted(set(buckets)))
+
+
+def bucket_for(rows: int, buckets: Sequence[int]) -> int | None:
+    for b in buckets:
+        if b >= rows:
+            return b
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class CaptureRecord:
+    bucket: int
+    free_before: int
+    free_after: int
+    seconds: float
+
+    @property
+    def bytes_added(self) -> int:
+        return self.free_before - self.free_after
+
+
+class GraphedDecode:
+    """Owns the static buffers and graphs of one `PagedCausalLM` (see engine.model_runner)."""
+
+    def __init__(
+        self,
+        model: PagedCausalLM,
+        attention: AttentionBackend,
+        buckets: Sequence[int],
+        max_pages_per_seq: int,
+    ) -> None:
+        if not attention.supports_graphs:
+            raise ValueError(f"attention backend {attention.name!r} cannot be captured in a CUDA graph")
+        self.model = model
+        self.attention = attention
+        self.buckets = tuple(sorted(buckets))
+        self.max_pages = max_pages_per_seq
+        device = self.model.device
+        top = self.buckets[-1]
+        groups = len(self.model.attention_specs)
+        self.input_ids = torch.zeros(top, dtype=torch.long, device=device)
+        self.positions = torch.zeros(top, dtype=torch.int32, device=device)
+        self.seq_index = torch.arange(top, dtype=torch.int32, device=device)
+        self.page_tables = [
+            torch.zeros(top, max_pages_per_seq, dtype=torch.int32, device=device) for _ in range(groups)
+        ]
+        self.sample_index = torch.arange(top, dtype=torch.long, device=device)
+        self._batches = {
+            b: ForwardBatch(
+                input_ids=self.input_ids[:b],
+                positions=self.positions[:b],
+                rows=tuple(
+                    PagedRows(self.positions[:b], self.seq_index[:b], t[:b]) for t in self.page_tables
+                ),
+                sample_index=self.sample_index[:b],
+                attention=attention,
+            )
+            for b in self.buckets
+        }
+        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._logits: dict[int, torch.Tensor] = {}
+        self.pool: Any = None
+        self.records: list[CaptureRecord] = []
+        # Steps served per bucket (replayed or, with replay=False, run eagerly on its buffers).
+        self.steps_per_bucket: dict[int, int] = dict.fromkeys(self.buckets, 0)
+
+    @property
+    def max_bucket(self) -> int:
+        return self.buckets[-1]
+
+    def accepts(self, rows: Sequence[BatchRow]) -> bool:
+        return (
+            len(rows) <= self.max_bucket
+            and all(len(r.token_ids) == 1 and r.sample for r in rows)
+            and all(len(t) <= self.max_pages for r in rows for t in r.page_tables)
+        )
+
+    def _load_step(self, rows: Sequence[BatchRow], bucket: int) -> None:
+        n = len(rows)
+        specs = self.model.attention_specs
+        page_size = self.model.page_size
+        ids = torch.zeros(bucket, dtype=torch.long)
+        pos = torch.zeros(bucket, dtype=torch.int32)
+        ids[:n] = torch.tensor([r.token_ids[0] for r in rows], dtype=torch.long)
+        pos[:n] = torch.tensor([r.start_pos for r in rows], dtype=torch.int32)
+        self.input_ids[:bucket].copy_(ids, non_blocking=True)
+        self.positions[:bucket].copy_(pos, non_blocking=True)
+        filler = bucket - n
+        for g, spec in enumerate(specs):
+            table = torch.zeros(bucket, self.max_pages, dtype=torch.int32)
+            for i, r in enumerate(rows):
+                pages = r.page_tables[g]
+                table[i, : len(pages)] = torch.tensor(pages, dtype=torch.int32)
+            self.page_tables[g][:bucket].copy_(table, non_blocking=True)
+            self.attention.plan(
+                g,
+                GroupBatch(
+                    q_lens=(1,) * bucket,
+                    kv_lens=tuple(r.end_pos for r in rows) + (1,) * filler,
+                    page_tables=tuple(r.page_tables[g] for r in rows) + ((0,),) * filler,
+                    page_size=page_size,
+                ),
+                spec,
+                graph_bucket=bucket,
+            )
+
+    def _forward(self, bucket: int) -> torch.Tensor:
+        return self.model.logits(self.model.forward(self._batches[bucket]))
+
+    def capture(self, on_bucket: Callable[[CaptureRecord], None] | None = None) -> None:
+        """Warm up, then capture every bucket, largest first, into one memory pool."""
+        import time
+
+        for bucket in sorted(self.buckets, reverse=True):
+            self._load_step([], bucket)
+            start = time.perf_counter()
+            with torch.inference_mode():
+                # Compile kernels and settle the allocator outside the capture, so the free-memory
+                # delta below is the graph's own pool growth.
+                self._forward(bucket)
+                torch.cuda.synchronize()
+                free_before, _ = torch.cuda.mem_get_info()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self.pool):
+                    self._logits[bucket] = self._forward(bucket)
+            torch.cuda.synchronize()
+            if self.pool is None:
+                self.pool = graph.pool()
+            self._graphs[bucket] = graph
+            free_after, _ = torch.cuda.mem_get_info()
+            record = CaptureRecord(bucket, free_before, free_after, time.perf_counter() - start)
+            self.records.append(record)
+            if on_bucket is not None:
+                on_bucket(record)
+
+    def logits(self, rows: Sequence[BatchRow], replay: bool = True) -> torch.Tensor:
+        """Float32 logits [len(rows), vocab] of a decode step."""
+        bucket = bucket_for(len(rows), self.buckets)
+        if bucket is None:
+            raise ValueError(f"{len(rows)} rows exceed the largest graph bucket {self.max_bucket}")
+        self._load_step(rows, bucket)
+        self.steps_per_bucket[bucket] += 1
+        if replay:
+            self._graphs[bucket].replay()
+            return self._logits[bucket][: len(rows)]
+        with torch.inference_mode():
+            return self._forward(bucket)[: len(rows)]

@@ -1,0 +1,47 @@
+"""The model side of a step: the device inputs one forward reads, and the protocol a paged causal
+LM implements so the generic runner and the CUDA-graph decoder can drive it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from kernels.attention.base import AttentionBackend, AttentionLayerSpec
+from kernels.reference import PagedRows
+
+
+@dataclass(slots=True)
+class ForwardBatch:
+    """One step's device inputs. `rows[g]` says where each token's KV lives in group g;
+    `sample_index` picks the tokens whose logits are needed."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    rows: tuple[PagedRows, ...]
+    sample_index: torch.Tensor
+    attention: AttentionBackend
+
+
+class PagedCausalLM(Protocol):
+    device: torch.device
+    page_size: int
+    # One per KV group: the geometry every layer of that group shares.
+    attention_specs: tuple[AttentionLayerSpec, ...]
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """Hidden states of the tokens at `batch.sample_index`: [len(sample_index), hidden]."""
+        ...
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[rows, vocab] in float32."""
+        ...
+
+    def kv_bytes_per_page(self) -> int:
+        """Bytes one page id costs across every layer of every KV group."""
+        ...
+
+    def allocate_kv(self, pages: int) -> None:
+        """(Re)allocate every KV group's pool with `pages` pages (page 0 included)."""
+        ...

@@ -1,0 +1,49 @@
+"""How many KV pages fit: budget = utilisation × device memory − weights − activation peak − graphs.
+
+Every term is measured on the device: the weights as allocated, the activation peak by a profiling
+forward of the largest step, the graphs by capturing them (engine.cuda_graphs records the free
+memory each bucket took). On CPU there is no device to measure and a fixed KV allowance is used.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+log = logging.getLogger("infer.memory")
+
+GIB = 1 << 30
+CPU_KV_BYTES = 1 * GIB
+
+
+class MemoryBudgetError(RuntimeError):
+    """The configuration cannot fit on the device; the message says what does."""
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryBudget:
+    total: int
+    utilization: float
+    weights: int
+    activation_peak: int
+    graphs: int
+
+    @property
+    def kv_bytes(self) -> int:
+        return int(self.total * self.utilization) - self.weights - self.activation_peak - self.graphs
+
+    def pages(self, bytes_per_page: int) -> int:
+        if self.kv_bytes < 2 * bytes_per_page:
+            raise MemoryBudgetError(
+                f"no room for the KV cache: {self.utilization:.2f} × {self.total / GIB:.1f} GiB − weights "
+                f"{self.weights / GIB:.2f} GiB − activations {self.activation_peak / GIB:.2f} GiB − graphs "
+                f"{self.graphs / GIB:.2f} GiB = {self.kv_bytes / GIB:.2f} GiB"
+            )
+        return self.kv_bytes // bytes_per_page
+
+    def describe(self, pages: int, page_size: int) -> str:
+        return (
+            f"KV cache: {pages} pages ({pages * page_size} tokens), {self.kv_bytes / GIB:.2f} GiB; weights "
+            f"{self.weights / GIB:.2f} GiB, activation peak {self.activation_peak / GIB:.2f} GiB, graphs took "
+            f"{self.graphs / GIB:.2f} GiB (utilisation {self.utilization:.2f} of {self.total / GIB:.1f} GiB)"
+        )
