@@ -49,8 +49,10 @@ def measure_decode_steps(
         start = time.perf_counter()
         outputs = scheduler.step()
         elapsed = time.perf_counter() - start
-        # Decode steps only: every row running gets exactly one token and none is prefilling.
-        if len(outputs.updates) == batch and all(len(u.new_token_ids) == 1 for u in outputs.updates):
+        # Decode steps only: every request gets exactly one token, none is admitted or prefilling.
+        if len(outputs.updates) == batch and all(
+            len(u.new_token_ids) == 1 and u.admission is None for u in outputs.updates
+        ):
             decode_times.append(elapsed)
     if not decode_times:
         raise RuntimeError("no pure decode step happened; raise --output-len")

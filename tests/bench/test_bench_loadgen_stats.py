@@ -9,6 +9,7 @@ import pytest
 from infer_cli.loadgen.client import RequestRecord
 from infer_cli.loadgen.prompts import PromptSizeError, TokenRate, make_prompts, random_text
 from infer_cli.loadgen.server_metrics import ServerCost, parse_totals
+from infer_cli.loadgen.sim_steps import measure_decode_steps
 from infer_cli.loadgen.stats import Distribution, summarize
 
 
@@ -97,3 +98,15 @@ def test_server_cost_from_two_scrapes() -> None:
     assert cost.engine_steps == 1000
     assert cost.engine_step_mean_s == pytest.approx(0.002)
     assert ServerCost.between({}, after) == ServerCost(None, None, None)
+
+
+def test_sim_step_timing_counts_only_full_decode_steps() -> None:
+    # All four prompts prefill together in the first step (which also samples each first token);
+    # the nine tokens after that come from pure decode steps.
+    timing = measure_decode_steps(batch=4, input_len=8, output_len=10)
+    assert timing.decode_steps == 9
+    assert 0 < timing.median_s < 0.5
+    delayed = measure_decode_steps(batch=4, input_len=8, output_len=4, step_delay_s=0.003)
+    assert delayed.decode_steps == 3
+    assert delayed.mean_s >= 0.003
+    assert delayed.per_token_s == pytest.approx(delayed.mean_s / 4)
