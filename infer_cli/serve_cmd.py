@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from enum import StrEnum
 
 import typer
 from rich.console import Console
@@ -18,6 +19,14 @@ from infer_cli.http.app import ServerSettings, create_app
 from infer_cli.http.body import DEFAULT_MAX_BODY_BYTES
 from infer_cli.http.server import ServerStartError, serve
 from models.registry import ModelLoadError, ModelOptions, load_model
+
+
+class LogLevel(StrEnum):
+    DEBUG = "debug"
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+
 
 _console = Console(stderr=True)
 # The URL goes to stdout so scripts can read it; progress and errors go to stderr.
@@ -75,9 +84,11 @@ def serve_command(
     max_request_bytes: int = typer.Option(
         DEFAULT_MAX_BODY_BYTES, "--max-request-bytes", help="Largest request body accepted (413 above)."
     ),
-    log_level: str = typer.Option("warning", "--log-level", help="uvicorn and infer log level."),
+    log_level: LogLevel = typer.Option(LogLevel.WARNING, "--log-level", help="uvicorn and infer log level."),
 ) -> None:
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=log_level.value.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     try:
         engine = _engine_config(
             max_model_len, max_num_seqs, max_num_batched_tokens, num_kv_pages, enable_prefix_caching
@@ -113,7 +124,7 @@ def serve_command(
         )
 
     try:
-        asyncio.run(serve(app, host, port, announce, log_level=log_level.lower()))
+        asyncio.run(serve(app, host, port, announce, log_level=log_level.value))
     except ServerStartError as exc:
         _console.print(f"[red]infer serve:[/red] {exc}")
         raise typer.Exit(1) from None

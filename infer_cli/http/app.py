@@ -10,10 +10,10 @@ import hmac
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import Depends, FastAPI
 from fastapi.exceptions import RequestValidationError
@@ -66,8 +66,10 @@ def server_state(app: FastAPI) -> ServerState:
     return state
 
 
-def _error_response(info: ErrorInfo, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(info.body(), status_code=info.status, headers=headers)
+def _error_response(info: ErrorInfo, headers: dict[str, str] | None = None) -> Response:
+    return Response(
+        info.json_bytes(), status_code=info.status, headers=headers, media_type="application/json"
+    )
 
 
 def _id_header(gen: Generation) -> dict[str, str]:
@@ -153,6 +155,15 @@ def _engine_request(
 
 
 Renderer = CompletionRenderer | ChatRenderer
+_In = TypeVar("_In")
+
+
+def _tokenize(tokenize: Callable[[_In], list[int]], value: _In) -> list[int]:
+    # JSON can carry strings no tokenizer can encode, such as a lone UTF-16 surrogate ("\ud800").
+    try:
+        return tokenize(value)
+    except UnicodeError as exc:
+        raise bad_request(f"the prompt is not valid Unicode text: {exc}", code="invalid_value") from None
 
 
 def _client_gone() -> Response:
@@ -286,7 +297,9 @@ def create_app(model: LoadedModel, settings: ServerSettings) -> FastAPI:
     async def completions(http_request: HTTPRequest) -> Response:
         spec: CompletionSpec = parse_completion(await read_json_body(http_request, settings.max_body_bytes))
         check_model(spec.common.model)
-        prompt = spec.prompt if isinstance(spec.prompt, tuple) else model.tokenizer.encode(spec.prompt)
+        prompt = (
+            spec.prompt if isinstance(spec.prompt, tuple) else _tokenize(model.tokenizer.encode, spec.prompt)
+        )
         request_id = f"cmpl-{uuid.uuid4().hex}"
         renderer = CompletionRenderer(request_id, settings.served_model_name, model.tokenizer, spec.logprobs)
         return await generate(
@@ -297,7 +310,7 @@ def create_app(model: LoadedModel, settings: ServerSettings) -> FastAPI:
     async def chat_completions(http_request: HTTPRequest) -> Response:
         spec: ChatSpec = parse_chat(await read_json_body(http_request, settings.max_body_bytes))
         check_model(spec.common.model)
-        prompt = model.tokenizer.render_chat(spec.messages)
+        prompt = _tokenize(model.tokenizer.render_chat, spec.messages)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         renderer = ChatRenderer(
             request_id, settings.served_model_name, model.tokenizer, spec.logprobs, spec.top_logprobs

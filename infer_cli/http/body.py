@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from infer_cli.http.errors import APIError, bad_request
 
@@ -38,11 +38,17 @@ async def read_json_body(request: Request, limit: int) -> Any:
             raise _too_large(limit)
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(limit)
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(limit)
+            chunks.append(chunk)
+    except ClientDisconnect:
+        # Nobody will read this answer; it only keeps a half-sent upload out of the error log.
+        raise bad_request(
+            "the client disconnected while sending the body", code="client_disconnected"
+        ) from None
     raw = b"".join(chunks)
     if not raw.strip():
         raise bad_request("the request body is empty; a JSON object is expected", code="invalid_json")
@@ -50,3 +56,5 @@ async def read_json_body(request: Request, limit: int) -> Any:
         return json.loads(raw, parse_constant=_refuse_constant)
     except (ValueError, UnicodeDecodeError) as exc:
         raise bad_request(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+    except RecursionError:
+        raise bad_request("the request body nests too deeply", code="invalid_json") from None

@@ -30,7 +30,9 @@ class ErrorInfo:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def json_bytes(self) -> bytes:
-        return json.dumps(self.body(), separators=(",", ":")).encode()
+        # ASCII-escaped: a message may quote what the client sent, lone surrogates included, and
+        # those cannot be encoded as UTF-8.
+        return json.dumps(self.body(), separators=(",", ":"), ensure_ascii=True).encode()
 
 
 class APIError(Exception):

@@ -24,7 +24,7 @@ def sse_event(payload: dict[str, Any]) -> bytes:
 
 
 def error_event(error: ErrorInfo) -> bytes:
-    return sse_event(error.body())
+    return b"data: " + error.json_bytes() + b"\n\n"
 
 
 def usage(gen: Generation) -> dict[str, Any]:
