@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -41,12 +42,23 @@ def bound_port(server: uvicorn.Server) -> int:
     raise RuntimeError("uvicorn server has no listening socket")
 
 
+def bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound here so a taken port is a clear error rather than uvicorn
+    exiting the process from inside the event loop."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        return socket.create_server((host, port), family=family, backlog=2048)
+    except OSError as exc:
+        raise ServerStartError(host, port, exc.strerror or str(exc)) from None
+
+
 async def serve(
     app: FastAPI, host: str, port: int, on_listening: Callable[[int], None], log_level: str = "warning"
 ) -> None:
     """Serve until interrupted; `on_listening(port)` runs once the socket accepts connections."""
+    sock = bind(host, port)
     server = uvicorn.Server(_config(app, host, port, log_level))
-    task = asyncio.create_task(server.serve())
+    task = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started and not task.done():
         await asyncio.sleep(0.02)
     if server.started:

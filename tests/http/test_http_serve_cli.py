@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -92,3 +93,13 @@ def test_infer_serve_refuses_bad_engine_knobs() -> None:
     result = CliRunner().invoke(app, ["serve", "--max-num-seqs", "0", "--port", "0"])
     assert result.exit_code == 2
     assert "max_num_seqs" in result.output
+
+
+def test_infer_serve_reports_a_taken_port() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(app, ["serve", "--port", str(port)])
+    assert result.exit_code == 1
+    assert f"could not serve on 127.0.0.1:{port}" in result.output
