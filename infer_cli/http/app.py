@@ -1,4 +1,4 @@
-"""The OpenAI-compatible app: routes, auth, and the path from a request body to an engine request.
+"""The OpenAI-compatible app: routes, auth, and the mapping of every failure to an OpenAI error.
 
 `create_app` builds one FastAPI app around one loaded model. Its lifespan starts the AsyncEngine (and
 with it the driver thread) on the serving event loop and stops it on shutdown.
@@ -10,10 +10,10 @@ import hmac
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from fastapi import Depends, FastAPI
 from fastapi.exceptions import RequestValidationError
@@ -22,21 +22,20 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response
 
 from engine.async_engine import AsyncEngine, EngineDeadError
-from engine.contract import ContractError, Request, SamplingParams, TokenLogprob
 from infer_cli.http.body import DEFAULT_MAX_BODY_BYTES, read_json_body
-from infer_cli.http.disconnect import EventStreamResponse, on_disconnect
+from infer_cli.http.engine_request import engine_request, tokenize
 from infer_cli.http.errors import (
     NOT_FOUND,
     SERVER_ERROR,
     UNAVAILABLE,
     APIError,
     ErrorInfo,
-    bad_request,
     unknown_route,
 )
 from infer_cli.http.generation import Generation
 from infer_cli.http.metrics import CONTENT_TYPE, ServerMetrics
-from infer_cli.http.render import DONE_EVENT, ChatRenderer, CompletionRenderer, error_event
+from infer_cli.http.render import ChatRenderer, CompletionRenderer
+from infer_cli.http.responders import Renderer, error_response, respond_full, respond_streaming
 from infer_cli.http.schemas import ChatSpec, CommonParams, CompletionSpec, parse_chat, parse_completion
 from models.registry import LoadedModel
 
@@ -66,32 +65,21 @@ def server_state(app: FastAPI) -> ServerState:
     return state
 
 
-def _error_response(info: ErrorInfo, headers: dict[str, str] | None = None) -> Response:
-    return Response(
-        info.json_bytes(), status_code=info.status, headers=headers, media_type="application/json"
-    )
-
-
-def _id_header(gen: Generation) -> dict[str, str]:
-    # Lets a client (and the logs) name the engine request behind any answer, errors included.
-    return {"x-request-id": gen.request_id}
-
-
 def _install_error_handlers(app: FastAPI) -> None:
     async def api_error(_: HTTPRequest, exc: Exception) -> Response:
         assert isinstance(exc, APIError)
-        return _error_response(exc.info)
+        return error_response(exc.info)
 
     async def http_error(request: HTTPRequest, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
-        return _error_response(unknown_route(exc.status_code, request.url.path, request.method))
+        return error_response(unknown_route(exc.status_code, request.url.path, request.method))
 
     async def validation_error(_: HTTPRequest, exc: Exception) -> Response:
-        return _error_response(ErrorInfo(400, str(exc), code="invalid_value"))
+        return error_response(ErrorInfo(400, str(exc), code="invalid_value"))
 
     async def unexpected(_: HTTPRequest, exc: Exception) -> Response:
         log.exception("unhandled error in a request handler", exc_info=exc)
-        return _error_response(
+        return error_response(
             ErrorInfo(500, "internal server error", type=SERVER_ERROR, code="internal_error")
         )
 
@@ -99,123 +87,6 @@ def _install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(Exception, unexpected)
-
-
-def _context_length_error(
-    prompt_tokens: int, max_tokens: int | None, max_model_len: int, prompt_param: str
-) -> APIError:
-    if max_tokens is None:
-        message = (
-            f"the prompt is {prompt_tokens} tokens, which leaves no room to generate within this model's "
-            f"maximum context length of {max_model_len} tokens"
-        )
-    else:
-        message = (
-            f"this model's maximum context length is {max_model_len} tokens, but {prompt_tokens + max_tokens} "
-            f"were requested ({prompt_tokens} in the prompt, {max_tokens} to generate); shorten the prompt "
-            "or lower max_tokens"
-        )
-    return bad_request(
-        message, param="max_tokens" if max_tokens else prompt_param, code="context_length_exceeded"
-    )
-
-
-def _engine_request(
-    request_id: str,
-    prompt: list[int] | tuple[int, ...],
-    common: CommonParams,
-    logprobs: int | None,
-    max_model_len: int,
-    prompt_param: str,
-) -> Request:
-    if not prompt:
-        raise bad_request("the prompt encodes to no tokens", param=prompt_param)
-    prompt_tokens = len(prompt)
-    max_tokens = common.max_tokens
-    if max_tokens is None:
-        if prompt_tokens >= max_model_len:
-            raise _context_length_error(prompt_tokens, None, max_model_len, prompt_param)
-        max_tokens = max_model_len - prompt_tokens
-    elif prompt_tokens + max_tokens > max_model_len:
-        raise _context_length_error(prompt_tokens, max_tokens, max_model_len, prompt_param)
-    try:
-        sampling = SamplingParams(
-            max_tokens=max_tokens,
-            temperature=common.temperature,
-            top_p=common.top_p,
-            top_k=common.top_k,
-            min_p=common.min_p,
-            seed=common.seed,
-            logprobs=logprobs,
-            ignore_eos=common.ignore_eos,
-        )
-    except ContractError as exc:
-        raise bad_request(str(exc), param=exc.field_name) from None
-    return Request(request_id=request_id, prompt_token_ids=tuple(prompt), sampling=sampling)
-
-
-Renderer = CompletionRenderer | ChatRenderer
-_In = TypeVar("_In")
-
-
-def _tokenize(tokenize: Callable[[_In], list[int]], value: _In) -> list[int]:
-    # JSON can carry strings no tokenizer can encode, such as a lone UTF-16 surrogate ("\ud800").
-    try:
-        return tokenize(value)
-    except UnicodeError as exc:
-        raise bad_request(f"the prompt is not valid Unicode text: {exc}", code="invalid_value") from None
-
-
-def _client_gone() -> Response:
-    # Nobody is listening any more; this answer is never delivered.
-    return _error_response(ErrorInfo(400, "the client disconnected", code="client_disconnected"))
-
-
-async def _run_full(gen: Generation, renderer: Renderer, http_request: HTTPRequest) -> Response:
-    logprobs: list[TokenLogprob] = []
-    async with on_disconnect(http_request.receive, gen.abort):
-        while (delta := await gen.next_delta()) is not None:
-            logprobs.extend(delta.logprobs)
-    if gen.error is not None:
-        return _error_response(gen.error, _id_header(gen))
-    if gen.aborted:
-        return _client_gone()
-    return JSONResponse(renderer.response(gen, logprobs), headers=_id_header(gen))
-
-
-async def _run_streaming(
-    gen: Generation, renderer: Renderer, include_usage: bool, http_request: HTTPRequest
-) -> Response:
-    # Wait for admission before answering 200: a request the engine rejects gets a real 4xx.
-    async with on_disconnect(http_request.receive, gen.abort):
-        await gen.wait_admitted()
-    if gen.error is not None and gen.error.status < 500:
-        return _error_response(gen.error, _id_header(gen))
-    if gen.aborted:
-        return _client_gone()
-    # A failure (500) is reported inside the stream: an error event, then [DONE].
-    return EventStreamResponse(
-        _events(gen, renderer, include_usage), on_disconnect=gen.abort, headers=_id_header(gen)
-    )
-
-
-async def _events(gen: Generation, renderer: Renderer, include_usage: bool) -> AsyncIterator[bytes]:
-    try:
-        opening = renderer.opening_chunk()
-        if opening is not None and gen.error is None:
-            yield opening
-        while (delta := await gen.next_delta()) is not None:
-            yield renderer.chunk(delta)
-        if gen.aborted:
-            return
-        if gen.error is not None:
-            yield error_event(gen.error)
-        elif include_usage:
-            yield renderer.usage_chunk(gen)
-        yield DONE_EVENT
-    finally:
-        # However the stream stops (disconnect, cancellation), the engine must let go of the request.
-        gen.abort()
 
 
 def create_app(model: LoadedModel, settings: ServerSettings) -> FastAPI:
@@ -278,7 +149,7 @@ def create_app(model: LoadedModel, settings: ServerSettings) -> FastAPI:
         renderer: Renderer,
         prompt_param: str,
     ) -> Response:
-        request = _engine_request(request_id, prompt, common, logprobs, model.max_model_len, prompt_param)
+        request = engine_request(request_id, prompt, common, logprobs, model.max_model_len, prompt_param)
         gen = Generation(
             engine,
             request,
@@ -290,15 +161,15 @@ def create_app(model: LoadedModel, settings: ServerSettings) -> FastAPI:
         )
         start(gen)
         if common.stream:
-            return await _run_streaming(gen, renderer, common.include_usage, http_request)
-        return await _run_full(gen, renderer, http_request)
+            return await respond_streaming(gen, renderer, common.include_usage, http_request)
+        return await respond_full(gen, renderer, http_request)
 
     @app.post("/v1/completions", dependencies=auth)
     async def completions(http_request: HTTPRequest) -> Response:
         spec: CompletionSpec = parse_completion(await read_json_body(http_request, settings.max_body_bytes))
         check_model(spec.common.model)
         prompt = (
-            spec.prompt if isinstance(spec.prompt, tuple) else _tokenize(model.tokenizer.encode, spec.prompt)
+            spec.prompt if isinstance(spec.prompt, tuple) else tokenize(model.tokenizer.encode, spec.prompt)
         )
         request_id = f"cmpl-{uuid.uuid4().hex}"
         renderer = CompletionRenderer(request_id, settings.served_model_name, model.tokenizer, spec.logprobs)
@@ -310,7 +181,7 @@ def create_app(model: LoadedModel, settings: ServerSettings) -> FastAPI:
     async def chat_completions(http_request: HTTPRequest) -> Response:
         spec: ChatSpec = parse_chat(await read_json_body(http_request, settings.max_body_bytes))
         check_model(spec.common.model)
-        prompt = _tokenize(model.tokenizer.render_chat, spec.messages)
+        prompt = tokenize(model.tokenizer.render_chat, spec.messages)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         renderer = ChatRenderer(
             request_id, settings.served_model_name, model.tokenizer, spec.logprobs, spec.top_logprobs
@@ -339,7 +210,7 @@ def create_app(model: LoadedModel, settings: ServerSettings) -> FastAPI:
         if engine.healthy:
             return JSONResponse({"status": "ok"})
         reason = engine.fatal_error or "the engine is not running"
-        return _error_response(ErrorInfo(503, reason, type=UNAVAILABLE, code="engine_unhealthy"))
+        return error_response(ErrorInfo(503, reason, type=UNAVAILABLE, code="engine_unhealthy"))
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
