@@ -12,6 +12,7 @@ the two bit for bit.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -159,6 +160,10 @@ class GraphedDecode:
                 # delta below is the graph's own pool growth.
                 self._forward(bucket)
                 torch.cuda.synchronize()
+                # torch.cuda.graph empties the allocator cache on entry; do it first so that release
+                # is not counted as negative graph memory.
+                gc.collect()
+                torch.cuda.empty_cache()
                 free_before, _ = torch.cuda.mem_get_info()
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=self.pool):

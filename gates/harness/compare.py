@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.contract import TokenLogprob
+from gates.harness.tolerances import Tolerance
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +53,27 @@ def logprob_delta(candidate: torch.Tensor, reference: torch.Tensor, token_ids: S
         max_regret=float(regret.max()),
         top5_membership=float(member.float().mean()),
     )
+
+
+def assert_parity(candidate: LogprobDelta, baseline: LogprobDelta | None, tol: Tolerance) -> None:
+    """`candidate`: infer against the fp32 reference. `baseline`: transformers at infer's dtype
+    against the same reference (None when infer runs fp32: then the bounds are absolute)."""
+
+    def bound(floor: float, measured: float | None) -> float:
+        if tol.baseline_ratio is None or measured is None:
+            return floor
+        return max(floor, tol.baseline_ratio * measured)
+
+    where = candidate.describe() + (
+        f" | transformers at this dtype: {baseline.describe()}" if baseline else ""
+    )
+    mean_bound = bound(tol.mean_abs, baseline.mean_abs if baseline else None)
+    p99_bound = bound(tol.p99_abs, baseline.p99_abs if baseline else None)
+    regret_bound = bound(tol.max_regret, baseline.max_regret if baseline else None)
+    assert candidate.mean_abs <= mean_bound, f"mean |Δ| over {mean_bound:.3g}: {where}"
+    assert candidate.p99_abs <= p99_bound, f"p99 |Δ| over {p99_bound:.3g}: {where}"
+    assert candidate.max_regret <= regret_bound, f"max regret over {regret_bound:.3g}: {where}"
+    assert candidate.top5_membership >= tol.min_top5_membership, f"top-5 membership: {where}"
 
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:

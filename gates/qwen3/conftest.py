@@ -43,7 +43,16 @@ def served(checkpoint_path: Path) -> Iterator[LoadedModel]:
 
 @pytest.fixture(scope="session")
 def hf(checkpoint_path: Path, serving_dtype: torch.dtype) -> Any:
+    """transformers at infer's serving dtype."""
     return hf_model(checkpoint_path, gate_device(), serving_dtype)
+
+
+@pytest.fixture(scope="session")
+def hf_fp32(checkpoint_path: Path, serving_dtype: torch.dtype, hf: Any) -> Any:
+    """transformers in fp32: the reference both infer and `hf` are measured against."""
+    if serving_dtype == torch.float32:
+        return hf
+    return hf_model(checkpoint_path, gate_device(), torch.float32)
 
 
 def prompt_lengths() -> tuple[int, ...]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine.contract import Request
-from gates.harness.compare import first_divergence, logprob_delta
+from gates.harness.compare import assert_parity, first_divergence, logprob_delta
 from gates.harness.hf_reference import hf_greedy, hf_logprobs
 from gates.harness.serving import drive, greedy, random_prompt, score
 from gates.harness.tolerances import Tolerance
@@ -15,15 +15,16 @@ from models.registry import LoadedModel
 
 
 def test_full_forward_matches_hf(
-    served: LoadedModel, hf: Any, qwen3_config: Qwen3Config, tol: Tolerance
+    served: LoadedModel, hf: Any, hf_fp32: Any, qwen3_config: Qwen3Config, tol: Tolerance
 ) -> None:
     tokens = random_prompt(max(prompt_lengths()), seed=1, vocab_size=qwen3_config.vocab_size)
-    delta = logprob_delta(score(served, tokens), hf_logprobs(hf, tokens), tokens)
-    print(delta.describe())
-    assert delta.mean_abs <= tol.mean_abs, delta.describe()
-    assert delta.p99_abs <= tol.p99_abs, delta.describe()
-    assert delta.max_regret <= tol.max_regret, delta.describe()
-    assert delta.top5_membership >= tol.min_top5_membership, delta.describe()
+    reference = hf_logprobs(hf_fp32, tokens)
+    candidate = logprob_delta(score(served, tokens), reference, tokens)
+    baseline = None if hf is hf_fp32 else logprob_delta(hf_logprobs(hf, tokens), reference, tokens)
+    print("infer:", candidate.describe())
+    if baseline is not None:
+        print("transformers at the serving dtype:", baseline.describe())
+    assert_parity(candidate, baseline, tol)
 
 
 def test_greedy_matches_hf_generate(
