@@ -178,6 +178,10 @@ class GraphedDecode:
             if on_bucket is not None:
                 on_bucket(record)
 
+    def graph_for(self, rows: int) -> torch.cuda.CUDAGraph | None:
+        bucket = bucket_for(rows, self.buckets)
+        return None if bucket is None else self._graphs.get(bucket)
+
     def logits(self, rows: Sequence[BatchRow], replay: bool = True) -> torch.Tensor:
         """Float32 logits [len(rows), vocab] of a decode step."""
         bucket = bucket_for(len(rows), self.buckets)

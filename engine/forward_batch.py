@@ -24,6 +24,20 @@ class ForwardBatch:
     attention: AttentionBackend
 
 
+@dataclass(frozen=True, slots=True)
+class RooflineFacts:
+    """What one forward must move and compute, for benchmarks' floors.
+
+    A decode step reads every matmul weight once (`weight_bytes`) plus each row's KV; a prefill of
+    L tokens does 2·matmul_params·L flops in projections plus attention, whose score and value
+    products cost `attention_flops_per_pair` for each (query, visible key) pair."""
+
+    weight_bytes: int
+    matmul_params: int
+    kv_bytes_per_token: int
+    attention_flops_per_pair: int
+
+
 class PagedCausalLM(Protocol):
     device: torch.device
     page_size: int
@@ -45,3 +59,5 @@ class PagedCausalLM(Protocol):
     def allocate_kv(self, pages: int) -> None:
         """(Re)allocate every KV group's pool with `pages` pages (page 0 included)."""
         ...
+
+    def roofline(self) -> RooflineFacts: ...

@@ -107,6 +107,10 @@ class BatchScheduler:
     def runner(self) -> ModelRunner:
         return self._runner
 
+    def prefilling_count(self) -> int:
+        """Running requests whose prompt (or recompute) is not fully computed yet."""
+        return sum(1 for seq in self._running if not seq.decoding)
+
     # -- Scheduler protocol --------------------------------------------------------------------
 
     def submit(self, request: Request) -> None:

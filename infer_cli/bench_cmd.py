@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from infer_cli.bench_kernels import bench_kernels_command
+from infer_cli.bench_latency import bench_latency_command
 from infer_cli.bench_serve import bench_serve_command
 
 bench_app = typer.Typer(
@@ -35,4 +36,7 @@ def bench_callback(
 bench_app.command("serve", help="Load generator against any OpenAI-compatible server.")(bench_serve_command)
 bench_app.command("kernels", help="Time the attention-prep kernels against the copy bandwidth (GPU).")(
     bench_kernels_command
+)
+bench_app.command("latency", help="Decode step time and prefill throughput against the roofline (GPU).")(
+    bench_latency_command
 )

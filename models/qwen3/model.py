@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from engine.forward_batch import ForwardBatch
+from engine.forward_batch import ForwardBatch, RooflineFacts
 from kernels import reference
 from kernels.attention.base import AttentionLayerSpec
 from kernels.kv_layout import PAGE_SIZE, KVPoolLayout
@@ -75,6 +75,20 @@ class Qwen3Model:
     def allocate_kv(self, pages: int) -> None:
         self.kv_pool = torch.empty(0, device=self.device)
         self.kv_pool = self.kv_layout(pages).allocate(self.embed.dtype, self.device)
+
+    def roofline(self) -> RooflineFacts:
+        c = self.config
+        per_layer = c.hidden_size * (c.q_size + 2 * c.kv_size) + c.q_size * c.hidden_size
+        per_layer += 3 * c.hidden_size * c.intermediate_size
+        matmul_params = c.num_layers * per_layer + c.vocab_size * c.hidden_size
+        element = self.embed.element_size()
+        return RooflineFacts(
+            weight_bytes=matmul_params * element,
+            matmul_params=matmul_params,
+            kv_bytes_per_token=2 * c.num_layers * c.kv_size * element,
+            # QK^T and PV: 2 flops per multiply-add, head_dim each, every query head, every layer.
+            attention_flops_per_pair=4 * c.num_layers * c.num_heads * c.head_dim,
+        )
 
     @staticmethod
     def _layer(w: Mapping[str, torch.Tensor], i: int) -> _Layer:

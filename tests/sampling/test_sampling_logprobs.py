@@ -38,9 +38,9 @@ def test_logprobs_equal_log_softmax(device: str, scale: float, vocab: int) -> No
 def test_logprobs_are_raw_not_tempered_or_filtered(device: str) -> None:
     logits = torch.tensor([[2.0, 1.0, 0.5, -1.0]], device=device).expand(200, -1)
     output = run_sampler(logits, _rows(200, temperature=0.3, top_k=2, logprobs=4))
-    raw = torch.log_softmax(logits[0].double(), dim=-1).float()
+    raw = torch.log_softmax(logits[0].double(), dim=-1).float().cpu()
     assert output.top_logprobs is not None and output.logprobs is not None
-    torch.testing.assert_close(output.top_logprobs[0].cpu(), raw.cpu(), atol=1e-6, rtol=0)
+    torch.testing.assert_close(output.top_logprobs[0].cpu(), raw, atol=1e-6, rtol=0)
     # Tokens 2 and 3 are filtered out of the draw but still reported among the alternatives.
     assert output.top_ids is not None and output.top_ids[0].tolist() == [0, 1, 2, 3]
     assert set(output.token_ids.tolist()) == {0, 1}

@@ -1,0 +1,198 @@
+"""Decode and prefill latency of a served model against the device's measured limits.
+
+Decode: B requests with C-token contexts decode together; a step is timed end to end on the host
+(scheduler, graph replay, sampling, tokens back), and the captured graph's replay alone with CUDA
+events. Floor: (weights + the batch's KV) / measured copy bandwidth.
+Prefill: one request of L tokens prefilled in one step. Floor: flops / measured bf16 matmul rate.
+Both ceilings are measured in the same run, never taken from a data sheet.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+import torch
+
+from engine.contract import Request, SamplingParams
+from engine.forward_batch import RooflineFacts
+from engine.model_runner import PagedModelRunner
+from engine.scheduler import BatchScheduler
+from kernels.bench import measure_copy_gb_per_s
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeResult:
+    batch: int
+    context: int
+    step_ms: float
+    replay_ms: float | None
+    floor_ms: float
+
+    @property
+    def step_pct_of_floor(self) -> float:
+        return 100.0 * self.floor_ms / self.step_ms
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.batch / (self.step_ms * 1e-3)
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillResult:
+    tokens: int
+    ms: float
+    floor_ms: float
+
+    @property
+    def pct_of_floor(self) -> float:
+        return 100.0 * self.floor_ms / self.ms
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / (self.ms * 1e-3)
+
+
+@dataclass(frozen=True, slots=True)
+class Ceilings:
+    copy_gb_per_s: float
+    matmul_tflops: float
+
+
+def measure_matmul_tflops(device: torch.device, n: int = 8192) -> float:
+    import triton.testing
+
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    ms = float(triton.testing.do_bench(lambda: a @ b, warmup=25, rep=200, return_mode="median"))
+    return 2 * n**3 / (ms * 1e-3) / 1e12
+
+
+def measure_ceilings(device: torch.device) -> Ceilings:
+    return Ceilings(copy_gb_per_s=measure_copy_gb_per_s(device), matmul_tflops=measure_matmul_tflops(device))
+
+
+def decode_floor_ms(facts: RooflineFacts, batch: int, context: int, ceilings: Ceilings) -> float:
+    moved = facts.weight_bytes + batch * context * facts.kv_bytes_per_token
+    return moved / (ceilings.copy_gb_per_s * 1e9) * 1e3
+
+
+def prefill_floor_ms(facts: RooflineFacts, tokens: int, ceilings: Ceilings) -> float:
+    causal_pairs = tokens * (tokens + 1) // 2
+    flops = 2 * facts.matmul_params * tokens + facts.attention_flops_per_pair * causal_pairs
+    return flops / (ceilings.matmul_tflops * 1e12) * 1e3
+
+
+# Prompt ids are drawn below this, which every supported vocabulary exceeds; their values do not
+# change the work a forward does.
+PROMPT_ID_LIMIT = 1000
+
+
+def _prompt(length: int, salt: int) -> tuple[int, ...]:
+    generator = torch.Generator().manual_seed(salt)
+    return tuple(torch.randint(10, PROMPT_ID_LIMIT, (length,), generator=generator).tolist())
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _idle(scheduler: BatchScheduler) -> None:
+    while scheduler.has_work():
+        scheduler.step()
+
+
+def bench_decode(
+    scheduler: BatchScheduler,
+    facts: RooflineFacts,
+    ceilings: Ceilings,
+    batch: int,
+    context: int,
+    iters: int = 30,
+) -> DecodeResult:
+    warmup = 5
+    params = SamplingParams(max_tokens=warmup + iters + 2, temperature=0.0, ignore_eos=True)
+    for i in range(batch):
+        scheduler.submit(Request(f"decode-{batch}-{i}", _prompt(context, 1000 * batch + i), params))
+    # Prefill everything, then step until every request is decoding.
+    while scheduler.load().waiting or _prefilling(scheduler):
+        scheduler.step()
+    for _ in range(warmup):
+        scheduler.step()
+    times = []
+    for _ in range(iters):
+        _sync()
+        start = time.perf_counter()
+        scheduler.step()
+        times.append((time.perf_counter() - start) * 1e3)
+    replay = _replay_ms(scheduler.runner, batch)
+    _idle(scheduler)
+    return DecodeResult(
+        batch, context, statistics.median(times), replay, decode_floor_ms(facts, batch, context, ceilings)
+    )
+
+
+def _prefilling(scheduler: BatchScheduler) -> bool:
+    return scheduler.prefilling_count() > 0
+
+
+def _replay_ms(runner: object, batch: int) -> float | None:
+    """The replay of the bucket graph serving `batch` rows alone (its buffers hold the last step)."""
+    if not isinstance(runner, PagedModelRunner) or runner.graphs is None:
+        return None
+    graph = runner.graphs.graph_for(batch)
+    if graph is None:
+        return None
+    return _cuda_median_ms(graph.replay)
+
+
+def _cuda_median_ms(fn: Callable[[], object], reps: int = 50) -> float:
+    for _ in range(5):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(reps):
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def bench_prefill(
+    scheduler: BatchScheduler, facts: RooflineFacts, ceilings: Ceilings, tokens: int, iters: int = 5
+) -> PrefillResult:
+    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    times = []
+    for i in range(iters + 1):
+        # A fresh prompt each time: a prefix-cache hit would skip the work being measured.
+        scheduler.submit(
+            Request(f"prefill-{tokens}-{i}", _prompt(tokens, 7_000_000 + 31 * tokens + i), params)
+        )
+        _sync()
+        start = time.perf_counter()
+        scheduler.step()
+        elapsed = (time.perf_counter() - start) * 1e3
+        _idle(scheduler)
+        if i:  # the first run warms kernels for this shape
+            times.append(elapsed)
+    return PrefillResult(tokens, statistics.median(times), prefill_floor_ms(facts, tokens, ceilings))
+
+
+def results_json(
+    decode: Sequence[DecodeResult], prefill: Sequence[PrefillResult], ceilings: Ceilings, facts: RooflineFacts
+) -> dict[str, object]:
+    return {
+        "ceilings": asdict(ceilings),
+        "roofline_facts": asdict(facts),
+        "decode": [
+            asdict(d) | {"pct_of_floor": d.step_pct_of_floor, "tokens_per_s": d.tokens_per_s} for d in decode
+        ],
+        "prefill": [
+            asdict(p) | {"pct_of_floor": p.pct_of_floor, "tokens_per_s": p.tokens_per_s} for p in prefill
+        ],
+    }

@@ -1,0 +1,42 @@
+"""The latency benchmark's arithmetic and its drive loop, on a tiny CPU model (no timing asserted)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine.config import EngineConfig
+from engine.forward_batch import RooflineFacts
+from engine.latency_bench import Ceilings, bench_decode, bench_prefill, decode_floor_ms, prefill_floor_ms
+from engine.model_runner import PagedModelRunner
+from engine.scheduler import BatchScheduler
+from models.registry import ModelOptions, load_model
+
+FACTS = RooflineFacts(weight_bytes=8_000_000_000, matmul_params=4_000_000_000, kv_bytes_per_token=1000, attention_flops_per_pair=10)
+CEILINGS = Ceilings(copy_gb_per_s=4000.0, matmul_tflops=800.0)
+
+
+def test_decode_floor_counts_weights_and_the_batch_kv() -> None:
+    # 8 GB of weights + 64 rows × 512 tokens × 1000 B of KV, at 4000 GB/s.
+    assert decode_floor_ms(FACTS, 64, 512, CEILINGS) == pytest.approx((8e9 + 64 * 512 * 1000) / 4000e9 * 1e3)
+
+
+def test_prefill_floor_counts_projections_and_causal_attention() -> None:
+    tokens = 1024
+    flops = 2 * 4e9 * tokens + 10 * tokens * (tokens + 1) / 2
+    assert prefill_floor_ms(FACTS, tokens, CEILINGS) == pytest.approx(flops / 800e12 * 1e3)
+
+
+def test_bench_loops_run_and_leave_the_engine_idle(tiny_qwen3: Path) -> None:
+    engine = EngineConfig(max_num_seqs=4, max_num_batched_tokens=64, enable_prefix_caching=False, num_kv_pages=64)
+    loaded = load_model(str(tiny_qwen3), ModelOptions(engine=engine, device="cpu"))
+    scheduler = loaded.scheduler
+    assert isinstance(scheduler, BatchScheduler) and isinstance(scheduler.runner, PagedModelRunner)
+    facts = scheduler.runner.model.roofline()
+    decode = bench_decode(scheduler, facts, CEILINGS, batch=4, context=20, iters=3)
+    prefill = bench_prefill(scheduler, facts, CEILINGS, tokens=48, iters=2)
+    assert decode.batch == 4 and decode.step_ms > 0 and decode.replay_ms is None
+    assert prefill.tokens == 48 and prefill.ms > 0
+    load = scheduler.load()
+    assert (load.running, load.waiting, load.kv_pages_used) == (0, 0, 0)
