@@ -24,6 +24,8 @@ class EngineConfig:
     enforce_eager: bool = False
     # Fraction of device memory the engine may take (weights, activations, graphs and KV).
     gpu_memory_utilization: float = 0.9
+    # Bytes of KV cache, overriding the measured budget (num_kv_pages, if set, wins over both).
+    kv_cache_memory: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "page_size"):
@@ -34,5 +36,7 @@ class EngineConfig:
             raise ContractError("max_model_len", self.max_model_len, "must be at least 1")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ContractError("gpu_memory_utilization", self.gpu_memory_utilization, "must be in (0, 1]")
+        if self.kv_cache_memory is not None and self.kv_cache_memory < 1:
+            raise ContractError("kv_cache_memory", self.kv_cache_memory, "must be a positive number of bytes")
         if self.num_kv_pages is not None and self.num_kv_pages < 2:
             raise ContractError("num_kv_pages", self.num_kv_pages, "must be at least 2 (page 0 is padding)")

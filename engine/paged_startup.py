@@ -41,6 +41,15 @@ class StartupReport:
     captures: tuple[CaptureRecord, ...]
 
 
+def _configured_pages(config: EngineConfig, per_page: int) -> int | None:
+    """--num-kv-pages, else --kv-cache-memory in pages; None: size from the measured budget."""
+    if config.num_kv_pages is not None:
+        return config.num_kv_pages
+    if config.kv_cache_memory is not None:
+        return max(2, config.kv_cache_memory // per_page)
+    return None
+
+
 def _profile_pages(config: EngineConfig) -> int:
     return -(-config.max_num_batched_tokens // config.page_size) + 2
 
@@ -102,7 +111,7 @@ def start_paged_model(
     device = model.device
     per_page = model.kv_bytes_per_page()
     if device.type != "cuda":
-        pages = config.num_kv_pages or max(2, CPU_KV_BYTES // per_page)
+        pages = config.num_kv_pages or max(2, (config.kv_cache_memory or CPU_KV_BYTES) // per_page)
         model.allocate_kv(pages)
         return PagedModelRunner(model, attention), StartupReport(pages, None, 0, 0, ())
 
@@ -129,7 +138,7 @@ def start_paged_model(
     torch.cuda.empty_cache()
 
     budget = MemoryBudget(total, config.gpu_memory_utilization, weights, activation_peak, graph_estimate)
-    pages = config.num_kv_pages or budget.pages(per_page)
+    pages = _configured_pages(config, per_page) or budget.pages(per_page)
     model.allocate_kv(pages)
     graphs: GraphedDecode | None = None
     if use_graphs:

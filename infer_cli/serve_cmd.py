@@ -15,9 +15,12 @@ from rich.console import Console
 
 from engine.config import EngineConfig
 from engine.contract import ContractError
+from engine.memory_budget import MemoryBudgetError
 from infer_cli.http.app import ServerSettings, create_app
 from infer_cli.http.body import DEFAULT_MAX_BODY_BYTES
 from infer_cli.http.server import ServerStartError, serve
+from models.checkpoint import WeightsError
+from models.config_fields import ConfigError
 from models.registry import ModelLoadError, ModelOptions, load_model
 
 
@@ -39,6 +42,9 @@ def _engine_config(
     max_num_batched_tokens: int | None,
     num_kv_pages: int | None,
     enable_prefix_caching: bool,
+    enforce_eager: bool = False,
+    gpu_memory_utilization: float = 0.9,
+    kv_cache_memory: int | None = None,
 ) -> EngineConfig:
     defaults = EngineConfig()
     return EngineConfig(
@@ -49,6 +55,9 @@ def _engine_config(
         max_model_len=max_model_len,
         num_kv_pages=num_kv_pages,
         enable_prefix_caching=enable_prefix_caching,
+        enforce_eager=enforce_eager,
+        gpu_memory_utilization=gpu_memory_utilization,
+        kv_cache_memory=kv_cache_memory,
     )
 
 
@@ -75,6 +84,15 @@ def serve_command(
     enable_prefix_caching: bool = typer.Option(
         True, "--enable-prefix-caching/--no-enable-prefix-caching", help="Reuse KV of shared prompt prefixes."
     ),
+    enforce_eager: bool = typer.Option(False, "--enforce-eager", help="Decode without CUDA graphs."),
+    gpu_memory_utilization: float = typer.Option(
+        0.9,
+        "--gpu-memory-utilization",
+        help="Fraction of GPU memory for weights, activations, graphs and KV.",
+    ),
+    kv_cache_memory: int | None = typer.Option(
+        None, "--kv-cache-memory", help="KV-cache size in bytes, overriding the measured budget."
+    ),
     sim_step_delay: float = typer.Option(
         0.0, "--sim-step-delay", help="sim only: seconds each engine step sleeps, standing in for a forward."
     ),
@@ -91,7 +109,14 @@ def serve_command(
     )
     try:
         engine = _engine_config(
-            max_model_len, max_num_seqs, max_num_batched_tokens, num_kv_pages, enable_prefix_caching
+            max_model_len,
+            max_num_seqs,
+            max_num_batched_tokens,
+            num_kv_pages,
+            enable_prefix_caching,
+            enforce_eager,
+            gpu_memory_utilization,
+            kv_cache_memory,
         )
         options = ModelOptions(
             engine=engine,
@@ -102,7 +127,7 @@ def serve_command(
         )
         with _console.status(f"loading {model} ..."):
             loaded = load_model(model, options)
-    except (ContractError, ModelLoadError) as exc:
+    except (ContractError, ModelLoadError, ConfigError, WeightsError, MemoryBudgetError) as exc:
         _console.print(f"[red]infer serve:[/red] {exc}")
         raise typer.Exit(2) from None
     if max_request_bytes < 1024:
