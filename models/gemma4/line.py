@@ -1,0 +1,92 @@
+"""Loading a Gemma 4 checkpoint into a served model: config, checked weights, two KV groups, scheduler.
+
+The sliding group releases pages as a request's frontier moves past them; the global group keeps
+every page. Both groups get the same page count (one pool size from the memory budget), which
+over-provisions the sliding group: a sizing per group is a later refinement.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from rich.progress import Progress
+
+from engine.kv import KVGroupSpec
+from engine.paged_startup import start_paged_model
+from engine.scheduler import BatchScheduler
+from models.checkpoint import check_tensors, iter_tensors, stored_tensors
+from models.device_choice import pick_attention, pick_device, pick_dtype
+from models.gemma4.config import SLIDING, Gemma4Config, parse_gemma4_config
+from models.gemma4.model import GROUP_KINDS, Gemma4Model
+from models.gemma4.weights import expected_tensors, skipped_tensor, text_prefix
+from models.hf_tokenizer import HFTokenizer
+from models.registry import LoadedModel, ModelOptions
+
+log = logging.getLogger("infer.gemma4")
+
+
+def load_weights(
+    path: Path, config: Gemma4Config, device: torch.device, dtype: torch.dtype, quiet: bool = False
+) -> tuple[dict[str, torch.Tensor], str]:
+    """The text tower's tensors (checked all at once) and the name prefix they carry."""
+    stored = stored_tensors(path)
+    prefix = text_prefix(stored)
+    expected = expected_tensors(config, prefix)
+    check_tensors(path, expected, stored, ignore=skipped_tensor)
+    skipped = sum(1 for name in stored if name not in expected)
+    weights: dict[str, torch.Tensor] = {}
+    with Progress(disable=quiet, transient=True) as progress:
+        task = progress.add_task(f"loading {path.name}", total=len(expected))
+        for name, tensor in iter_tensors(stored, list(expected), device, dtype):
+            weights[name] = tensor
+            progress.advance(task)
+    resident = sum(t.numel() * t.element_size() for t in weights.values())
+    log.info(
+        "%s: %d text-tower tensors resident (%.1f MiB, %s on %s), %d other tensors skipped",
+        path.name,
+        len(weights),
+        resident / 2**20,
+        dtype,
+        device,
+        skipped,
+    )
+    return weights, prefix
+
+
+def load_gemma4(spec: str, options: ModelOptions) -> LoadedModel:
+    path = Path(spec)
+    config = parse_gemma4_config(path)
+    device = pick_device(options)
+    dtype = pick_dtype(options, device)
+    tokenizer = HFTokenizer(path)
+    engine = options.engine
+    max_model_len = min(
+        engine.max_model_len or config.max_position_embeddings, config.max_position_embeddings
+    )
+    weights, prefix = load_weights(path, config, device, dtype)
+    model = Gemma4Model(config, weights, prefix, device, max_model_len)
+    del weights
+    max_pages_per_seq = -(-max_model_len // model.page_size)
+    attention = pick_attention(options, device, dtype, max_pages_per_seq)
+    runner, report = start_paged_model(model, attention, engine, max_model_len)
+    groups = [
+        KVGroupSpec(
+            kind,
+            report.kv_pages,
+            model.page_size,
+            sliding_window=config.sliding_window if kind == SLIDING else None,
+        )
+        for kind in GROUP_KINDS
+    ]
+    scheduler = BatchScheduler(
+        runner,
+        engine,
+        groups,
+        config.eos_token_ids,
+        max_model_len,
+        model_id=f"gemma4:{path.resolve()}",
+        vocab_size=config.vocab_size,
+    )
+    return LoadedModel(name=path.name, scheduler=scheduler, tokenizer=tokenizer, max_model_len=max_model_len)

@@ -1,0 +1,228 @@
+"""The Gemma 4 text-tower forward over paged KV, written against kernels/ ops.
+
+Embedding × √hidden (the scale rounded to the weight dtype first). Per layer: RMSNorm → Q/K(/V)
+projection → attention prep (Q and K RMSNorm with weight `w`, V RMSNorm without; sliding layers
+rotate every dim, global layers use proportional rotary and take V from the raw K projection) →
+paged attention with scale 1.0 (sliding layers see the last W positions, their own included) → O
+projection → RMSNorm → residual add; RMSNorm → gelu_tanh(gate)·up → down → RMSNorm → residual add;
+then the layer's scalar. Final RMSNorm, tied LM head, logits soft-capped `c·tanh(x/c)`.
+
+Two KV groups, each with its own pool: group 0 holds the sliding layers, group 1 the global ones.
+Both pools have the same number of pages (the engine hands out one page count to the model).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from engine.forward_batch import ForwardBatch, RooflineFacts
+from kernels import reference
+from kernels.attention.base import AttentionLayerSpec
+from kernels.kv_layout import PAGE_SIZE, KVPoolLayout
+from kernels.prep_dispatch import run_attention_prep
+from kernels.reference import NormSpec, NormWeight, PrepSpec
+from models.gemma4.config import GLOBAL, SLIDING, Gemma4Config
+
+Linear = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+# KV group order: the engine's KVGroupSpec list and `attention_specs` follow it.
+GROUP_KINDS = (SLIDING, GLOBAL)
+
+
+@dataclass(slots=True)
+class _Layer:
+    kind: str
+    group: int
+    slot: int  # this layer's index inside its group's pool
+    input_norm: torch.Tensor
+    post_attention_norm: torch.Tensor
+    pre_feedforward_norm: torch.Tensor
+    post_feedforward_norm: torch.Tensor
+    scalar: torch.Tensor
+    qkv: torch.Tensor  # [q + k (+ v on sliding layers), hidden]
+    o: torch.Tensor
+    q_norm: torch.Tensor
+    k_norm: torch.Tensor
+    gate_up: torch.Tensor  # [2 * intermediate, hidden]
+    down: torch.Tensor
+
+
+class Gemma4Model:
+    def __init__(
+        self,
+        config: Gemma4Config,
+        weights: Mapping[str, torch.Tensor],
+        prefix: str,
+        device: torch.device,
+        max_positions: int,
+        linear: Linear = F.linear,
+    ) -> None:
+        self.config = config
+        self.page_size = PAGE_SIZE
+        self.linear = linear
+        self.device = device
+        c = config
+        self.embed = weights[prefix + "embed_tokens.weight"]
+        self.dtype = self.embed.dtype
+        # √hidden is stored in the weight dtype before it multiplies (bf16: √3840 → 62.0).
+        self.embed_scale = torch.tensor(c.hidden_size**0.5, dtype=torch.float32).to(self.dtype).to(device)
+        self.final_norm = weights[prefix + "norm.weight"]
+        self.norm = NormSpec(NormWeight.W, eps=c.rms_norm_eps)
+        self.preps: dict[str, PrepSpec] = {
+            SLIDING: reference.gemma4_sliding_prep(c.sliding.head_dim, c.sliding.rope_theta, c.rms_norm_eps),
+            GLOBAL: reference.gemma4_global_prep(
+                c.full.head_dim, c.full.rope_theta, c.full.partial_rotary_factor, c.rms_norm_eps
+            ),
+        }
+        self.rope_tables = {
+            kind: reference.rope_table(prep.rope, max_positions, self.dtype, device)
+            for kind, prep in self.preps.items()
+        }
+        self.attention_specs: tuple[AttentionLayerSpec, ...] = tuple(
+            AttentionLayerSpec(
+                num_heads=c.num_heads,
+                num_kv_heads=c.geometry(kind).num_kv_heads,
+                head_dim=c.geometry(kind).head_dim,
+                scale=1.0,
+                window=c.sliding_window if kind == SLIDING else None,
+            )
+            for kind in GROUP_KINDS
+        )
+        slots = {kind: 0 for kind in GROUP_KINDS}
+        self.layers: list[_Layer] = []
+        for i, kind in enumerate(c.layer_types):
+            self.layers.append(self._layer(weights, f"{prefix}layers.{i}.", kind, slots[kind]))
+            slots[kind] += 1
+        self.kv_pools: list[torch.Tensor] = [torch.empty(0, device=device) for _ in GROUP_KINDS]
+        self.suppress = (
+            torch.tensor(sorted(c.suppress_token_ids), dtype=torch.long, device=device)
+            if c.suppress_token_ids
+            else None
+        )
+        # Diagnostics for the layer-probe gate: layer indices whose output hidden states to keep.
+        self.probe_layers: frozenset[int] = frozenset()
+        self.probes: dict[int, torch.Tensor] = {}
+
+    def _layer(self, w: Mapping[str, torch.Tensor], p: str, kind: str, slot: int) -> _Layer:
+        names = ("q", "k", "v") if kind == SLIDING else ("q", "k")
+        return _Layer(
+            kind=kind,
+            group=GROUP_KINDS.index(kind),
+            slot=slot,
+            input_norm=w[p + "input_layernorm.weight"],
+            post_attention_norm=w[p + "post_attention_layernorm.weight"],
+            pre_feedforward_norm=w[p + "pre_feedforward_layernorm.weight"],
+            post_feedforward_norm=w[p + "post_feedforward_layernorm.weight"],
+            scalar=w[p + "layer_scalar"],
+            qkv=torch.cat([w[p + f"self_attn.{n}_proj.weight"] for n in names]),
+            o=w[p + "self_attn.o_proj.weight"],
+            q_norm=w[p + "self_attn.q_norm.weight"],
+            k_norm=w[p + "self_attn.k_norm.weight"],
+            gate_up=torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]]),
+            down=w[p + "mlp.down_proj.weight"],
+        )
+
+    # -- KV pools ------------------------------------------------------------------------------
+
+    def kv_layouts(self, pages: int) -> tuple[KVPoolLayout, ...]:
+        c = self.config
+        return tuple(
+            KVPoolLayout(
+                len(c.layers_of(kind)),
+                pages,
+                c.geometry(kind).num_kv_heads,
+                c.geometry(kind).head_dim,
+                self.page_size,
+            )
+            for kind in GROUP_KINDS
+        )
+
+    def kv_bytes_per_page(self) -> int:
+        return sum(layout.bytes(self.dtype) for layout in self.kv_layouts(2)) // 2
+
+    def allocate_kv(self, pages: int) -> None:
+        self.kv_pools = [torch.empty(0, device=self.device) for _ in GROUP_KINDS]
+        # Zero-filled: a released sliding slot points at the padding page, which the torch backend
+        # gathers (masked) — uninitialised NaNs there would survive a zero attention weight.
+        self.kv_pools = [
+            torch.zeros(layout.shape, dtype=self.dtype, device=self.device)
+            for layout in self.kv_layouts(pages)
+        ]
+
+    def roofline(self) -> RooflineFacts:
+        c = self.config
+        matmul_params = c.vocab_size * c.hidden_size
+        kv_elements = 0
+        attention_flops = 0
+        for kind in c.layer_types:
+            g = c.geometry(kind)
+            q_size, kv_size = c.num_heads * g.head_dim, g.num_kv_heads * g.head_dim
+            projections = 3 if kind == SLIDING else 2
+            matmul_params += c.hidden_size * (q_size + (projections - 1) * kv_size) + q_size * c.hidden_size
+            matmul_params += 3 * c.hidden_size * c.intermediate_size
+            kv_elements += 2 * kv_size
+            attention_flops += 4 * c.num_heads * g.head_dim
+        element = self.embed.element_size()
+        return RooflineFacts(
+            weight_bytes=matmul_params * element,
+            matmul_params=matmul_params,
+            kv_bytes_per_token=kv_elements * element,
+            attention_flops_per_pair=attention_flops,
+        )
+
+    # -- forward -------------------------------------------------------------------------------
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        c = self.config
+        hidden = F.embedding(batch.input_ids, self.embed) * self.embed_scale
+        tokens = hidden.shape[0]
+        for index, layer in enumerate(self.layers):
+            g = c.geometry(layer.kind)
+            q_size, kv_size = c.num_heads * g.head_dim, g.num_kv_heads * g.head_dim
+            x = reference.rms_norm(hidden, self.norm, layer.input_norm)
+            projected = self.linear(x, layer.qkv)
+            if layer.kind == SLIDING:
+                q, k, v = projected.split([q_size, kv_size, kv_size], dim=-1)
+                v_heads: torch.Tensor | None = v.reshape(tokens, g.num_kv_heads, g.head_dim)
+            else:
+                q, k = projected.split([q_size, kv_size], dim=-1)
+                v_heads = None
+            pool_layer = self.kv_pools[layer.group][layer.slot]
+            q_rot, _ = run_attention_prep(
+                self.preps[layer.kind],
+                q.reshape(tokens, c.num_heads, g.head_dim),
+                k.reshape(tokens, g.num_kv_heads, g.head_dim),
+                v_heads,
+                layer.q_norm,
+                layer.k_norm,
+                batch.rows[layer.group],
+                self.rope_tables[layer.kind],
+                pool_layer,
+            )
+            spec = self.attention_specs[layer.group]
+            attn = batch.attention.run(layer.group, spec, q_rot, pool_layer)
+            attn_out = self.linear(attn.reshape(tokens, q_size), layer.o)
+            hidden = hidden + reference.rms_norm(attn_out, self.norm, layer.post_attention_norm)
+            x = reference.rms_norm(hidden, self.norm, layer.pre_feedforward_norm)
+            gate, up = self.linear(x, layer.gate_up).chunk(2, dim=-1)
+            mlp_out = self.linear(F.gelu(gate, approximate="tanh") * up, layer.down)
+            hidden = hidden + reference.rms_norm(mlp_out, self.norm, layer.post_feedforward_norm)
+            hidden = hidden * layer.scalar
+            if index in self.probe_layers:
+                self.probes[index] = hidden.clone()
+        return reference.rms_norm(hidden.index_select(0, batch.sample_index), self.norm, self.final_norm)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.linear(hidden, self.embed)
+        cap = self.config.final_logit_softcapping
+        if cap is not None:
+            # In the serving dtype, step by step, as the reference rounds it.
+            logits = torch.tanh(logits / cap) * cap
+        logits = logits.float()
+        if self.suppress is not None:
+            logits = logits.index_fill(-1, self.suppress, float("-inf"))
+        return logits

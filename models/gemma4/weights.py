@@ -1,0 +1,68 @@
+"""The tensors a Gemma 4 text tower must hold, by their Hugging Face names.
+
+A text-only checkpoint names them `model.*`; a multimodal one nests the tower under
+`model.language_model.*` beside its vision and audio parts, which are skipped and counted. Global
+layers have no `v_proj` (V is the raw K projection).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from models.checkpoint import TensorSpec
+from models.gemma4.config import SLIDING, Gemma4Config
+
+TEXT_ONLY_PREFIX = "model."
+NESTED_PREFIX = "model.language_model."
+# Top-level parts of a multimodal checkpoint that the text tower does not use.
+_SKIPPED_PARTS = (
+    "model.vision_tower.",
+    "model.audio_tower.",
+    "model.embed_vision.",
+    "model.embed_audio.",
+    "model.vision_embedder.",
+    "model.audio_embedder.",
+)
+# A tied head the checkpoint may still store.
+_TIED_HEAD = "lm_head.weight"
+
+
+def text_prefix(names: Iterable[str]) -> str:
+    """Where the text tower's tensors live in this checkpoint."""
+    return NESTED_PREFIX if any(n.startswith(NESTED_PREFIX) for n in names) else TEXT_ONLY_PREFIX
+
+
+def expected_tensors(config: Gemma4Config, prefix: str) -> dict[str, TensorSpec]:
+    c = config
+    h = c.hidden_size
+    specs: dict[str, TensorSpec] = {
+        prefix + "embed_tokens.weight": TensorSpec((c.vocab_size, h)),
+        prefix + "norm.weight": TensorSpec((h,)),
+    }
+    for i, kind in enumerate(c.layer_types):
+        g = c.geometry(kind)
+        q_size, kv_size = c.num_heads * g.head_dim, g.num_kv_heads * g.head_dim
+        p = f"{prefix}layers.{i}."
+        specs |= {
+            p + "input_layernorm.weight": TensorSpec((h,)),
+            p + "post_attention_layernorm.weight": TensorSpec((h,)),
+            p + "pre_feedforward_layernorm.weight": TensorSpec((h,)),
+            p + "post_feedforward_layernorm.weight": TensorSpec((h,)),
+            p + "layer_scalar": TensorSpec((1,)),
+            p + "self_attn.q_proj.weight": TensorSpec((q_size, h)),
+            p + "self_attn.k_proj.weight": TensorSpec((kv_size, h)),
+            p + "self_attn.o_proj.weight": TensorSpec((h, q_size)),
+            p + "self_attn.q_norm.weight": TensorSpec((g.head_dim,)),
+            p + "self_attn.k_norm.weight": TensorSpec((g.head_dim,)),
+            p + "mlp.gate_proj.weight": TensorSpec((c.intermediate_size, h)),
+            p + "mlp.up_proj.weight": TensorSpec((c.intermediate_size, h)),
+            p + "mlp.down_proj.weight": TensorSpec((h, c.intermediate_size)),
+        }
+        if kind == SLIDING:
+            specs[p + "self_attn.v_proj.weight"] = TensorSpec((kv_size, h))
+    return specs
+
+
+def skipped_tensor(name: str) -> bool:
+    """Vision and audio tensors (not served) and a stored copy of the tied head."""
+    return name == _TIED_HEAD or name.startswith(_SKIPPED_PARTS)
