@@ -1,10 +1,20 @@
-"""Fixtures shared across test areas."""
+"""Fixtures shared across test areas.
+
+Without CUDA, Triton kernels run under the interpreter. `triton.jit` decides that when a kernel
+module is imported, and any test module may import one (through engine or kernels code) during
+collection, so the switch is made here, before pytest imports a single test module.
+"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
 
 
 @pytest.fixture(scope="session")
