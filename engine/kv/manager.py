@@ -1,13 +1,14 @@
 """KVManager: every request's page tables across all KV groups, and the prefix cache.
 
-Admission and growth reserve pages in all groups or in none. Prefix hits are whole pages found in
-every group, capped so at least one prompt token is still computed (the last token must be run to
-sample from it, and a partially reused page would be written while shared).
+Admission and growth reserve pages in all groups or in none. Prefix hits are whole pages, capped
+so at least one prompt token is still computed (the last token must be run to sample from it, and a
+partially reused page would be written while shared).
 
-Prefix caching is switched off for the whole model when any group is a sliding-window group: a
-sliding group releases pages as the window moves, so it cannot hold a long prefix for a later
-request, and a hit is only usable when every group has it. Gemma 4's issue adds sliding-group
-caching; until then such models always compute their prompts cold.
+A hit of h pages resumes computing at position h·page_size, so each group must hold exactly what
+that position's attention reads: a full group every page below h, a sliding group only the pages
+its window still covers (positions > h·page_size − W); older sliding slots start out released
+(the padding page), just as the cold path would have released them by then. Sliding pages enter
+the index when they are full and stay cached (evictable) after the window releases them.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ class KVManager:
             raise KVConfigError("page_size", sorted(sizes), "every group must use the same page size")
         self.page_size = sizes.pop()
         self.groups = [KVGroup(s) for s in specs]
-        self.prefix_caching = enable_prefix_caching and all(s.sliding_window is None for s in specs)
+        self.prefix_caching = enable_prefix_caching
         self._hasher = PageHasher(model_id)
         self._requests: dict[str, _RequestKV] = {}
         self._sliding = [i for i, s in enumerate(specs) if s.sliding_window is not None]
@@ -110,9 +111,9 @@ class KVManager:
     # -- transitions ---------------------------------------------------------------------------
 
     def prefix_hit(self, request_id: str, token_ids: Sequence[int]) -> int:
-        """Reference the longest chain of cached full pages that starts `token_ids`, in every group,
-        leaving at least one token to compute. Returns the number of tokens covered. The request
-        must hold no pages."""
+        """Reference the longest cached prefix of whole pages of `token_ids` that every group can
+        resume from (see the module doc), leaving at least one token to compute. Returns the number
+        of tokens covered. The request must hold no pages."""
         state = self._state(request_id)
         if any(state.tables):
             raise RuntimeError(f"request {request_id!r}: prefix lookup while holding pages")
@@ -120,23 +121,39 @@ class KVManager:
             return 0
         ps = self.page_size
         limit = (len(token_ids) - 1) // ps
-        hit: list[list[int]] = [[] for _ in self.groups]
-        for i in range(limit):
-            self._hasher.extend(state.hashes, token_ids, i + 1, ps)
-            page_hash = state.hashes[i]
-            found = [g.index.find(page_hash) for g in self.groups]
-            if any(p is None for p in found):
+        self._hasher.extend(state.hashes, token_ids, limit, ps)
+        found = [[g.index.find(state.hashes[i]) for i in range(limit)] for g in self.groups]
+        # last_missing[gi][h]: the last slot below h whose page group gi lacks (-1: none).
+        last_missing: list[list[int]] = []
+        for pages in found:
+            marks = [-1]
+            for i, page in enumerate(pages):
+                marks.append(i if page is None else marks[-1])
+            last_missing.append(marks)
+        hit = 0
+        for h in range(limit, 0, -1):
+            if all(last_missing[gi][h] < self._first_needed_slot(gi, h) for gi in range(len(self.groups))):
+                hit = h
                 break
-            for gi, page in enumerate(found):
+        for gi, (g, pages, table) in enumerate(zip(self.groups, found, state.tables, strict=True)):
+            lo = self._first_needed_slot(gi, hit)
+            table.extend([PADDING_PAGE] * lo)
+            for page in pages[lo:hit]:
                 assert page is not None
-                hit[gi].append(page)
-        for g, pages, table in zip(self.groups, hit, state.tables, strict=True):
-            for page in pages:
                 g.pool.incref(page)
-            table.extend(pages)
-        state.num_indexed = len(hit[0])
+                table.append(page)
+            state.released[gi] = lo
+        state.num_indexed = hit
         self._touched(state)
-        return len(hit[0]) * ps
+        return hit * ps
+
+    def _first_needed_slot(self, group: int, num_pages: int) -> int:
+        """The first page slot group `group` must hold to compute the token at position
+        num_pages·page_size: 0 for a full group, the window's oldest page for a sliding one."""
+        window = self.groups[group].spec.sliding_window
+        if window is None or num_pages == 0:
+            return 0
+        return max(0, num_pages * self.page_size - window + 1) // self.page_size
 
     def release_window(self, request_id: str, frontier: int) -> None:
         """Sliding groups: release pages wholly before the window of the token at `frontier`
@@ -201,7 +218,8 @@ class KVManager:
         for i in range(state.num_indexed, full):
             page_hash = state.hashes[i]
             for g, table in zip(self.groups, state.tables, strict=True):
-                g.index.insert(page_hash, table[i])
+                if table[i] != PADDING_PAGE:  # a sliding slot released before it was indexed
+                    g.index.insert(page_hash, table[i])
         state.num_indexed = full
 
     def free(self, request_id: str, keep_hashes: bool = False) -> None:

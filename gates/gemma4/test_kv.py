@@ -7,7 +7,7 @@ from pathlib import Path
 
 from engine.contract import Request
 from engine.kv import KVManager
-from gates.gemma4.conftest import agree, prompt
+from gates.gemma4.conftest import NEW_TOKENS, agree, prompt
 from gates.harness.serving import Completion, batch_scheduler, drive, greedy, load_for_gate
 from gates.harness.tolerances import Tolerance
 from models.gemma4.config import Gemma4Config
@@ -76,3 +76,28 @@ def test_chunked_prefill_leaves_headroom(checkpoint_path: Path, gemma4_config: G
         f"global pages never covered the prompt: {seen}"
     )
     assert worst < max(g for _, g in seen), "the sliding group released nothing"
+
+
+def test_prefix_restore_matches_cold(
+    checkpoint_path: Path, gemma4_config: Gemma4Config, tol: Tolerance
+) -> None:
+    """A shared prefix several windows long: the second request hits every full shared page (the
+    sliding group restores only the pages its window still reads) and computes the cold path's
+    tokens and log-probs."""
+    w = gemma4_config.sliding_window
+    page = 16
+    shared = prompt(gemma4_config, 3 * w + 20, seed=51)
+    first = Request("first", shared + prompt(gemma4_config, 7, seed=52), greedy(4))
+    second = Request("second", shared + prompt(gemma4_config, 9, seed=53), greedy(NEW_TOKENS))
+    cold = drive(load_for_gate(checkpoint_path), [second])["second"]
+    served = load_for_gate(checkpoint_path)
+    drive(served, [first])
+    warm = drive(served, [second])["second"]
+    assert cold.cached_tokens == 0, f"a cold start reported {cold.cached_tokens} cached tokens"
+    want = page * (len(shared) // page)
+    assert want > w and warm.cached_tokens == want, (
+        f"cached_tokens={warm.cached_tokens}, expected {want} (W={w})"
+    )
+    agree("prefix hit vs cold", warm, cold, tol)
+    if tol.tie == 0 or tol.baseline_ratio is None:
+        assert warm.tokens == cold.tokens

@@ -151,7 +151,7 @@ def test_allocation_is_all_or_nothing_across_groups() -> None:
 
 def test_sliding_group_releases_pages_behind_the_window() -> None:
     kv = _manager(sliding=20)
-    assert kv.prefix_caching is False  # documented: sliding groups run without prefix caching
+    assert kv.prefix_caching is True  # sliding groups cache too (their hits start window-released)
     assert kv.allocate("a", 64)
     # The token at position 36 needs positions 17..36: page 0 (0..15) is out, page 1 is not.
     kv.release_window("a", 36)
