@@ -16,10 +16,10 @@ from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as FastTokenizer
 
-from models.registry import ChatMessage, ModelLoadError
+from models.registry import ChatMessage, ModelLoadError, PromptRenderError
 
 
-class ChatTemplateError(ValueError):
+class ChatTemplateError(PromptRenderError):
     """The chat template refused the conversation (e.g. roles out of order); a client error."""
 
 

@@ -20,6 +20,11 @@ class ModelLoadError(ValueError):
     """The `--model` argument or its checkpoint cannot be served; the message names why."""
 
 
+class PromptRenderError(ValueError):
+    """A tokenizer refuses a client's prompt (e.g. the chat template rejects the conversation): the
+    client's fault, answered with a 400, never a server error."""
+
+
 @dataclass(frozen=True, slots=True)
 class ChatMessage:
     role: str

@@ -169,7 +169,9 @@ def create_app(model: LoadedModel, settings: ServerSettings) -> FastAPI:
         spec: CompletionSpec = parse_completion(await read_json_body(http_request, settings.max_body_bytes))
         check_model(spec.common.model)
         prompt = (
-            spec.prompt if isinstance(spec.prompt, tuple) else tokenize(model.tokenizer.encode, spec.prompt)
+            spec.prompt
+            if isinstance(spec.prompt, tuple)
+            else tokenize(model.tokenizer.encode, spec.prompt, "prompt")
         )
         request_id = f"cmpl-{uuid.uuid4().hex}"
         renderer = CompletionRenderer(request_id, settings.served_model_name, model.tokenizer, spec.logprobs)
@@ -181,7 +183,7 @@ def create_app(model: LoadedModel, settings: ServerSettings) -> FastAPI:
     async def chat_completions(http_request: HTTPRequest) -> Response:
         spec: ChatSpec = parse_chat(await read_json_body(http_request, settings.max_body_bytes))
         check_model(spec.common.model)
-        prompt = tokenize(model.tokenizer.render_chat, spec.messages)
+        prompt = tokenize(model.tokenizer.render_chat, spec.messages, "messages")
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         renderer = ChatRenderer(
             request_id, settings.served_model_name, model.tokenizer, spec.logprobs, spec.top_logprobs

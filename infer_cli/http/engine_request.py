@@ -9,6 +9,7 @@ from typing import TypeVar
 from engine.contract import ContractError, Request, SamplingParams
 from infer_cli.http.errors import APIError, bad_request
 from infer_cli.http.schemas import CommonParams
+from models.registry import PromptRenderError
 
 _In = TypeVar("_In")
 
@@ -66,9 +67,11 @@ def engine_request(
     return Request(request_id=request_id, prompt_token_ids=tuple(prompt), sampling=sampling)
 
 
-def tokenize(tokenize: Callable[[_In], list[int]], value: _In) -> list[int]:
+def tokenize(tokenize: Callable[[_In], list[int]], value: _In, param: str) -> list[int]:
     # JSON can carry strings no tokenizer can encode, such as a lone UTF-16 surrogate ("\ud800").
     try:
         return tokenize(value)
     except UnicodeError as exc:
-        raise bad_request(f"the prompt is not valid Unicode text: {exc}", code="invalid_value") from None
+        raise bad_request(f"the prompt is not valid Unicode text: {exc}", param=param) from None
+    except PromptRenderError as exc:
+        raise bad_request(str(exc), param=param) from None
