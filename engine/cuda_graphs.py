@@ -128,11 +128,15 @@ class GraphedDecode:
         self.positions[:bucket].copy_(pos, non_blocking=True)
         filler = bucket - n
         for g, spec in enumerate(specs):
-            table = torch.zeros(bucket, self.max_pages, dtype=torch.int32)
-            for i, r in enumerate(rows):
-                pages = r.page_tables[g]
-                table[i, : len(pages)] = torch.tensor(pages, dtype=torch.int32)
-            self.page_tables[g][:bucket].copy_(table, non_blocking=True)
+            # Only the columns some row uses are written: entries past a row's last page are never
+            # read (the prep kernel reads page pos // 16 for pos < kv_len; FlashInfer reads the
+            # indices it was planned with), and filler rows read column 0, which is written as 0.
+            width = max((len(r.page_tables[g]) for r in rows), default=1)
+            padded = [list(r.page_tables[g]) + [0] * (width - len(r.page_tables[g])) for r in rows]
+            padded.extend([[0] * width] * filler)
+            self.page_tables[g][:bucket, :width].copy_(
+                torch.tensor(padded, dtype=torch.int32), non_blocking=True
+            )
             self.attention.plan(
                 g,
                 GroupBatch(
