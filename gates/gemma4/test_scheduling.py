@@ -6,7 +6,7 @@ from pathlib import Path
 
 from engine.contract import Request
 from gates.gemma4.conftest import NEW_TOKENS, agree, prompt, prompt_lengths, request
-from gates.harness.serving import Completion, drive, greedy, load_for_gate, score
+from gates.harness.serving import Completion, batch_scheduler, drive, greedy, load_for_gate, score
 from gates.harness.tolerances import Tolerance
 from models.gemma4.config import Gemma4Config
 
@@ -101,3 +101,47 @@ def test_batch_row_order_does_not_matter(
     backward = drive(load_for_gate(checkpoint_path), list(reversed(requests)))
     for r in requests:
         agree(f"{r.request_id} forward vs reversed", forward[r.request_id], backward[r.request_id], tol)
+
+
+def test_segmented_admission_matches_whole(
+    checkpoint_path: Path, gemma4_config: Gemma4Config, tol: Tolerance
+) -> None:
+    """A long prompt admitted into a tight pool, with pages for its first chunk only, grows (or is
+    preempted and re-admitted) segment by segment as a neighbour's decode competes for pages, and
+    computes what one whole admission into a roomy pool computes."""
+    w = gemma4_config.sliding_window
+    page = 16
+    budget = max(2, w // 2)
+    target = request(gemma4_config, "target", 5 * w + 3, seed=121)
+    whole_pages = -(-len(target.prompt_token_ids) // page)
+    neighbour = request(gemma4_config, "n", 6 * w + 40, seed=122, new_tokens=2 * w)
+    prefilled = -(-len(neighbour.prompt_token_ids) // page)
+    # Once the neighbour's prompt is in, fewer pages are free than the target's prompt needs; the
+    # neighbour's decode then needs more, which it may take back from the (newer) target.
+    pool = prefilled + whole_pages - 1
+    arrival = -(-len(neighbour.prompt_token_ids) // budget) + 2
+    whole = drive(
+        load_for_gate(checkpoint_path, max_num_batched_tokens=4 * len(target.prompt_token_ids)), [target]
+    )
+    tight = load_for_gate(checkpoint_path, num_kv_pages=pool + 1, max_num_batched_tokens=budget)
+    free_before: list[int] = []
+    at_admission: list[int] = []
+
+    def watch(step: int, results: dict[str, Completion]) -> None:
+        got = results.get("target")
+        if got is not None and got.admission is not None and not at_admission:
+            at_admission.append(free_before[-1])
+        groups = {g.name: g for g in tight.scheduler.load().groups}
+        full = groups["full_attention"]
+        free_before.append(full.pages_total - full.pages_used)
+
+    segmented = drive(tight, [neighbour], arrivals={arrival: [target]}, after_step=watch)
+    assert at_admission and at_admission[0] < whole_pages, (
+        f"the target was admitted with {at_admission} free global pages, enough for its whole prompt "
+        f"({whole_pages}): nothing was segmented"
+    )
+    print(
+        f"free global pages at admission {at_admission[0]} of {whole_pages} needed; "
+        f"preemptions {batch_scheduler(tight).num_preemptions}"
+    )
+    agree("segmented vs whole admission", segmented["target"], whole["target"], tol)
