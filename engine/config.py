@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.contract import ContractError
+from kernels.gemm.names import POLICY_NAMES
 
 PAGE_SIZE = 16
 
@@ -26,6 +27,8 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     # Bytes of KV cache, overriding the measured budget (num_kv_pages, if set, wins over both).
     kv_cache_memory: int | None = None
+    # GEMM numeric policy for every projection and the LM head (kernels.gemm; docs/numerics.md).
+    numeric_policy: str = "tuned"
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "page_size"):
@@ -38,5 +41,9 @@ class EngineConfig:
             raise ContractError("gpu_memory_utilization", self.gpu_memory_utilization, "must be in (0, 1]")
         if self.kv_cache_memory is not None and self.kv_cache_memory < 1:
             raise ContractError("kv_cache_memory", self.kv_cache_memory, "must be a positive number of bytes")
+        if self.numeric_policy not in POLICY_NAMES:
+            raise ContractError(
+                "numeric_policy", self.numeric_policy, f"must be one of {', '.join(POLICY_NAMES)}"
+            )
         if self.num_kv_pages is not None and self.num_kv_pages < 2:
             raise ContractError("num_kv_pages", self.num_kv_pages, "must be at least 2 (page 0 is padding)")

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
+from infer_cli.bench_buckets import run_bucket_bench
 from infer_cli.bench_kernels import bench_kernels_command
 from infer_cli.bench_latency import bench_latency_command
 from infer_cli.bench_serve import bench_serve_command
@@ -21,16 +24,33 @@ def bench_callback(
     buckets: str | None = typer.Option(
         None, "--buckets", help="CUDA-graph memory sweep over decode batch buckets (e.g. 1,2,4,8 or 'all')."
     ),
+    model: Path | None = typer.Option(None, "--model", help="--buckets: checkpoint directory."),
+    numeric_policy: str = typer.Option(
+        "tuned",
+        "--numeric-policy",
+        help="--buckets: comma-separated policies (tuned,pin,per-token,invariant).",
+    ),
+    gpu_memory_utilization: float = typer.Option(
+        0.9, "--gpu-memory-utilization", help="--buckets: budget fraction."
+    ),
+    attention_backend: str | None = typer.Option(
+        None, "--attention-backend", help="--buckets: torch or flashinfer."
+    ),
+    save_result: Path | None = typer.Option(
+        None, "--save-result", help="--buckets: write the results as JSON."
+    ),
+    plot: bool = typer.Option(
+        False, "--plot", help="--buckets: PNG of memory against bucket (next to --save-result, .png)."
+    ),
 ) -> None:
     if ctx.invoked_subcommand is not None:
         return
     if buckets is None:
         typer.echo(ctx.get_help())
         raise typer.Exit(0)
-    typer.secho(
-        "infer bench --buckets is not built yet (see the numeric-policies issue).", fg="red", err=True
+    run_bucket_bench(
+        buckets, model, numeric_policy, gpu_memory_utilization, save_result, plot, attention_backend
     )
-    raise typer.Exit(2)
 
 
 bench_app.command("serve", help="Load generator against any OpenAI-compatible server.")(bench_serve_command)

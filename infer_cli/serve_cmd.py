@@ -45,6 +45,7 @@ def _engine_config(
     enforce_eager: bool = False,
     gpu_memory_utilization: float = 0.9,
     kv_cache_memory: int | None = None,
+    numeric_policy: str = "tuned",
 ) -> EngineConfig:
     defaults = EngineConfig()
     return EngineConfig(
@@ -58,6 +59,7 @@ def _engine_config(
         enforce_eager=enforce_eager,
         gpu_memory_utilization=gpu_memory_utilization,
         kv_cache_memory=kv_cache_memory,
+        numeric_policy=numeric_policy,
     )
 
 
@@ -93,6 +95,11 @@ def serve_command(
     kv_cache_memory: int | None = typer.Option(
         None, "--kv-cache-memory", help="KV-cache size in bytes, overriding the measured budget."
     ),
+    numeric_policy: str = typer.Option(
+        "tuned",
+        "--numeric-policy",
+        help="GEMM numerics: tuned (cuBLAS), pin, per-token (diagnostic oracle) or invariant (batch-invariant).",
+    ),
     sim_step_delay: float = typer.Option(
         0.0, "--sim-step-delay", help="sim only: seconds each engine step sleeps, standing in for a forward."
     ),
@@ -117,6 +124,7 @@ def serve_command(
             enforce_eager,
             gpu_memory_utilization,
             kv_cache_memory,
+            numeric_policy,
         )
         options = ModelOptions(
             engine=engine,

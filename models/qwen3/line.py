@@ -10,6 +10,7 @@ from rich.progress import Progress
 from engine.kv import KVGroupSpec
 from engine.paged_startup import start_paged_model
 from engine.scheduler import BatchScheduler
+from kernels.gemm.dispatch import policy_linear
 from models.checkpoint import check_tensors, iter_tensors, stored_tensors
 from models.device_choice import pick_attention, pick_device, pick_dtype
 from models.hf_tokenizer import HFTokenizer
@@ -46,7 +47,13 @@ def load_qwen3(spec: str, options: ModelOptions) -> LoadedModel:
     )
     # No reference to the loaded dict outlives the model: the unfused projections it held are freed
     # before the memory budget measures the weights.
-    model = Qwen3Model(config, load_weights(path, config, device, dtype), device, max_model_len)
+    model = Qwen3Model(
+        config,
+        load_weights(path, config, device, dtype),
+        device,
+        max_model_len,
+        linear=policy_linear(engine.numeric_policy),
+    )
     max_pages_per_seq = -(-max_model_len // model.page_size)
     attention = pick_attention(options, device, dtype, max_pages_per_seq)
     runner, report = start_paged_model(model, attention, engine, max_model_len)

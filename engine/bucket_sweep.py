@@ -1,0 +1,203 @@
+"""`infer bench --buckets`: what each decode CUDA graph costs, per bucket and numeric policy.
+
+For one policy the model is loaded eagerly with a small KV pool (enough for the profiling step),
+then, as start-up does (engine.paged_startup):
+  1. a trial capture of every bucket, largest first into one shared pool: the sum of its free-memory
+     drops is the graph figure the engine reserves in the KV budget;
+  2. the trial is dropped and every bucket captured again, the measured capture. Per bucket it
+     records the drop in free device memory, the growth of the allocator's reserved memory (the
+     shared pool), the graph's node count and its replay time.
+The budget check compares the reserved figure with the measured one, and asks which buckets fit in
+what utilisation × device memory leaves after weights, the activation peak and the smallest KV pool.
+
+Node count: GraphedDecode instantiates its graphs without keeping the captured `cudaGraph_t`, so
+`CUDAGraph.raw_cuda_graph()` + `cudaGraphGetNodes` is not available; instead one replay is run under
+torch.profiler and its device activities are counted (CUPTI reports each kernel, memcpy and memset a
+graph launch runs). That is the graph's kernel/memcpy/memset node count; empty or host nodes, if
+any, are not counted.
+
+Needs CUDA; the pure figures (engine.graph_budget) are unit-tested on the CPU.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.config import EngineConfig
+from engine.cuda_graphs import CaptureRecord, GraphedDecode
+from engine.graph_budget import (
+    BucketMemory,
+    GraphFit,
+    ReserveCheck,
+    fit_buckets,
+    graphs_available,
+    reserve_check,
+)
+
+NODE_COUNT_METHOD = "device activities of one profiled replay (torch.profiler/CUPTI)"
+_REPLAY_WARMUP = 3
+_REPLAY_TIMED = 20
+
+
+@dataclass(frozen=True, slots=True)
+class BucketMeasurement:
+    policy: str
+    bucket: int
+    device_bytes: int  # drop in free device memory across the capture
+    pool_bytes: int  # growth of the shared pool (allocator reserved memory) across the capture
+    nodes: int | None
+    replay_ms: float
+    capture_s: float
+
+    def memory(self) -> BucketMemory:
+        return BucketMemory(self.bucket, self.device_bytes, self.pool_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySweep:
+    policy: str
+    buckets: tuple[BucketMeasurement, ...]
+    check: ReserveCheck
+    fit: GraphFit
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy,
+            "buckets": [asdict(m) for m in self.buckets],
+            "reserved_bytes": self.check.reserved,
+            "measured_bytes": self.check.measured,
+            "reserved_vs_measured_pct": self.check.diff_pct,
+            "graphs_available_bytes": self.fit.available,
+            "buckets_that_fit": list(self.fit.fitting),
+            "largest_bucket_that_fits": self.fit.largest,
+        }
+
+
+def sweep_json(sweeps: Sequence[PolicySweep], meta: dict[str, Any]) -> dict[str, Any]:
+    return meta | {"node_count_method": NODE_COUNT_METHOD, "policies": [s.to_json() for s in sweeps]}
+
+
+def _settle() -> None:
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+
+
+def _capture_measured(graphs: GraphedDecode) -> list[tuple[CaptureRecord, int]]:
+    """Capture every bucket; per bucket its record and the pool growth its capture caused."""
+    _settle()
+    last_reserved = torch.cuda.memory_reserved()
+    out: list[tuple[CaptureRecord, int]] = []
+
+    def on_bucket(record: CaptureRecord) -> None:
+        nonlocal last_reserved
+        reserved = torch.cuda.memory_reserved()
+        out.append((record, reserved - last_reserved))
+        last_reserved = reserved
+
+    graphs.capture(on_bucket=on_bucket)
+    return out
+
+
+def count_graph_nodes(graph: torch.cuda.CUDAGraph) -> int:
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+def replay_ms(graph: torch.cuda.CUDAGraph) -> float:
+    for _ in range(_REPLAY_WARMUP):
+        graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(_REPLAY_TIMED):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / _REPLAY_TIMED
+
+
+def sweep_policy(
+    model_path: Path,
+    policy: str,
+    buckets: Sequence[int],
+    utilization: float,
+    attention_backend: str | None = None,
+    on_bucket: Callable[[BucketMeasurement], None] | None = None,
+) -> PolicySweep:
+    """Load `model_path` under `policy` and measure every bucket's graph (see the module doc)."""
+    from engine.model_runner import PagedModelRunner
+    from engine.paged_startup import _profile_step
+    from engine.scheduler import BatchScheduler
+    from models.registry import ModelOptions, load_model
+
+    top = max(buckets)
+    defaults = EngineConfig()
+    tokens = max(defaults.max_num_batched_tokens, top)
+    engine = EngineConfig(
+        max_num_seqs=top,
+        max_num_batched_tokens=tokens,
+        enforce_eager=True,  # the sweep captures itself
+        num_kv_pages=-(-tokens // defaults.page_size) + 2,  # room for the profiling step only
+        enable_prefix_caching=False,
+        gpu_memory_utilization=utilization,
+        numeric_policy=policy,
+    )
+    loaded = load_model(
+        str(model_path), ModelOptions(engine=engine, device="cuda", attention_backend=attention_backend)
+    )
+    scheduler = loaded.scheduler
+    if not isinstance(scheduler, BatchScheduler) or not isinstance(scheduler.runner, PagedModelRunner):
+        raise ValueError(f"{model_path}: not a paged model line")
+    model, attention = scheduler.runner.model, scheduler.runner.attention
+    max_pages = -(-loaded.max_model_len // model.page_size)
+    kv_min = 2 * model.kv_bytes_per_page()
+    kv_now = engine.num_kv_pages * model.kv_bytes_per_page() if engine.num_kv_pages else 0
+
+    _settle()
+    weights = torch.cuda.memory_allocated() - kv_now
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    _profile_step(model, attention, engine)
+    activation_peak = torch.cuda.max_memory_allocated() - before
+    total = torch.cuda.get_device_properties(model.device).total_memory
+
+    trial = GraphedDecode(model, attention, sorted(buckets), max_pages)
+    reserved = [BucketMemory(r.bucket, r.bytes_added, pool) for r, pool in _capture_measured(trial)]
+    del trial
+    _settle()
+
+    graphs = GraphedDecode(model, attention, sorted(buckets), max_pages)
+    measured: list[BucketMeasurement] = []
+    for record, pool in sorted(_capture_measured(graphs), key=lambda rp: rp[0].bucket):
+        graph = graphs.graph_for(record.bucket)
+        if graph is None:
+            raise RuntimeError(f"bucket {record.bucket} was captured but has no graph")
+        m = BucketMeasurement(
+            policy=policy,
+            bucket=record.bucket,
+            device_bytes=record.bytes_added,
+            pool_bytes=pool,
+            nodes=count_graph_nodes(graph),
+            replay_ms=replay_ms(graph),
+            capture_s=record.seconds,
+        )
+        measured.append(m)
+        if on_bucket is not None:
+            on_bucket(m)
+    check = reserve_check(reserved, [m.memory() for m in measured])
+    available = graphs_available(total, utilization, weights, activation_peak, kv_min)
+    fit = fit_buckets([m.memory() for m in measured], available)
+    del graphs, model, attention, scheduler, loaded
+    _settle()
+    return PolicySweep(policy, tuple(measured), check, fit)

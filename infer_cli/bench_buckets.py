@@ -1,0 +1,169 @@
+"""`infer bench --buckets`: the CUDA-graph memory sweep's options, table, JSON and plot.
+
+The measuring lives in engine.bucket_sweep; this module parses the options, prints, saves and plots.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from engine.cuda_graphs import MAX_GRAPH_BUCKET, decode_buckets
+from kernels.gemm.names import UnknownPolicyError, parse_policies
+
+MIB = 1 << 20
+
+
+def parse_buckets(text: str) -> tuple[int, ...]:
+    """`all` (the engine's buckets up to 256) or comma-separated sizes in 1..256, sorted, each once."""
+    if text.strip() == "all":
+        return decode_buckets(MAX_GRAPH_BUCKET)
+    try:
+        values = {int(v) for v in text.split(",") if v.strip()}
+    except ValueError:
+        raise typer.BadParameter(
+            f"{text!r}: expected 'all' or comma-separated integers", param_hint="--buckets"
+        ) from None
+    bad = sorted(v for v in values if not 1 <= v <= MAX_GRAPH_BUCKET)
+    if not values or bad:
+        raise typer.BadParameter(
+            f"{text!r}: buckets must be in 1..{MAX_GRAPH_BUCKET}" + (f" (got {bad})" if bad else ""),
+            param_hint="--buckets",
+        )
+    return tuple(sorted(values))
+
+
+def bucket_table(result: dict[str, Any]) -> Table:
+    table = Table(title=f"decode graphs · {result.get('model', '')} · {result.get('device', '')}")
+    for column in ("policy", "bucket", "free Δ MiB", "pool Δ MiB", "nodes", "replay ms"):
+        table.add_column(column, justify="right")
+    for sweep in result["policies"]:
+        for m in sweep["buckets"]:
+            table.add_row(
+                sweep["policy"],
+                str(m["bucket"]),
+                f"{m['device_bytes'] / MIB:,.1f}",
+                f"{m['pool_bytes'] / MIB:,.1f}",
+                "—" if m["nodes"] is None else str(m["nodes"]),
+                f"{m['replay_ms']:.3f}",
+            )
+    return table
+
+
+def budget_table(result: dict[str, Any]) -> Table:
+    table = Table(title=f"KV budget check (utilisation {result.get('gpu_memory_utilization', '?')})")
+    for column in (
+        "policy",
+        "reserved MiB",
+        "measured MiB",
+        "diff %",
+        "graphs may take MiB",
+        "largest bucket that fits",
+    ):
+        table.add_column(column, justify="right")
+    for sweep in result["policies"]:
+        largest = sweep["largest_bucket_that_fits"]
+        table.add_row(
+            sweep["policy"],
+            f"{sweep['reserved_bytes'] / MIB:,.1f}",
+            f"{sweep['measured_bytes'] / MIB:,.1f}",
+            f"{sweep['reserved_vs_measured_pct']:+.1f}",
+            f"{sweep['graphs_available_bytes'] / MIB:,.0f}",
+            "none" if largest is None else str(largest),
+        )
+    return table
+
+
+def plot_sweeps(result: dict[str, Any], path: Path) -> None:
+    """PNG of cumulative graph memory (MiB) against bucket, one line per policy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for sweep in result["policies"]:
+        rows = sorted(sweep["buckets"], key=lambda m: m["bucket"])
+        total = 0
+        xs, ys = [], []
+        for m in rows:
+            total += m["device_bytes"]
+            xs.append(m["bucket"])
+            ys.append(total / MIB)
+        ax.plot(xs, ys, marker="o", markersize=3, label=sweep["policy"])
+    ax.set_xlabel("decode bucket (rows)")
+    ax.set_ylabel("graph memory, cumulative (MiB)")
+    ax.set_title(f"CUDA-graph memory per bucket · {Path(str(result.get('model', ''))).name}")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run_bucket_bench(
+    buckets_text: str,
+    model: Path | None,
+    numeric_policy: str,
+    gpu_memory_utilization: float,
+    save_result: Path | None,
+    plot: bool,
+    attention_backend: str | None,
+    console: Console | None = None,
+) -> None:
+    console = console or Console()
+    buckets = parse_buckets(buckets_text)
+    try:
+        policies = parse_policies(numeric_policy)
+    except UnknownPolicyError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--numeric-policy") from None
+    if not 0.0 < gpu_memory_utilization <= 1.0:
+        raise typer.BadParameter(
+            f"{gpu_memory_utilization}: must be in (0, 1]", param_hint="--gpu-memory-utilization"
+        )
+    if model is None:
+        raise typer.BadParameter("a checkpoint directory is required", param_hint="--model")
+    import torch
+
+    if not torch.cuda.is_available():
+        console.print(
+            "[red]infer bench --buckets captures CUDA graphs and needs a CUDA GPU; none is available on this machine.[/red]"
+        )
+        raise typer.Exit(2)
+    from engine.bucket_sweep import sweep_json, sweep_policy
+
+    sweeps = []
+    with console.status("") as status:
+        for policy in policies:
+            status.update(f"{policy.value}: loading and capturing {len(buckets)} buckets twice")
+            sweeps.append(
+                sweep_policy(model, policy.value, buckets, gpu_memory_utilization, attention_backend)
+            )
+    result = sweep_json(
+        sweeps,
+        {
+            "model": str(model),
+            "device": torch.cuda.get_device_name(),
+            "gpu_memory_utilization": gpu_memory_utilization,
+            "bucket_list": list(buckets),
+        },
+    )
+    _report(result, console, save_result, plot)
+
+
+def _report(result: dict[str, Any], console: Console, save_result: Path | None, plot: bool) -> None:
+    console.print(bucket_table(result))
+    console.print(budget_table(result))
+    if save_result is not None:
+        save_result.parent.mkdir(parents=True, exist_ok=True)
+        save_result.write_text(json.dumps(result, indent=2))
+        console.print(f"saved {save_result}")
+    if plot:
+        path = save_result.with_suffix(".png") if save_result is not None else Path("bench-buckets.png")
+        plot_sweeps(result, path)
+        console.print(f"plotted {path}")

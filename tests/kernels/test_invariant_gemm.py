@@ -1,0 +1,59 @@
+"""The batch-invariant Triton GEMM (interpreter on CPU): a row's output does not depend on how many
+rows share the launch, bit for bit, and the product is the product."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels.gemm.dispatch import INVARIANT_TILES, invariant_linear
+from kernels.triton.invariant_gemm import GemmShapeError, GemmTiles, invariant_gemm
+
+ROW_COUNTS = (1, 2, 3, 5, 8, 17)
+SMALL = GemmTiles(block_m=16, block_n=16, block_k=16)  # 17 rows span two M tiles; K=40 a masked tail
+
+
+def _operands(dtype: torch.dtype, k: int = 40, n: int = 48) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(max(ROW_COUNTS), k, generator=g).to(dtype)
+    w = (torch.randn(n, k, generator=g) / k**0.5).to(dtype)
+    return x, w
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tiles", [SMALL, INVARIANT_TILES], ids=["16x16x16", "default"])
+def test_rows_are_bit_identical_alone_and_in_any_batch(dtype: torch.dtype, tiles: GemmTiles) -> None:
+    x, w = _operands(dtype)
+    full = invariant_gemm(x, w, tiles)
+    for m in ROW_COUNTS:
+        assert torch.equal(invariant_gemm(x[:m], w, tiles), full[:m]), f"first {m} rows differ from the batch"
+    for i in (0, 4, 15, 16):
+        alone = invariant_gemm(x[i : i + 1], w, tiles)
+        assert torch.equal(alone[0], full[i]), f"row {i} alone differs from row {i} in a batch of {len(x)}"
+
+
+def test_matches_f_linear_in_fp32() -> None:
+    x, w = _operands(torch.float32)
+    torch.testing.assert_close(invariant_gemm(x, w, SMALL), F.linear(x, w), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(invariant_linear(x[:3], w), F.linear(x[:3], w), rtol=1e-5, atol=1e-5)
+
+
+def test_leading_dims_and_empty_batch() -> None:
+    x, w = _operands(torch.float32, k=32)
+    y = invariant_gemm(x[:6].reshape(2, 3, 32), w, SMALL)
+    assert y.shape == (2, 3, 48)
+    torch.testing.assert_close(y.reshape(6, 48), F.linear(x[:6], w), rtol=1e-5, atol=1e-5)
+    assert invariant_gemm(x[:0], w, SMALL).shape == (0, 48)
+
+
+def test_refusals_name_the_shape() -> None:
+    x, w = _operands(torch.float32)
+    with pytest.raises(GemmShapeError, match=r"\(48, 40\)"):
+        invariant_gemm(x[:, :32], w, SMALL)
+    with pytest.raises(GemmShapeError, match=r"\(48, 40\).*K=40 is not a multiple of block_k=32"):
+        invariant_gemm(x, w, GemmTiles(block_m=16, block_n=16, block_k=32, even_k=True))
+    with pytest.raises(GemmShapeError, match="block_k=24"):
+        GemmTiles(block_k=24)
+    with pytest.raises(GemmShapeError, match="dtypes"):
+        invariant_gemm(x, w.bfloat16(), SMALL)
