@@ -1,5 +1,5 @@
-"""The batch-invariant Triton GEMM (interpreter on CPU): a row's output does not depend on how many
-rows share the launch, bit for bit, and the product is the product."""
+"""The batch-invariant Triton GEMM and RMSNorm (interpreter on CPU): a row's output does not depend
+on how many rows share the launch, bit for bit, and the result is the reference's."""
 
 from __future__ import annotations
 
@@ -7,8 +7,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from kernels import reference
 from kernels.gemm.dispatch import INVARIANT_TILES, invariant_linear
+from kernels.reference import NormSpec, NormWeight
 from kernels.triton.invariant_gemm import GemmShapeError, GemmTiles, invariant_gemm
+from kernels.triton.invariant_rmsnorm import NormShapeError, invariant_rms_norm
 
 ROW_COUNTS = (1, 2, 3, 5, 8, 17)
 SMALL = GemmTiles(block_m=16, block_n=16, block_k=16)  # 17 rows span two M tiles; K=40 a masked tail
@@ -57,3 +60,37 @@ def test_refusals_name_the_shape() -> None:
         GemmTiles(block_k=24)
     with pytest.raises(GemmShapeError, match="dtypes"):
         invariant_gemm(x, w.bfloat16(), SMALL)
+
+
+# --- the batch-invariant RMSNorm that goes with it --------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        NormSpec(NormWeight.W, eps=1e-6, round_before_weight=True),
+        NormSpec(NormWeight.ONE_PLUS_W, eps=1e-6),
+        NormSpec(NormWeight.NONE, eps=1e-5),
+    ],
+    ids=["w-round-first", "one-plus-w", "no-weight"],
+)
+def test_rmsnorm_rows_are_bit_identical_alone_and_batched(dtype: torch.dtype, spec: NormSpec) -> None:
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(17, 48, generator=g).to(dtype)
+    weight = None if spec.weight is NormWeight.NONE else torch.randn(48, generator=g).to(dtype)
+    full = invariant_rms_norm(x, spec, weight)
+    for m in ROW_COUNTS:
+        assert torch.equal(invariant_rms_norm(x[:m], spec, weight), full[:m]), f"first {m} rows"
+    assert torch.equal(invariant_rms_norm(x[16:], spec, weight)[0], full[16])
+    expected = reference.rms_norm(x, spec, weight)
+    if dtype == torch.bfloat16:
+        assert torch.equal(full, expected)  # every rounding point of the reference, to the bit
+    else:
+        torch.testing.assert_close(full, expected, rtol=2e-6, atol=2e-6)
+
+
+def test_rmsnorm_refuses_a_weight_of_the_wrong_shape() -> None:
+    spec = NormSpec(NormWeight.W, eps=1e-6)
+    with pytest.raises(NormShapeError, match=r"\(40,\) does not match last dim 48"):
+        invariant_rms_norm(torch.zeros(2, 48), spec, torch.ones(40))
