@@ -62,7 +62,8 @@ def interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-@triton.jit
+# M is never specialised: one compiled kernel serves every row count (and no capture compiles).
+@triton.jit(do_not_specialize=["M"])
 def _invariant_gemm_kernel(
     x_ptr,
     w_ptr,

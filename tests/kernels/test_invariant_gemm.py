@@ -94,3 +94,39 @@ def test_rmsnorm_refuses_a_weight_of_the_wrong_shape() -> None:
     spec = NormSpec(NormWeight.W, eps=1e-6)
     with pytest.raises(NormShapeError, match=r"\(40,\) does not match last dim 48"):
         invariant_rms_norm(torch.zeros(2, 48), spec, torch.ones(40))
+
+
+# --- GPU only: serving-sized shapes, compiled kernels and graph capture ------------------------
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@needs_cuda
+def test_gpu_serving_shapes_are_row_count_invariant() -> None:
+    g = torch.Generator(device="cuda").manual_seed(5)
+    x = torch.randn(256, 2560, device="cuda", generator=g, dtype=torch.bfloat16)
+    w = torch.randn(4096, 2560, device="cuda", generator=g, dtype=torch.bfloat16) / 50
+    full = invariant_linear(x, w)
+    for m in (1, 2, 3, 7, 8, 63, 64, 65, 128, 200):
+        assert torch.equal(invariant_linear(x[:m], w), full[:m]), f"first {m} rows"
+    torch.testing.assert_close(full.float(), F.linear(x, w).float(), rtol=2e-2, atol=2e-2)
+
+
+@needs_cuda
+def test_gpu_graph_holds_one_gemm_node_per_call() -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    x = torch.randn(32, 256, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(512, 256, device="cuda", dtype=torch.bfloat16)
+    eager = invariant_linear(x, w)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = invariant_linear(x, w)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert len(kernels) == 1, [e.name for e in kernels]
