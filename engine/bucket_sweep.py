@@ -160,6 +160,11 @@ def sweep_policy(
     if not isinstance(scheduler, BatchScheduler) or not isinstance(scheduler.runner, PagedModelRunner):
         raise ValueError(f"{model_path}: not a paged model line")
     model, attention = scheduler.runner.model, scheduler.runner.attention
+    if policy != "tuned" and getattr(model, "linear", None) is None:
+        # A line that ignores the policy would measure tuned under every name.
+        raise ValueError(
+            f"{model_path}: its model line does not take a numeric policy (asked for {policy!r})"
+        )
     max_pages = -(-loaded.max_model_len // model.page_size)
     kv_min = 2 * model.kv_bytes_per_page()
     kv_now = engine.num_kv_pages * model.kv_bytes_per_page() if engine.num_kv_pages else 0
