@@ -89,20 +89,12 @@ def _settle() -> None:
     torch.cuda.empty_cache()
 
 
-def _capture_measured(graphs: GraphedDecode) -> list[tuple[CaptureRecord, int]]:
-    """Capture every bucket; per bucket its record and the pool growth its capture caused."""
+def _capture_measured(graphs: GraphedDecode) -> list[CaptureRecord]:
+    """Capture every bucket; each record carries its free-memory drop and its pool growth."""
     _settle()
-    last_reserved = torch.cuda.memory_reserved()
-    out: list[tuple[CaptureRecord, int]] = []
-
-    def on_bucket(record: CaptureRecord) -> None:
-        nonlocal last_reserved
-        reserved = torch.cuda.memory_reserved()
-        out.append((record, reserved - last_reserved))
-        last_reserved = reserved
-
-    graphs.capture(on_bucket=on_bucket)
-    return out
+    records: list[CaptureRecord] = []
+    graphs.capture(on_bucket=records.append)
+    return records
 
 
 def count_graph_nodes(graph: torch.cuda.CUDAGraph) -> int:
@@ -137,7 +129,7 @@ def sweep_policy(
 ) -> PolicySweep:
     """Load `model_path` under `policy` and measure every bucket's graph (see the module doc)."""
     from engine.model_runner import PagedModelRunner
-    from engine.paged_startup import _profile_step
+    from engine.paged_startup import profile_step
     from engine.scheduler import BatchScheduler
     from models.registry import ModelOptions, load_model
 
@@ -173,18 +165,18 @@ def sweep_policy(
     weights = torch.cuda.memory_allocated() - kv_now
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
-    _profile_step(model, attention, engine)
+    profile_step(model, attention, engine)
     activation_peak = torch.cuda.max_memory_allocated() - before
     total = torch.cuda.get_device_properties(model.device).total_memory
 
     trial = GraphedDecode(model, attention, sorted(buckets), max_pages)
-    reserved = [BucketMemory(r.bucket, r.bytes_added, pool) for r, pool in _capture_measured(trial)]
+    reserved = [BucketMemory(r.bucket, r.bytes_added, r.pool_bytes) for r in _capture_measured(trial)]
     del trial
     _settle()
 
     graphs = GraphedDecode(model, attention, sorted(buckets), max_pages)
     measured: list[BucketMeasurement] = []
-    for record, pool in sorted(_capture_measured(graphs), key=lambda rp: rp[0].bucket):
+    for record in sorted(_capture_measured(graphs), key=lambda r: r.bucket):
         graph = graphs.graph_for(record.bucket)
         if graph is None:
             raise RuntimeError(f"bucket {record.bucket} was captured but has no graph")
@@ -192,7 +184,7 @@ def sweep_policy(
             policy=policy,
             bucket=record.bucket,
             device_bytes=record.bytes_added,
-            pool_bytes=pool,
+            pool_bytes=record.pool_bytes,
             nodes=count_graph_nodes(graph),
             replay_ms=replay_ms(graph),
             capture_s=record.seconds,

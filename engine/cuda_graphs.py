@@ -53,7 +53,14 @@ class CaptureRecord:
     bucket: int
     free_before: int
     free_after: int
+    # The torch allocator's reserved bytes around the capture: the shared graph pool's growth.
+    reserved_before: int
+    reserved_after: int
     seconds: float
+
+    @property
+    def pool_bytes(self) -> int:
+        return self.reserved_after - self.reserved_before
 
     @property
     def bytes_added(self) -> int:
@@ -169,6 +176,7 @@ class GraphedDecode:
                 gc.collect()
                 torch.cuda.empty_cache()
                 free_before, _ = torch.cuda.mem_get_info()
+                reserved_before = torch.cuda.memory_reserved()
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=self.pool):
                     self._logits[bucket] = self._forward(bucket)
@@ -177,7 +185,14 @@ class GraphedDecode:
                 self.pool = graph.pool()
             self._graphs[bucket] = graph
             free_after, _ = torch.cuda.mem_get_info()
-            record = CaptureRecord(bucket, free_before, free_after, time.perf_counter() - start)
+            record = CaptureRecord(
+                bucket,
+                free_before,
+                free_after,
+                reserved_before,
+                torch.cuda.memory_reserved(),
+                time.perf_counter() - start,
+            )
             self.records.append(record)
             if on_bucket is not None:
                 on_bucket(record)

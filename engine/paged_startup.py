@@ -22,6 +22,7 @@ from engine.config import EngineConfig
 from engine.contract import SamplingParams
 from engine.cuda_graphs import CaptureRecord, GraphedDecode, decode_buckets
 from engine.forward_batch import PagedCausalLM
+from engine.graph_budget import BucketMemory, graphs_available, require_fit
 from engine.memory_budget import CPU_KV_BYTES, GIB, MemoryBudget
 from engine.model_runner import PagedModelRunner, build_forward_batch
 from engine.runner import BatchRow
@@ -54,7 +55,7 @@ def _profile_pages(config: EngineConfig) -> int:
     return -(-config.max_num_batched_tokens // config.page_size) + 2
 
 
-def _profile_step(model: PagedCausalLM, attention: AttentionBackend, config: EngineConfig) -> None:
+def profile_step(model: PagedCausalLM, attention: AttentionBackend, config: EngineConfig) -> None:
     """The largest eager step: the whole token budget as one prefill, every sampled row through the
     most demanding sampler plan (filters and 20 log-probs)."""
     tokens = config.max_num_batched_tokens
@@ -124,7 +125,7 @@ def start_paged_model(
     model.allocate_kv(_profile_pages(config))
     torch.cuda.reset_peak_memory_stats(device)
     before = torch.cuda.memory_allocated(device)
-    _profile_step(model, attention, config)
+    profile_step(model, attention, config)
     activation_peak = torch.cuda.max_memory_allocated(device) - before
 
     graph_estimate = 0
@@ -132,6 +133,13 @@ def start_paged_model(
         trial = GraphedDecode(model, attention, buckets, max_pages_per_seq)
         _capture(trial, console, "measuring decode graphs")
         graph_estimate = sum(r.bytes_added for r in trial.records)
+        # A configuration whose graphs cannot fit is refused here, naming the largest bucket that
+        # does, never by an out-of-memory error later.
+        require_fit(
+            [BucketMemory(r.bucket, r.bytes_added, r.pool_bytes) for r in trial.records],
+            graphs_available(total, config.gpu_memory_utilization, weights, activation_peak, 2 * per_page),
+            config.numeric_policy,
+        )
         del trial
         gc.collect()
     model.allocate_kv(2)  # drop the profiling pool before sizing the real one
