@@ -16,6 +16,7 @@ from rich.progress import Progress
 from engine.kv import KVGroupSpec
 from engine.paged_startup import start_paged_model
 from engine.scheduler import BatchScheduler
+from kernels.gemm.dispatch import policy_linear
 from models.checkpoint import check_tensors, iter_tensors, stored_tensors
 from models.device_choice import pick_attention, pick_device, pick_dtype
 from models.gemma4.config import SLIDING, Gemma4Config, parse_gemma4_config
@@ -66,7 +67,9 @@ def load_gemma4(spec: str, options: ModelOptions) -> LoadedModel:
         engine.max_model_len or config.max_position_embeddings, config.max_position_embeddings
     )
     weights, prefix = load_weights(path, config, device, dtype)
-    model = Gemma4Model(config, weights, prefix, device, max_model_len)
+    model = Gemma4Model(
+        config, weights, prefix, device, max_model_len, linear=policy_linear(engine.numeric_policy)
+    )
     del weights
     max_pages_per_seq = -(-max_model_len // model.page_size)
     attention = pick_attention(options, device, dtype, max_pages_per_seq)
