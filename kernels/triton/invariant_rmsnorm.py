@@ -4,9 +4,19 @@ A row's sum of squares is one `tl.sum` over a tile whose width depends only on t
 so a row normalised alone or inside any batch takes the same bits. Rounding points are those of
 ``kernels.reference.rms_norm`` (weight `w` or `1 + w`, optionally rounding before the weight),
 through the prep kernel's ``_normalise`` and ``_round_to_storage``. One launch per call; graph-safe.
+
+The same kernel optionally first adds a residual delta (``invariant_add_rms_norm``): the sum is
+rounded to the storage dtype exactly as torch's ``residual + delta`` rounds (fp32 add, one rounding),
+stored, and that stored value is what gets normalised. Its definition is the composition
+``reference.rms_norm(residual + delta, ...)``; nothing else about the norm changes.
+
+``python -m kernels.triton.invariant_rmsnorm`` compiles every variant for sm_90 without a GPU.
 """
 
 from __future__ import annotations
+
+import os
+import sys
 
 import torch
 import triton
@@ -14,7 +24,13 @@ import triton.language as tl
 
 from kernels.reference import NormSpec, NormWeight
 from kernels.triton.invariant_gemm import interpreted
-from kernels.triton.prep_kernel import WEIGHT_NONE, WEIGHT_ONE_PLUS_W, WEIGHT_W, _normalise
+from kernels.triton.prep_kernel import (
+    WEIGHT_NONE,
+    WEIGHT_ONE_PLUS_W,
+    WEIGHT_W,
+    _normalise,
+    _round_to_storage,
+)
 
 _MODES = {NormWeight.NONE: WEIGHT_NONE, NormWeight.W: WEIGHT_W, NormWeight.ONE_PLUS_W: WEIGHT_ONE_PLUS_W}
 _STORAGE = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
@@ -27,21 +43,32 @@ class NormShapeError(ValueError):
 @triton.jit
 def _invariant_rmsnorm_kernel(
     x_ptr,
+    delta_ptr,
     w_ptr,
     y_ptr,
+    sum_ptr,
     H,
     stride_x,
+    stride_delta,
     stride_y,
+    stride_sum,
     eps,
     BLOCK_H: tl.constexpr,
     WEIGHT_MODE: tl.constexpr,
     ROUND_BEFORE_WEIGHT: tl.constexpr,
     STORAGE: tl.constexpr,
+    HAS_DELTA: tl.constexpr,
 ):
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)  # row * stride can pass 2³¹ elements at long prefills
     cols = tl.arange(0, BLOCK_H)[None, :]
     ok = cols < H
     x = tl.load(x_ptr + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
+    if HAS_DELTA:
+        # torch's `residual + delta` in a 16-bit dtype: one fp32 add, one rounding to storage.
+        delta = tl.load(delta_ptr + row * stride_delta + cols, mask=ok, other=0.0).to(tl.float32)
+        x = _round_to_storage(x + delta, STORAGE)
+        # The whole row is loaded above, so sum_ptr may alias x_ptr (an in-place residual update).
+        tl.store(sum_ptr + row * stride_sum + cols, x, mask=ok)
     mean_square = tl.div_rn(tl.sum(x * x, axis=1), H.to(tl.float32))
     inv_rms = tl.div_rn(1.0, tl.sqrt_rn(mean_square + eps))[:, None]
     if WEIGHT_MODE == WEIGHT_NONE:  # noqa: SIM108 (constexpr branch: no weight pointer to load)
@@ -52,8 +79,12 @@ def _invariant_rmsnorm_kernel(
     tl.store(y_ptr + row * stride_y + cols, y, mask=ok)
 
 
-def invariant_rms_norm(x: torch.Tensor, spec: NormSpec, weight: torch.Tensor | None = None) -> torch.Tensor:
-    """RMSNorm of x [..., H] over its last dim in x's dtype; the same bits for a row in any batch."""
+def _num_warps(h: int) -> int:
+    return 4 if h <= 4096 else 8
+
+
+def _check_norm(x: torch.Tensor, spec: NormSpec, weight: torch.Tensor | None) -> int:
+    """Validate x and the weight against the spec; returns the hidden size."""
     if (weight is None) != (spec.weight is NormWeight.NONE):
         raise NormShapeError(
             f"norm weight {spec.weight.value!r} was given weight={None if weight is None else 'tensor'}"
@@ -61,27 +92,188 @@ def invariant_rms_norm(x: torch.Tensor, spec: NormSpec, weight: torch.Tensor | N
     h = x.shape[-1]
     if weight is not None and tuple(weight.shape) != (h,):
         raise NormShapeError(f"norm weight shape {tuple(weight.shape)} does not match last dim {h}")
+    if weight is not None and weight.stride(-1) != 1:
+        raise NormShapeError(f"norm weight stride {weight.stride(-1)}: must be contiguous")
     if x.dtype not in _STORAGE:
         raise NormShapeError(f"dtype {x.dtype}: must be bf16, fp16 or fp32")
     if x.device.type != "cuda" and not interpreted():
         raise NormShapeError(f"device {x.device}: the Triton RMSNorm needs CUDA (or TRITON_INTERPRET=1)")
+    return h
+
+
+def _input_rows(x: torch.Tensor, h: int) -> torch.Tensor:
     rows = x.reshape(-1, h)
-    if rows.stride(-1) != 1:
-        rows = rows.contiguous()
-    y = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
-    if rows.shape[0]:
-        _invariant_rmsnorm_kernel[(rows.shape[0],)](
-            rows,
-            rows if weight is None else weight,
-            y,
-            h,
-            rows.stride(0),
-            y.stride(0),
-            spec.eps,
-            BLOCK_H=triton.next_power_of_2(h),
-            WEIGHT_MODE=_MODES[spec.weight],
-            ROUND_BEFORE_WEIGHT=spec.round_before_weight,
-            STORAGE=_STORAGE[x.dtype],
-            num_warps=4 if h <= 4096 else 8,
+    return rows if rows.stride(-1) == 1 else rows.contiguous()
+
+
+def _output_rows(out: torch.Tensor | None, like: torch.Tensor, name: str) -> torch.Tensor:
+    """``out`` as [rows, H] sharing its storage (so the kernel's writes land in it), or a new buffer."""
+    if out is None:
+        return torch.empty(like.reshape(-1, like.shape[-1]).shape, dtype=like.dtype, device=like.device)
+    if out.shape != like.shape or out.dtype != like.dtype or out.device != like.device:
+        raise NormShapeError(
+            f"{name} is {tuple(out.shape)} {out.dtype} on {out.device}, "
+            f"expected {tuple(like.shape)} {like.dtype} on {like.device}"
         )
-    return y.reshape(x.shape)
+    if out.stride(-1) != 1:
+        raise NormShapeError(f"{name} has last-dim stride {out.stride(-1)}: must be 1")
+    try:
+        return out.view(-1, out.shape[-1])
+    except RuntimeError as exc:  # a reshape would copy, and the kernel would write the copy
+        raise NormShapeError(f"{name} with strides {out.stride()} cannot be viewed as rows") from exc
+
+
+def _launch(
+    rows: torch.Tensor,
+    delta: torch.Tensor | None,
+    weight: torch.Tensor | None,
+    y: torch.Tensor,
+    summed: torch.Tensor | None,
+    spec: NormSpec,
+) -> None:
+    if not rows.shape[0]:
+        return
+    h = rows.shape[1]
+    _invariant_rmsnorm_kernel[(rows.shape[0],)](
+        rows,
+        rows if delta is None else delta,  # unread without HAS_DELTA; any valid pointer serves
+        rows if weight is None else weight,
+        y,
+        y if summed is None else summed,
+        h,
+        rows.stride(0),
+        rows.stride(0) if delta is None else delta.stride(0),
+        y.stride(0),
+        y.stride(0) if summed is None else summed.stride(0),
+        spec.eps,
+        BLOCK_H=triton.next_power_of_2(h),
+        WEIGHT_MODE=_MODES[spec.weight],
+        ROUND_BEFORE_WEIGHT=spec.round_before_weight,
+        STORAGE=_STORAGE[rows.dtype],
+        HAS_DELTA=delta is not None,
+        num_warps=_num_warps(h),
+        enable_fp_fusion=False,  # keep every multiply and add separately rounded, as in the spec
+    )
+
+
+def invariant_rms_norm(
+    x: torch.Tensor, spec: NormSpec, weight: torch.Tensor | None = None, *, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """RMSNorm of x [..., H] over its last dim in x's dtype; the same bits for a row in any batch.
+
+    With ``out`` (x's shape and dtype, last dim contiguous) the result is written there and only
+    there: rows of a larger buffer outside the view are not touched.
+    """
+    h = _check_norm(x, spec, weight)
+    rows = _input_rows(x, h)
+    y = _output_rows(out, x, "out")
+    _launch(rows, None, weight, y, None, spec)
+    return y.reshape(x.shape) if out is None else out
+
+
+def invariant_add_rms_norm(
+    residual: torch.Tensor,
+    delta: torch.Tensor,
+    spec: NormSpec,
+    weight: torch.Tensor | None = None,
+    *,
+    residual_out: torch.Tensor | None = None,
+    normed_out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(residual + delta, rms_norm(residual + delta))`` in one launch, both in the storage dtype.
+
+    Bit for bit ``s = residual + delta; reference.rms_norm(s, spec, weight)`` (up to the fp32 order
+    of the sum of squares, as for ``invariant_rms_norm``). ``residual_out`` may be ``residual``
+    itself, updating the residual stream in place.
+    """
+    h = _check_norm(residual, spec, weight)
+    if delta.shape != residual.shape or delta.dtype != residual.dtype or delta.device != residual.device:
+        raise NormShapeError(
+            f"delta is {tuple(delta.shape)} {delta.dtype} on {delta.device}, residual "
+            f"{tuple(residual.shape)} {residual.dtype} on {residual.device}"
+        )
+    rows = _input_rows(residual, h)
+    delta_rows = _input_rows(delta, h)
+    summed = _output_rows(residual_out, residual, "residual_out")
+    y = _output_rows(normed_out, residual, "normed_out")
+    _launch(rows, delta_rows, weight, y, summed, spec)
+    new_residual = summed.reshape(residual.shape) if residual_out is None else residual_out
+    normed = y.reshape(residual.shape) if normed_out is None else normed_out
+    return new_residual, normed
+
+
+# ------------------------------------------------------------------ ahead-of-time compile (sm_90)
+
+_POINTER_TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32"}
+# Every weight kind the spec allows (round_before_weight needs a weight).
+COMPILE_SPECS: tuple[NormSpec, ...] = (
+    NormSpec(NormWeight.NONE),
+    NormSpec(NormWeight.W),
+    NormSpec(NormWeight.W, round_before_weight=True),
+    NormSpec(NormWeight.ONE_PLUS_W),
+    NormSpec(NormWeight.ONE_PLUS_W, round_before_weight=True),
+)
+# Hidden sizes whose tiles the compile check covers: Qwen3-4B's 2560 (a 4096 tile, 4 warps) and a
+# 5120-class hidden (an 8192 tile, 8 warps), the two launch shapes ``_num_warps`` picks between.
+COMPILE_HIDDEN: tuple[int, ...] = (2560, 5376)
+
+
+def compile_variant(
+    spec: NormSpec, dtype: torch.dtype, hidden: int, *, has_delta: bool, arch: int = 90
+) -> object:
+    """The compiled kernel (cubin included) for one variant on ``sm_{arch}``, without a GPU."""
+    if interpreted():
+        raise RuntimeError("ahead-of-time compilation needs TRITON_INTERPRET unset")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    constexprs = {
+        "BLOCK_H": triton.next_power_of_2(hidden),
+        "WEIGHT_MODE": _MODES[spec.weight].value,
+        "ROUND_BEFORE_WEIGHT": spec.round_before_weight,
+        "STORAGE": _STORAGE[dtype],
+        "HAS_DELTA": has_delta,
+    }
+    names = list(_invariant_rmsnorm_kernel.arg_names)
+    signature = {
+        name: "constexpr"
+        if name in constexprs
+        else _POINTER_TYPES[dtype]
+        if name.endswith("_ptr")
+        else "fp32"
+        if name == "eps"
+        else "i32"  # what the runtime JIT infers for H and row strides below 2³¹
+        for name in names
+    }
+    # Buffers from torch are 16-byte aligned and hidden sizes/row strides multiples of 16 at serving
+    # shapes, which the runtime JIT specialises on too; without it the loads would not vectorise.
+    aligned = [name for name in names if name.endswith("_ptr") or name.startswith("stride_") or name == "H"]
+    source = ASTSource(
+        fn=_invariant_rmsnorm_kernel,
+        signature=signature,
+        constexprs={(names.index(name),): value for name, value in constexprs.items()},
+        attrs={(names.index(name),): [["tt.divisibility", 16]] for name in aligned},
+    )
+    options = {"num_warps": _num_warps(hidden), "enable_fp_fusion": False}
+    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
+
+
+def main() -> int:
+    for has_delta in (False, True):
+        for spec in COMPILE_SPECS:
+            for dtype in _POINTER_TYPES:
+                for hidden in COMPILE_HIDDEN:
+                    kernel = compile_variant(spec, dtype, hidden, has_delta=has_delta)
+                    if not getattr(kernel, "asm", {}).get("cubin"):
+                        raise RuntimeError(f"no cubin for {spec} {dtype} hidden={hidden}")
+            kind = "add_rms_norm" if has_delta else "rms_norm"
+            print(
+                f"compiled {kind} weight={spec.weight.value} round_before_weight={spec.round_before_weight}"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        sys.exit("unset TRITON_INTERPRET: the compile check builds real GPU code")
+    sys.exit(main())
