@@ -158,8 +158,10 @@ def sweep_policy(
             f"{model_path}: its model line does not take a numeric policy (asked for {policy!r})"
         )
     max_pages = -(-loaded.max_model_len // model.page_size)
-    kv_min = 2 * model.kv_bytes_per_page()
-    kv_now = engine.num_kv_pages * model.kv_bytes_per_page() if engine.num_kv_pages else 0
+    per_page = model.kv_group_bytes_per_page()
+    kv_min = 2 * sum(per_page)
+    # What the loaded pools hold, each group at its own count, so `weights` excludes all of it.
+    kv_now = sum(g.spec.num_pages * size for g, size in zip(scheduler.kv.groups, per_page, strict=True))
 
     _settle()
     weights = torch.cuda.memory_allocated() - kv_now

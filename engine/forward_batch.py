@@ -3,6 +3,7 @@ LM implements so the generic runner and the CUDA-graph decoder can drive it."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -52,12 +53,13 @@ class PagedCausalLM(Protocol):
         """[rows, vocab] in float32."""
         ...
 
-    def kv_bytes_per_page(self) -> int:
-        """Bytes one page id costs across every layer of every KV group."""
+    def kv_group_bytes_per_page(self) -> tuple[int, ...]:
+        """Per KV group (in `attention_specs` order), the bytes one page id costs across every
+        layer of that group. Groups are sized separately: a sliding group needs far fewer pages."""
         ...
 
-    def allocate_kv(self, pages: int) -> None:
-        """(Re)allocate every KV group's pool with `pages` pages (page 0 included)."""
+    def allocate_kv(self, pages: Sequence[int]) -> None:
+        """(Re)allocate each KV group's pool, group g with `pages[g]` pages (page 0 included)."""
         ...
 
     def roofline(self) -> RooflineFacts: ...

@@ -6,12 +6,18 @@ graphs are captured once against that small pool to measure what they take, then
 KV pool is sized from utilisation × device memory minus weights, activations and graphs; (4) the
 graphs are captured again against the real pool, and the log compares the graph estimate with
 what they took. On CPU the pool gets a fixed allowance and nothing is captured.
+
+Each KV group gets its own page count (`split_kv_bytes`, `split_kv_pages`): a sliding group never
+holds more than `KVGroupSpec.max_live_pages` pages for one request, so it gets what
+`max_num_seqs` such requests hold at once (plus the padding page), never more than the full
+groups get; the full groups, which hold the whole context, take the rest of the bytes.
 """
 
 from __future__ import annotations
 
 import gc
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +29,7 @@ from engine.contract import SamplingParams
 from engine.cuda_graphs import CaptureRecord, GraphedDecode, decode_buckets
 from engine.forward_batch import PagedCausalLM
 from engine.graph_budget import BucketMemory, graphs_available, require_fit
+from engine.kv.spec import KVGroupSpec
 from engine.memory_budget import CPU_KV_BYTES, GIB, MemoryBudget
 from engine.model_runner import PagedModelRunner, build_forward_batch
 from engine.runner import BatchRow
@@ -35,20 +42,119 @@ log = logging.getLogger("infer.startup")
 
 @dataclass(frozen=True, slots=True)
 class StartupReport:
-    kv_pages: int
+    # Per KV group, in the model's `attention_specs` order; page 0 (padding) included.
+    kv_pages: tuple[int, ...]
     budget: MemoryBudget | None
     graph_estimate: int
     graph_actual: int
     captures: tuple[CaptureRecord, ...]
 
 
-def _configured_pages(config: EngineConfig, per_page: int) -> int | None:
-    """--num-kv-pages, else --kv-cache-memory in pages; None: size from the measured budget."""
+@dataclass(frozen=True, slots=True)
+class KVGroupCost:
+    """What sizing needs of one KV group: the bytes one page id costs across its layers, and, for
+    a sliding group, the most pages it can ever need (padding page included); None: a full group,
+    which needs as many pages as the context it holds."""
+
+    bytes_per_page: int
+    sliding_need: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.bytes_per_page < 1:
+            raise ValueError(f"bytes_per_page must be at least 1, got {self.bytes_per_page}")
+        if self.sliding_need is not None and self.sliding_need < 2:
+            raise ValueError(f"sliding_need must be at least 2 (page 0 is padding), got {self.sliding_need}")
+
+
+def sliding_need(
+    window: int, page_size: int, max_model_len: int, max_num_seqs: int, max_num_batched_tokens: int
+) -> int:
+    """Pages a sliding group needs so that `max_num_seqs` requests can each hold the most pages one
+    request ever holds (the scheduler's own bound, `KVGroupSpec.max_live_pages`), plus page 0."""
+    spec = KVGroupSpec("sliding", 2, page_size, sliding_window=window)
+    return max_num_seqs * spec.max_live_pages(max_model_len, max_num_batched_tokens) + 1
+
+
+def split_kv_pages(full_pages: int, groups: Sequence[KVGroupCost]) -> tuple[int, ...]:
+    """Page counts when the full groups' count is given (`--num-kv-pages`): every full group gets
+    `full_pages`, a sliding group its need capped at `full_pages`. The cap keeps a sliding group
+    from ever being the one that refuses a request: either it holds `max_num_seqs` requests'
+    worth, or as many pages as the full groups, and a request never needs more sliding pages
+    than full ones."""
+    if full_pages < 2:
+        raise ValueError(f"full_pages must be at least 2 (page 0 is padding), got {full_pages}")
+    return tuple(full_pages if g.sliding_need is None else min(g.sliding_need, full_pages) for g in groups)
+
+
+def _bytes_at(full_pages: int, groups: Sequence[KVGroupCost]) -> int:
+    return sum(g.bytes_per_page * n for g, n in zip(groups, split_kv_pages(full_pages, groups), strict=True))
+
+
+def split_kv_bytes(kv_bytes: int, groups: Sequence[KVGroupCost]) -> tuple[int, ...]:
+    """Page counts for `kv_bytes` of KV across all groups: the largest full-group count F whose
+    `split_kv_pages(F)` fits, so the sliding groups take their need (capped at F) and the full
+    groups the rest. At least 2 pages per group, as a one-count pool always had. A model with no
+    sliding group gets `kv_bytes // bytes_per_page`, as before; one with no full group gets
+    exactly its sliding needs (more could never be used)."""
+    if not groups:
+        raise ValueError("a model needs at least one KV group, got none")
+    if kv_bytes < 0:
+        raise ValueError(f"kv_bytes must not be negative, got {kv_bytes}")
+    full_bytes = sum(g.bytes_per_page for g in groups if g.sliding_need is None)
+    # Sliding pages cost bytes too, so F never exceeds what the full groups alone could take; with
+    # no full group, F past the largest sliding need changes nothing.
+    hi = max(2, kv_bytes // full_bytes) if full_bytes else max(g.sliding_need or 2 for g in groups)
+    # The bytes split_kv_pages(F) takes grow with F: binary search for the largest F that fits.
+    lo = 2
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if _bytes_at(mid, groups) <= kv_bytes:
+            lo = mid
+        else:
+            hi = mid - 1
+    return split_kv_pages(lo, groups)
+
+
+def kv_group_costs(model: PagedCausalLM, config: EngineConfig, max_model_len: int) -> tuple[KVGroupCost, ...]:
+    """Each of the model's KV groups, as sizing sees it (sliding: `attention_specs[g].window`)."""
+    per_page = model.kv_group_bytes_per_page()
+    if len(per_page) != len(model.attention_specs):
+        raise ValueError(
+            f"the model reports page bytes for {len(per_page)} KV groups but has "
+            f"{len(model.attention_specs)} attention specs"
+        )
+    return tuple(
+        KVGroupCost(
+            size,
+            None
+            if spec.window is None
+            else sliding_need(
+                spec.window,
+                model.page_size,
+                max_model_len,
+                config.max_num_seqs,
+                config.max_num_batched_tokens,
+            ),
+        )
+        for size, spec in zip(per_page, model.attention_specs, strict=True)
+    )
+
+
+def configured_kv_pages(config: EngineConfig, groups: Sequence[KVGroupCost]) -> tuple[int, ...] | None:
+    """--num-kv-pages (the full groups' count), else --kv-cache-memory (bytes over all groups);
+    None: size from the measured budget."""
     if config.num_kv_pages is not None:
-        return config.num_kv_pages
+        return split_kv_pages(config.num_kv_pages, groups)
     if config.kv_cache_memory is not None:
-        return max(2, config.kv_cache_memory // per_page)
+        return split_kv_bytes(config.kv_cache_memory, groups)
     return None
+
+
+def _describe_groups(pages: Sequence[int], groups: Sequence[KVGroupCost]) -> str:
+    return ", ".join(
+        f"{'sliding' if g.sliding_need is not None else 'full'} group {i}: {n} pages"
+        for i, (n, g) in enumerate(zip(pages, groups, strict=True))
+    )
 
 
 def _profile_pages(config: EngineConfig) -> int:
@@ -110,9 +216,10 @@ def start_paged_model(
 ) -> tuple[PagedModelRunner, StartupReport]:
     console = console or Console(stderr=True)
     device = model.device
-    per_page = model.kv_bytes_per_page()
+    groups = kv_group_costs(model, config, max_model_len)
+    per_page = sum(g.bytes_per_page for g in groups)
     if device.type != "cuda":
-        pages = config.num_kv_pages or max(2, (config.kv_cache_memory or CPU_KV_BYTES) // per_page)
+        pages = configured_kv_pages(config, groups) or split_kv_bytes(CPU_KV_BYTES, groups)
         model.allocate_kv(pages)
         return PagedModelRunner(model, attention), StartupReport(pages, None, 0, 0, ())
 
@@ -122,7 +229,7 @@ def start_paged_model(
     total = torch.cuda.get_device_properties(device).total_memory
     weights = torch.cuda.memory_allocated(device)
 
-    model.allocate_kv(_profile_pages(config))
+    model.allocate_kv([_profile_pages(config)] * len(groups))
     torch.cuda.reset_peak_memory_stats(device)
     before = torch.cuda.memory_allocated(device)
     profile_step(model, attention, config)
@@ -142,18 +249,26 @@ def start_paged_model(
         )
         del trial
         gc.collect()
-    model.allocate_kv(2)  # drop the profiling pool before sizing the real one
+    model.allocate_kv([2] * len(groups))  # drop the profiling pool before sizing the real one
     torch.cuda.empty_cache()
 
     budget = MemoryBudget(total, config.gpu_memory_utilization, weights, activation_peak, graph_estimate)
-    pages = _configured_pages(config, per_page) or budget.pages(per_page)
+    configured = configured_kv_pages(config, groups)
+    if configured is None:
+        budget.pages(per_page)  # refuses, naming every term, when not even 2 pages per group fit
+        configured = split_kv_bytes(budget.kv_bytes, groups)
+    pages = configured
     model.allocate_kv(pages)
     graphs: GraphedDecode | None = None
     if use_graphs:
         graphs = GraphedDecode(model, attention, buckets, max_pages_per_seq)
         _capture(graphs, console, "capturing decode graphs")
     actual = sum(r.bytes_added for r in graphs.records) if graphs else 0
-    message = budget.describe(pages, config.page_size)
+    # The context a request can reach is what the full groups hold (all of them when none is).
+    context = min(
+        (n for n, g in zip(pages, groups, strict=True) if g.sliding_need is None), default=max(pages)
+    )
+    message = budget.describe(context, config.page_size) + f" ({_describe_groups(pages, groups)})"
     if graphs is not None:
         message += f"; graph memory estimate {graph_estimate / GIB:.3f} GiB, actual {actual / GIB:.3f} GiB"
     log.info(message)

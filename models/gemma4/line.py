@@ -1,8 +1,8 @@
 """Loading a Gemma 4 checkpoint into a served model: config, checked weights, two KV groups, scheduler.
 
 The sliding group releases pages as a request's frontier moves past them; the global group keeps
-every page. Both groups get the same page count (one pool size from the memory budget), which
-over-provisions the sliding group: a sizing per group is a later refinement.
+every page. Each group gets its own page count from start-up (engine/paged_startup.py): the sliding
+group what `max_num_seqs` requests can hold inside their windows, the global group the rest.
 """
 
 from __future__ import annotations
@@ -74,14 +74,15 @@ def load_gemma4(spec: str, options: ModelOptions) -> LoadedModel:
     max_pages_per_seq = -(-max_model_len // model.page_size)
     attention = pick_attention(options, device, dtype, max_pages_per_seq)
     runner, report = start_paged_model(model, attention, engine, max_model_len)
+    # report.kv_pages follows model.attention_specs, which follows GROUP_KINDS.
     groups = [
         KVGroupSpec(
             kind,
-            report.kv_pages,
+            pages,
             model.page_size,
             sliding_window=config.sliding_window if kind == SLIDING else None,
         )
-        for kind in GROUP_KINDS
+        for kind, pages in zip(GROUP_KINDS, report.kv_pages, strict=True)
     ]
     scheduler = BatchScheduler(
         runner,

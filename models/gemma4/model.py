@@ -13,7 +13,7 @@ Both pools have the same number of pages (the engine hands out one page count to
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -128,23 +128,26 @@ class Gemma4Model:
 
     # -- KV pools ------------------------------------------------------------------------------
 
-    def kv_layouts(self, pages: int) -> tuple[KVPoolLayout, ...]:
+    def kv_layouts(self, pages: Sequence[int]) -> tuple[KVPoolLayout, ...]:
+        """One layout per group of GROUP_KINDS, group g with `pages[g]` pages."""
         c = self.config
+        if len(pages) != len(GROUP_KINDS):
+            raise ValueError(f"gemma4 has KV groups {GROUP_KINDS}, got page counts {tuple(pages)}")
         return tuple(
             KVPoolLayout(
                 len(c.layers_of(kind)),
-                pages,
+                count,
                 c.geometry(kind).num_kv_heads,
                 c.geometry(kind).head_dim,
                 self.page_size,
             )
-            for kind in GROUP_KINDS
+            for kind, count in zip(GROUP_KINDS, pages, strict=True)
         )
 
-    def kv_bytes_per_page(self) -> int:
-        return sum(layout.bytes(self.dtype) for layout in self.kv_layouts(2)) // 2
+    def kv_group_bytes_per_page(self) -> tuple[int, ...]:
+        return tuple(layout.bytes(self.dtype) // 2 for layout in self.kv_layouts((2,) * len(GROUP_KINDS)))
 
-    def allocate_kv(self, pages: int) -> None:
+    def allocate_kv(self, pages: Sequence[int]) -> None:
         self.kv_pools = [torch.empty(0, device=self.device) for _ in GROUP_KINDS]
         # Zero-filled: a released sliding slot points at the padding page, which the torch backend
         # gathers (masked) — uninitialised NaNs there would survive a zero attention weight.

@@ -60,7 +60,7 @@ def load_qwen3(spec: str, options: ModelOptions) -> LoadedModel:
     scheduler = BatchScheduler(
         runner,
         engine,
-        [KVGroupSpec("full_attention", report.kv_pages, model.page_size)],
+        [KVGroupSpec("full_attention", report.kv_pages[0], model.page_size)],
         config.eos_token_ids,
         max_model_len,
         model_id=f"qwen3:{path.resolve()}",

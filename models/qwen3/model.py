@@ -7,7 +7,7 @@ SwiGLU MLP (fused gate/up) → residual. Final RMSNorm, tied or untied LM head.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -69,12 +69,15 @@ class Qwen3Model:
         c = self.config
         return KVPoolLayout(c.num_layers, pages, c.num_kv_heads, c.head_dim, self.page_size)
 
-    def kv_bytes_per_page(self) -> int:
-        return self.kv_layout(2).bytes(self.embed.dtype) // 2
+    def kv_group_bytes_per_page(self) -> tuple[int, ...]:
+        return (self.kv_layout(2).bytes(self.embed.dtype) // 2,)
 
-    def allocate_kv(self, pages: int) -> None:
+    def allocate_kv(self, pages: Sequence[int]) -> None:
+        if len(pages) != 1:
+            raise ValueError(f"qwen3 has one KV group, got page counts {tuple(pages)}")
+        # Drop the old pool first so the two never coexist on the device.
         self.kv_pool = torch.empty(0, device=self.device)
-        self.kv_pool = self.kv_layout(pages).allocate(self.embed.dtype, self.device)
+        self.kv_pool = self.kv_layout(pages[0]).allocate(self.embed.dtype, self.device)
 
     def roofline(self) -> RooflineFacts:
         c = self.config
