@@ -81,7 +81,9 @@ def serve_command(
         None, "--max-num-batched-tokens", help="Token budget of one engine step."
     ),
     num_kv_pages: int | None = typer.Option(
-        None, "--num-kv-pages", help="KV pages (16 tokens) per full-attention group; sliding groups get what they need (default: measured)."
+        None,
+        "--num-kv-pages",
+        help="KV pages (16 tokens) per full-attention group; sliding groups get what they need (default: measured).",
     ),
     enable_prefix_caching: bool = typer.Option(
         True, "--enable-prefix-caching/--no-enable-prefix-caching", help="Reuse KV of shared prompt prefixes."

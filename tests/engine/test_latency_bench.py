@@ -13,7 +13,12 @@ from engine.model_runner import PagedModelRunner
 from engine.scheduler import BatchScheduler
 from models.registry import ModelOptions, load_model
 
-FACTS = RooflineFacts(weight_bytes=8_000_000_000, matmul_params=4_000_000_000, kv_bytes_per_token=1000, attention_flops_per_pair=10)
+FACTS = RooflineFacts(
+    weight_bytes=8_000_000_000,
+    matmul_params=4_000_000_000,
+    kv_bytes_per_token=1000,
+    attention_flops_per_pair=10,
+)
 CEILINGS = Ceilings(copy_gb_per_s=4000.0, matmul_tflops=800.0)
 
 
@@ -29,7 +34,9 @@ def test_prefill_floor_counts_projections_and_causal_attention() -> None:
 
 
 def test_bench_loops_run_and_leave_the_engine_idle(tiny_qwen3: Path) -> None:
-    engine = EngineConfig(max_num_seqs=4, max_num_batched_tokens=64, enable_prefix_caching=False, num_kv_pages=64)
+    engine = EngineConfig(
+        max_num_seqs=4, max_num_batched_tokens=64, enable_prefix_caching=False, num_kv_pages=64
+    )
     loaded = load_model(str(tiny_qwen3), ModelOptions(engine=engine, device="cpu"))
     scheduler = loaded.scheduler
     assert isinstance(scheduler, BatchScheduler) and isinstance(scheduler.runner, PagedModelRunner)

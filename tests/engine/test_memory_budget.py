@@ -9,7 +9,9 @@ from engine.memory_budget import GIB, MemoryBudget, MemoryBudgetError
 
 
 def test_budget_subtracts_every_measured_term() -> None:
-    budget = MemoryBudget(total=100 * GIB, utilization=0.9, weights=8 * GIB, activation_peak=2 * GIB, graphs=GIB)
+    budget = MemoryBudget(
+        total=100 * GIB, utilization=0.9, weights=8 * GIB, activation_peak=2 * GIB, graphs=GIB
+    )
     assert budget.kv_bytes == 79 * GIB
     assert budget.pages(GIB // 2) == 158
     assert "158 pages (2528 tokens)" in budget.describe(158, 16)

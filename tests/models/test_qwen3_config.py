@@ -50,7 +50,10 @@ def test_reads_transformers5_rope_parameters_and_generation_eos(tmp_path: Path) 
     ("changes", "field"),
     [
         ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling"),
-        ({"rope_theta": ..., "rope_parameters": {"rope_type": "linear", "rope_theta": 1e6}}, "rope_parameters.rope_type"),
+        (
+            {"rope_theta": ..., "rope_parameters": {"rope_type": "linear", "rope_theta": 1e6}},
+            "rope_parameters.rope_type",
+        ),
         ({"use_sliding_window": True}, "use_sliding_window"),
         ({"attention_bias": True}, "attention_bias"),
         ({"hidden_act": "gelu"}, "hidden_act"),
@@ -61,7 +64,9 @@ def test_reads_transformers5_rope_parameters_and_generation_eos(tmp_path: Path) 
         ({"vocab_size": ...}, "vocab_size"),
     ],
 )
-def test_refuses_what_it_does_not_run_by_field_name(tmp_path: Path, changes: dict[str, Any], field: str) -> None:
+def test_refuses_what_it_does_not_run_by_field_name(
+    tmp_path: Path, changes: dict[str, Any], field: str
+) -> None:
     with pytest.raises(ConfigError) as info:
         parse_qwen3_config(_write(tmp_path, **changes))
     assert info.value.field == field
