@@ -15,8 +15,11 @@ class EngineConfig:
     max_num_seqs: int = 256
     # Token budget of one step: decode rows first, then prefill chunks.
     max_num_batched_tokens: int = 2048
-    # None: the model's own limit.
+    # None: the model's own limit (its config's max_position_embeddings).
     max_model_len: int | None = None
+    # Lets max_model_len go above the model's own limit (vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN);
+    # without it a model line refuses to start there (models/context_limit.py).
+    allow_long_max_model_len: bool = False
     # None: sized by the model line (measured memory on GPU, a default on CPU).
     num_kv_pages: int | None = None
     enable_prefix_caching: bool = True

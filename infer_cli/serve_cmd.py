@@ -21,6 +21,7 @@ from infer_cli.http.body import DEFAULT_MAX_BODY_BYTES
 from infer_cli.http.server import ServerStartError, serve
 from models.checkpoint import WeightsError
 from models.config_fields import ConfigError
+from models.context_limit import OPT_IN_ENV
 from models.registry import ModelLoadError, ModelOptions, load_model
 
 
@@ -46,6 +47,7 @@ def _engine_config(
     gpu_memory_utilization: float = 0.9,
     kv_cache_memory: int | None = None,
     numeric_policy: str = "tuned",
+    allow_long_max_model_len: bool = False,
 ) -> EngineConfig:
     defaults = EngineConfig()
     return EngineConfig(
@@ -60,6 +62,7 @@ def _engine_config(
         gpu_memory_utilization=gpu_memory_utilization,
         kv_cache_memory=kv_cache_memory,
         numeric_policy=numeric_policy,
+        allow_long_max_model_len=allow_long_max_model_len,
     )
 
 
@@ -71,7 +74,14 @@ def serve_command(
         None, "--api-key", envvar="INFER_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1/*."
     ),
     max_model_len: int | None = typer.Option(
-        None, "--max-model-len", help="Context length (default: the model's)."
+        None, "--max-model-len", help="Context length (default: the model's max_position_embeddings)."
+    ),
+    allow_long_max_model_len: bool = typer.Option(
+        False,
+        "--allow-long-max-model-len",
+        envvar=OPT_IN_ENV,
+        help="Allow --max-model-len above the model's max_position_embeddings (vLLM's "
+        f"VLLM_ALLOW_LONG_MAX_MODEL_LEN; env {OPT_IN_ENV}=1). Outputs past it may degrade.",
     ),
     served_model_name: str | None = typer.Option(
         None, "--served-model-name", help="Model name clients send and see (default: the model's)."
@@ -127,6 +137,7 @@ def serve_command(
             gpu_memory_utilization,
             kv_cache_memory,
             numeric_policy,
+            allow_long_max_model_len,
         )
         options = ModelOptions(
             engine=engine,

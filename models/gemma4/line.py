@@ -18,6 +18,7 @@ from engine.paged_startup import start_paged_model
 from engine.scheduler import BatchScheduler
 from kernels.gemm.dispatch import policy_linear
 from models.checkpoint import check_tensors, iter_tensors, stored_tensors
+from models.context_limit import resolve_max_model_len
 from models.device_choice import pick_attention, pick_device, pick_dtype
 from models.gemma4.config import SLIDING, Gemma4Config, parse_gemma4_config
 from models.gemma4.model import GROUP_KINDS, Gemma4Model
@@ -63,8 +64,11 @@ def load_gemma4(spec: str, options: ModelOptions) -> LoadedModel:
     dtype = pick_dtype(options, device)
     tokenizer = HFTokenizer(path)
     engine = options.engine
-    max_model_len = min(
-        engine.max_model_len or config.max_position_embeddings, config.max_position_embeddings
+    max_model_len = resolve_max_model_len(
+        engine.max_model_len,
+        config.max_position_embeddings,
+        "max_position_embeddings (text config)",
+        engine.allow_long_max_model_len,
     )
     weights, prefix = load_weights(path, config, device, dtype)
     model = Gemma4Model(

@@ -12,6 +12,7 @@ from engine.paged_startup import start_paged_model
 from engine.scheduler import BatchScheduler
 from kernels.gemm.dispatch import policy_linear
 from models.checkpoint import check_tensors, iter_tensors, stored_tensors
+from models.context_limit import resolve_max_model_len
 from models.device_choice import pick_attention, pick_device, pick_dtype
 from models.hf_tokenizer import HFTokenizer
 from models.qwen3.config import Qwen3Config, parse_qwen3_config
@@ -42,8 +43,11 @@ def load_qwen3(spec: str, options: ModelOptions) -> LoadedModel:
     dtype = pick_dtype(options, device)
     tokenizer = HFTokenizer(path)
     engine = options.engine
-    max_model_len = min(
-        engine.max_model_len or config.max_position_embeddings, config.max_position_embeddings
+    max_model_len = resolve_max_model_len(
+        engine.max_model_len,
+        config.max_position_embeddings,
+        "max_position_embeddings",
+        engine.allow_long_max_model_len,
     )
     # No reference to the loaded dict outlives the model: the unfused projections it held are freed
     # before the memory budget measures the weights.
