@@ -17,17 +17,34 @@ import torch
 
 from engine.contract import Finished, FinishReason, Rejected, RejectReason, Request, TokenLogprob
 from gates.gemma4.conftest import prompt
+from gates.harness.checkpoint_view import with_text_config
 from gates.harness.compare import assert_parity, assert_streams_agree, logprob_delta
 from gates.harness.hf_reference import hf_logprobs
 from gates.harness.serving import Completion, drive, greedy, load_for_gate, score
 from gates.harness.tolerances import Tolerance
-from models.gemma4.config import Gemma4Config
+from models.gemma4.config import Gemma4Config, parse_gemma4_config
 from models.registry import ModelLoadError
 
 PAGE = 16
 # How far past D the ceiling is raised, and how far the served request reaches across D.
 EXTRA_PAGES = 4
 BEFORE_DEFAULT = 8
+# A real checkpoint's D (262144 for Gemma 4) would make transformers score a quarter-million tokens;
+# the rule does not depend on D's value, so such a checkpoint is viewed with this lower ceiling.
+LARGEST_TESTED_CEILING = 4096
+
+
+@pytest.fixture()
+def ceiling_view(
+    checkpoint_path: Path, gemma4_config: Gemma4Config, tmp_path: Path
+) -> tuple[Path, Gemma4Config]:
+    """The checkpoint, with max_position_embeddings lowered to LARGEST_TESTED_CEILING if above it."""
+    if gemma4_config.max_position_embeddings <= LARGEST_TESTED_CEILING:
+        return checkpoint_path, gemma4_config
+    view = with_text_config(
+        checkpoint_path, tmp_path / "view", max_position_embeddings=LARGEST_TESTED_CEILING
+    )
+    return view, parse_gemma4_config(view)
 
 
 def _raised(config: Gemma4Config) -> int:
@@ -48,8 +65,9 @@ def _greedy_pick(row: torch.Tensor) -> TokenLogprob:
 
 
 def test_raised_ceiling_serves_past_default(
-    checkpoint_path: Path, gemma4_config: Gemma4Config, hf: Any, hf_fp32: Any, tol: Tolerance
+    ceiling_view: tuple[Path, Gemma4Config], hf: Any, hf_fp32: Any, tol: Tolerance
 ) -> None:
+    checkpoint_path, gemma4_config = ceiling_view
     default = gemma4_config.max_position_embeddings
     raised = _raised(gemma4_config)
     served = load_for_gate(
@@ -104,8 +122,9 @@ def test_raised_ceiling_serves_past_default(
 
 
 def test_raised_ceiling_refuses_without_prerequisites(
-    checkpoint_path: Path, gemma4_config: Gemma4Config, monkeypatch: pytest.MonkeyPatch
+    ceiling_view: tuple[Path, Gemma4Config], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    checkpoint_path, gemma4_config = ceiling_view
     default = gemma4_config.max_position_embeddings
     raised = _raised(gemma4_config)
 
