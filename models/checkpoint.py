@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from rich.progress import Progress
 from safetensors import safe_open
 
 _DTYPES: dict[str, torch.dtype] = {
@@ -125,3 +126,24 @@ def iter_tensors(
         with safe_open(str(file), framework="pt", device="cpu") as handle:
             for name in file_names:
                 yield name, handle.get_tensor(name).to(device=device, dtype=dtype)
+
+
+def load_checked(
+    checkpoint: Path,
+    expected: Mapping[str, TensorSpec],
+    stored: Mapping[str, StoredTensor],
+    device: torch.device,
+    dtype: torch.dtype,
+    ignore: Callable[[str], bool] = lambda _name: False,
+    quiet: bool = False,
+) -> dict[str, torch.Tensor]:
+    """Check every tensor (naming all faults at once), then load the expected ones onto `device` in
+    `dtype` with a progress bar. Tensors `ignore` accepts stay on disk."""
+    check_tensors(checkpoint, expected, stored, ignore=ignore)
+    weights: dict[str, torch.Tensor] = {}
+    with Progress(disable=quiet, transient=True) as progress:
+        task = progress.add_task(f"loading {checkpoint.name}", total=len(expected))
+        for name, tensor in iter_tensors(stored, list(expected), device, dtype):
+            weights[name] = tensor
+            progress.advance(task)
+    return weights

@@ -11,13 +11,12 @@ import logging
 from pathlib import Path
 
 import torch
-from rich.progress import Progress
 
 from engine.kv import KVGroupSpec
 from engine.paged_startup import start_paged_model
 from engine.scheduler import BatchScheduler
 from kernels.gemm.dispatch import policy_linear
-from models.checkpoint import check_tensors, iter_tensors, stored_tensors
+from models.checkpoint import load_checked, stored_tensors
 from models.context_limit import resolve_max_model_len
 from models.device_choice import pick_attention, pick_device, pick_dtype
 from models.gemma4.config import SLIDING, Gemma4Config, parse_gemma4_config
@@ -36,14 +35,8 @@ def load_weights(
     stored = stored_tensors(path)
     prefix = text_prefix(stored)
     expected = expected_tensors(config, prefix)
-    check_tensors(path, expected, stored, ignore=skipped_tensor)
+    weights = load_checked(path, expected, stored, device, dtype, ignore=skipped_tensor, quiet=quiet)
     skipped = sum(1 for name in stored if name not in expected)
-    weights: dict[str, torch.Tensor] = {}
-    with Progress(disable=quiet, transient=True) as progress:
-        task = progress.add_task(f"loading {path.name}", total=len(expected))
-        for name, tensor in iter_tensors(stored, list(expected), device, dtype):
-            weights[name] = tensor
-            progress.advance(task)
     resident = sum(t.numel() * t.element_size() for t in weights.values())
     log.info(
         "%s: %d text-tower tensors resident (%.1f MiB, %s on %s), %d other tensors skipped",

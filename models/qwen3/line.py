@@ -5,13 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from rich.progress import Progress
 
 from engine.kv import KVGroupSpec
 from engine.paged_startup import start_paged_model
 from engine.scheduler import BatchScheduler
 from kernels.gemm.dispatch import policy_linear
-from models.checkpoint import check_tensors, iter_tensors, stored_tensors
+from models.checkpoint import load_checked, stored_tensors
 from models.context_limit import resolve_max_model_len
 from models.device_choice import pick_attention, pick_device, pick_dtype
 from models.hf_tokenizer import HFTokenizer
@@ -22,18 +21,11 @@ from models.registry import LoadedModel, ModelOptions
 
 
 def load_weights(
-    path: Path, config: Qwen3Config, device: torch.device, dtype: torch.dtype, quiet: bool = False
+    path: Path, config: Qwen3Config, device: torch.device, dtype: torch.dtype
 ) -> dict[str, torch.Tensor]:
-    expected = expected_tensors(config)
-    stored = stored_tensors(path)
-    check_tensors(path, expected, stored, ignore=ignored_tensor)
-    weights: dict[str, torch.Tensor] = {}
-    with Progress(disable=quiet, transient=True) as progress:
-        task = progress.add_task(f"loading {path.name}", total=len(expected))
-        for name, tensor in iter_tensors(stored, list(expected), device, dtype):
-            weights[name] = tensor
-            progress.advance(task)
-    return weights
+    return load_checked(
+        path, expected_tensors(config), stored_tensors(path), device, dtype, ignore=ignored_tensor
+    )
 
 
 def load_qwen3(spec: str, options: ModelOptions) -> LoadedModel:
