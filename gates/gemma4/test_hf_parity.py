@@ -8,7 +8,7 @@ import torch
 
 from engine.contract import Request
 from gates.gemma4.conftest import prompt, prompt_lengths
-from gates.harness.compare import assert_parity, first_divergence, logprob_delta
+from gates.harness.compare import assert_full_forward_parity, first_divergence
 from gates.harness.hf_reference import hf_greedy, hf_logprobs
 from gates.harness.serving import drive, greedy, paged_runner, score
 from gates.harness.tolerances import Tolerance
@@ -73,13 +73,8 @@ def test_full_forward_matches_hf(
     served: LoadedModel, hf: Any, hf_fp32: Any, gemma4_config: Gemma4Config, tol: Tolerance
 ) -> None:
     tokens = prompt(gemma4_config, max(prompt_lengths(gemma4_config)), seed=1)
-    reference = hf_logprobs(hf_fp32, tokens)
-    candidate = logprob_delta(score(served, tokens), reference, tokens)
-    baseline = None if hf is hf_fp32 else logprob_delta(hf_logprobs(hf, tokens), reference, tokens)
-    print("infer:", candidate.describe())
-    if baseline is not None:
-        print("transformers at the serving dtype:", baseline.describe())
-    assert_parity(candidate, baseline, tol)
+    baseline = None if hf is hf_fp32 else hf_logprobs(hf, tokens)
+    assert_full_forward_parity(score(served, tokens), hf_logprobs(hf_fp32, tokens), baseline, tokens, tol)
 
 
 def test_greedy_matches_hf_generate(

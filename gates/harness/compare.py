@@ -76,6 +76,25 @@ def assert_parity(candidate: LogprobDelta, baseline: LogprobDelta | None, tol: T
     assert candidate.top5_membership >= tol.min_top5_membership, f"top-5 membership: {where}"
 
 
+def assert_full_forward_parity(
+    candidate_logprobs: torch.Tensor,
+    reference_logprobs: torch.Tensor,
+    baseline_logprobs: torch.Tensor | None,
+    token_ids: Sequence[int],
+    tol: Tolerance,
+) -> None:
+    """Teacher-forced parity as every model suite gates it: infer's log-probs against the fp32
+    reference, judged against transformers' own error at the serving dtype (None on fp32)."""
+    candidate = logprob_delta(candidate_logprobs, reference_logprobs, token_ids)
+    baseline = (
+        None if baseline_logprobs is None else logprob_delta(baseline_logprobs, reference_logprobs, token_ids)
+    )
+    print("infer:", candidate.describe())
+    if baseline is not None:
+        print("transformers at the serving dtype:", baseline.describe())
+    assert_parity(candidate, baseline, tol)
+
+
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
     for i, (x, y) in enumerate(zip(a, b, strict=False)):
         if x != y:

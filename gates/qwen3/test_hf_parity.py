@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine.contract import Request
-from gates.harness.compare import assert_parity, first_divergence, logprob_delta
+from gates.harness.compare import assert_full_forward_parity, first_divergence
 from gates.harness.hf_reference import hf_greedy, hf_logprobs
 from gates.harness.serving import drive, greedy, random_prompt, score
 from gates.harness.tolerances import Tolerance
@@ -18,13 +18,8 @@ def test_full_forward_matches_hf(
     served: LoadedModel, hf: Any, hf_fp32: Any, qwen3_config: Qwen3Config, tol: Tolerance
 ) -> None:
     tokens = random_prompt(max(prompt_lengths()), seed=1, vocab_size=qwen3_config.vocab_size)
-    reference = hf_logprobs(hf_fp32, tokens)
-    candidate = logprob_delta(score(served, tokens), reference, tokens)
-    baseline = None if hf is hf_fp32 else logprob_delta(hf_logprobs(hf, tokens), reference, tokens)
-    print("infer:", candidate.describe())
-    if baseline is not None:
-        print("transformers at the serving dtype:", baseline.describe())
-    assert_parity(candidate, baseline, tol)
+    baseline = None if hf is hf_fp32 else hf_logprobs(hf, tokens)
+    assert_full_forward_parity(score(served, tokens), hf_logprobs(hf_fp32, tokens), baseline, tokens, tol)
 
 
 def test_greedy_matches_hf_generate(

@@ -5,7 +5,6 @@ served from two pools of different sizes with the greedy tokens transformers gen
 from __future__ import annotations
 
 import json
-import os
 import random
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from engine.paged_startup import (
     split_kv_bytes,
     split_kv_pages,
 )
+from gates.harness.hf_reference import hf_greedy, hf_model
 from gates.harness.serving import batch_scheduler, drive, greedy, load_for_gate, random_prompt
 from models.gemma4.config import GLOBAL, SLIDING
 
@@ -154,24 +154,8 @@ def tiny_gemma4(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _hf_greedy(checkpoint: Path, prompts: list[tuple[int, ...]], new_tokens: int) -> list[list[int]]:
     """What tests/gemma4/test_http_serve.py holds the served tokens to: transformers' greedy."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoModelForCausalLM
-
-    hf = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
-    return [_generate(hf, prompt, new_tokens) for prompt in prompts]
-
-
-def _generate(hf: torch.nn.Module, prompt: tuple[int, ...], new_tokens: int) -> list[int]:
-    with torch.inference_mode():
-        out = hf.generate(  # type: ignore[operator]
-            torch.tensor([prompt]),
-            max_new_tokens=new_tokens,
-            min_new_tokens=new_tokens,
-            do_sample=False,
-            eos_token_id=None,
-            pad_token_id=0,
-        )
-    return [int(t) for t in out[0, len(prompt) :]]
+    hf = hf_model(checkpoint, torch.device("cpu"), torch.float32)
+    return [hf_greedy(hf, prompt, new_tokens) for prompt in prompts]
 
 
 def test_gemma4_serves_past_the_window_from_two_pool_sizes(tiny_gemma4: Path) -> None:

@@ -4,7 +4,6 @@ greedy text transformers generates, for prompts inside and past the sliding wind
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
+from gates.harness.hf_reference import hf_greedy, hf_model
 from gates.harness.serving import random_prompt
 from infer_cli.http.app import ServerSettings, create_app
 from infer_cli.http.server import BackgroundServer
@@ -28,20 +28,7 @@ def gemma4_server(tiny_gemma4: Path) -> Iterator[str]:
 
 
 def _hf_greedy(checkpoint: Path, prompt: list[int], new_tokens: int) -> list[int]:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoModelForCausalLM
-
-    hf = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
-    with torch.inference_mode():
-        out = hf.generate(
-            torch.tensor([prompt]),
-            max_new_tokens=new_tokens,
-            min_new_tokens=new_tokens,
-            do_sample=False,
-            eos_token_id=None,
-            pad_token_id=0,
-        )
-    return [int(t) for t in out[0, len(prompt) :]]
+    return hf_greedy(hf_model(checkpoint, torch.device("cpu"), torch.float32), prompt, new_tokens)
 
 
 def test_served_greedy_matches_transformers_across_the_window(gemma4_server: str, tiny_gemma4: Path) -> None:

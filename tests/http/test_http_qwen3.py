@@ -3,7 +3,6 @@ exactly the greedy tokens transformers generates from the same checkpoint."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
+from gates.harness.hf_reference import hf_greedy, hf_model
 from infer_cli.http.app import ServerSettings, create_app
 from infer_cli.http.server import BackgroundServer
 from models.hf_tokenizer import HFTokenizer
@@ -28,20 +28,7 @@ def qwen3_server(tiny_qwen3: Path) -> Iterator[str]:
 
 
 def _hf_greedy(checkpoint: Path, prompt: list[int]) -> list[int]:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoModelForCausalLM
-
-    hf = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
-    with torch.inference_mode():
-        out = hf.generate(
-            torch.tensor([prompt]),
-            max_new_tokens=NEW_TOKENS,
-            min_new_tokens=NEW_TOKENS,
-            do_sample=False,
-            eos_token_id=None,
-            pad_token_id=0,
-        )
-    return [int(t) for t in out[0, len(prompt) :]]
+    return hf_greedy(hf_model(checkpoint, torch.device("cpu"), torch.float32), prompt, NEW_TOKENS)
 
 
 def test_chat_and_completion_match_transformers_greedy(qwen3_server: str, tiny_qwen3: Path) -> None:
