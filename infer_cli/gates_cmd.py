@@ -8,6 +8,7 @@ tier selected no gate); 1 when a gate failed; 2 when the run stopped before exec
 from __future__ import annotations
 
 import os
+import signal
 from enum import StrEnum
 from pathlib import Path
 
@@ -93,6 +94,9 @@ class _ConsoleObserver:
         self._console.print(
             f"[{style}]{outcome.result:>7}[/{style}] {outcome.gate.id} ({outcome.seconds:.1f}s)"
         )
+        if not outcome.passed and outcome.message:
+            # Said now, not only in the final table: a run stopped part-way still tells why.
+            self._console.print(f"        {outcome.message}", markup=False, highlight=False)
         if self._progress is not None and self._task is not None:
             self._progress.advance(self._task)
 
@@ -180,6 +184,10 @@ def _print_outcome(report: RunReport, console: Console) -> None:
             console.print(outcome.output_tail.strip()[-3000:], markup=False, highlight=False)
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def gates_command(
     manifest: str = typer.Option(
         ..., "--manifest", help="Manifest NAME (manifests/NAME.toml) or PATH to a .toml."
@@ -235,9 +243,13 @@ def gates_command(
         f"[bold]infer gates[/bold] · suite {loaded.suite.name} · {len(loaded.gates)} gate(s) · {loaded.path}"
     )
     observer = _ConsoleObserver(console)
+    # A stopped run (`timeout`, a job killed) unwinds through run_pytest, which kills the running
+    # gate's process group: a gate runs in its own session and would otherwise keep the GPU.
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         report = run_manifest(loaded, options, observer)
     finally:
+        signal.signal(signal.SIGTERM, previous)
         observer.close()
     _print_outcome(report, console)
     _write_reports(report, json_out, junit, console)

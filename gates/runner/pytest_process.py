@@ -2,7 +2,9 @@
 
 Every child runs `python -m pytest` from the suite root with the root as rootdir (so node ids
 are the manifest's), no cache writes, and the runner's plugin (plugin_path/) on PYTHONPATH. Its
-process group is killed on timeout, so a hung gate leaves nothing behind.
+process group is killed on timeout, and when the runner itself is stopped (an exception, Ctrl-C, or
+SIGTERM turned into SystemExit by the CLI), so neither a hung gate nor a stopped run leaves a child
+holding the GPU.
 """
 
 from __future__ import annotations
@@ -86,6 +88,11 @@ def run_pytest(
             os.killpg(process.pid, signal.SIGKILL)
             output, _ = process.communicate()
             returncode = None
+        except BaseException:
+            # The child has its own session: without this it would outlive the runner.
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            raise
         seconds = time.monotonic() - started
         report: Mapping[str, Any] | None = None
         if report_path.is_file():

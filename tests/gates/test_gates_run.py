@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from pathlib import Path
@@ -326,3 +328,36 @@ def test_every_gate_passing_exits_zero_through_the_alias(suite: ThrowawaySuite) 
     assert done.returncode == 0, done.stdout + done.stderr
     assert suite.executed() == ["test_first"]
     assert "demo.each" in done.stdout and "passed" in done.stdout
+
+
+def test_a_stopped_run_kills_the_running_gate_and_says_why_a_gate_failed(suite: ThrowawaySuite) -> None:
+    """SIGTERM to the runner (what `timeout` sends) must not leave the gate's pytest running: it has
+    its own session, so nothing else would stop it. Failures are printed as they happen, so a run
+    stopped later still shows them."""
+    bad = suite.marking_gate("test_a.py", "test_bad", "assert 2 + 2 == 5")
+    pid_file = suite.root / "gate.pid"
+    slow = suite.marking_gate(
+        "test_b.py",
+        "test_slow",
+        f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)",
+    )
+    suite.write_manifest([gate_entry("demo.bad", bad), gate_entry("demo.slow", slow)])
+    env = {key: value for key, value in os.environ.items() if key != "INFER_TEST_CHECKPOINT"}
+    runner = subprocess.Popen(
+        [sys.executable, "-m", "infer_cli.main", "gates", "--manifest", str(suite.manifest)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**env, "COLUMNS": "200"},
+    )
+    deadline = time.monotonic() + 90
+    while not (pid_file.is_file() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert pid_file.is_file(), "the slow gate never started"
+    gate_pid = int(pid_file.read_text())
+    runner.send_signal(signal.SIGTERM)
+    output, _ = runner.communicate(timeout=60)
+    assert runner.returncode != 0
+    assert "assert (2 + 2) == 5" in output, output
+    with pytest.raises(ProcessLookupError):
+        os.kill(gate_pid, 0)
