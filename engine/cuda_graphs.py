@@ -111,10 +111,20 @@ class GraphedDecode:
         self.records: list[CaptureRecord] = []
         # Steps served per bucket (replayed or, with replay=False, run eagerly on its buffers).
         self.steps_per_bucket: dict[int, int] = dict.fromkeys(self.buckets, 0)
+        # Steps whose forward was a replay of the bucket's captured graph (a subset of the above).
+        self.replays_per_bucket: dict[int, int] = dict.fromkeys(self.buckets, 0)
+        # The graph memory start-up set aside in the KV budget for these graphs (its trial capture's
+        # free-memory drop); None when nothing was reserved. `captured_bytes` is what they took.
+        self.reserved_bytes: int | None = None
 
     @property
     def max_bucket(self) -> int:
         return self.buckets[-1]
+
+    @property
+    def captured_bytes(self) -> int:
+        """Device memory the captures took: the sum of every bucket's free-memory drop."""
+        return sum(r.bytes_added for r in self.records)
 
     def accepts(self, rows: Sequence[BatchRow]) -> bool:
         return (
@@ -209,6 +219,7 @@ class GraphedDecode:
         self._load_step(rows, bucket)
         self.steps_per_bucket[bucket] += 1
         if replay:
+            self.replays_per_bucket[bucket] += 1
             self._graphs[bucket].replay()
             return self._logits[bucket][: len(rows)]
         with torch.inference_mode():

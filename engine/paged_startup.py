@@ -262,8 +262,9 @@ def start_paged_model(
     graphs: GraphedDecode | None = None
     if use_graphs:
         graphs = GraphedDecode(model, attention, buckets, max_pages_per_seq)
+        graphs.reserved_bytes = graph_estimate
         _capture(graphs, console, "capturing decode graphs")
-    actual = sum(r.bytes_added for r in graphs.records) if graphs else 0
+    actual = graphs.captured_bytes if graphs else 0
     # The context a request can reach is what the full groups hold (all of them when none is).
     context = min(
         (n for n, g in zip(pages, groups, strict=True) if g.sliding_need is None), default=max(pages)

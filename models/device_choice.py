@@ -6,6 +6,7 @@ import torch
 
 from kernels.attention.base import AttentionBackend
 from kernels.attention.torch_backend import TorchAttention
+from kernels.gemm.names import is_end_to_end_invariant
 from models.registry import ModelLoadError, ModelOptions
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -44,5 +45,11 @@ def pick_attention(
             raise ModelLoadError(
                 f"--attention-backend flashinfer: flashinfer is not installed ({exc})"
             ) from exc
-        return FlashInferAttention(device, dtype, max_pages_per_seq)
+        # The end-to-end invariant policies need a KV split that does not follow the batch.
+        return FlashInferAttention(
+            device,
+            dtype,
+            max_pages_per_seq,
+            batch_invariant=is_end_to_end_invariant(options.engine.numeric_policy),
+        )
     raise ModelLoadError(f"--attention-backend {name!r}: unknown (available: torch, flashinfer)")

@@ -8,6 +8,18 @@ positions before the query, ours includes the query itself.
 CUDA graphs: each (group, bucket) gets its own decode wrapper in FlashInfer's graph mode, whose
 index buffers are allocated once at the bucket's size; planning a padded decode step rewrites
 those buffers in place, so a graph captured over `run` replays against the new step.
+
+`batch_invariant=True` (the `invariant` and `per-token` numeric policies) plans every step with
+`disable_split_kv=True`. Otherwise FlashInfer's planner splits a long KV across CTAs when the batch
+is small and merges the partial softmaxes, and whether and where it splits depends on the batch
+size and every other row's length: a row's reduction order, hence its bits, follows its neighbours.
+Without the split each (request, query tile, KV head) is reduced by one CTA walking the KV in
+order. FlashInfer's other control, `fixed_split_size` (split every request at a fixed number of
+pages, batch-invariant too), is documented as not safe under CUDA graphs, where the CTA count
+would follow the KV lengths of the captured step; one setting for eager and graphed steps also
+keeps a decode row's bits the same on both paths. The price is parallelism at small batches over
+long contexts (docs/numerics.md). Not covered: a decode row that rides in a mixed step goes
+through the prefill kernel, so its bits depend on whether a prefill chunk shared its step.
 """
 
 from __future__ import annotations
@@ -32,10 +44,18 @@ class FlashInferAttention(AttentionBackend):
     name = "flashinfer"
     supports_graphs = True
 
-    def __init__(self, device: torch.device, dtype: torch.dtype, max_pages_per_seq: int) -> None:
+    def __init__(
+        self,
+        device: torch.device,
+        dtype: torch.dtype,
+        max_pages_per_seq: int,
+        *,
+        batch_invariant: bool = False,
+    ) -> None:
         import flashinfer
 
         self._fi = flashinfer
+        self.batch_invariant = batch_invariant
         self.device = device
         self.dtype = dtype
         self.max_pages_per_seq = max_pages_per_seq
@@ -104,6 +124,7 @@ class FlashInferAttention(AttentionBackend):
                 window_left=window_left,
                 q_data_type=self.dtype,
                 kv_data_type=self.dtype,
+                **self.split_kwargs(),
             )
             self._active[group] = wrapper
             return
@@ -119,8 +140,20 @@ class FlashInferAttention(AttentionBackend):
             sm_scale=layer.scale,
             q_data_type=self.dtype,
             kv_data_type=self.dtype,
+            **self.split_kwargs(),
         )
         self._active[group] = wrapper
+
+    def split_kwargs(self) -> dict[str, bool]:
+        """The KV-split arguments every plan passes: none (the planner decides) unless batch-invariant."""
+        return {"disable_split_kv": True} if self.batch_invariant else {}
+
+    def sibling(self) -> FlashInferAttention:
+        # Its own wrappers and its own float workspace: FlashInfer kernels of two concurrent
+        # forwards must never share scratch memory or plan state.
+        return FlashInferAttention(
+            self.device, self.dtype, self.max_pages_per_seq, batch_invariant=self.batch_invariant
+        )
 
     def run(
         self, group: int, layer: AttentionLayerSpec, q: torch.Tensor, pool_layer: torch.Tensor

@@ -1,6 +1,11 @@
 """The reference attention backend: gathers each sequence's pages and attends in fp32.
 
 Runs on CPU and GPU. It is the semantics every fast backend is compared with, not a fast path.
+
+Batch-invariant under every numeric policy: `run` attends one sequence at a time, and every op for
+a sequence (its gather, the two matmuls, the softmax) sees only that sequence's rows, with shapes
+set by its own query and KV lengths. Nothing another request brings to the step changes which
+kernels run on a row or the order they reduce in.
 """
 
 from __future__ import annotations
@@ -42,6 +47,9 @@ class TorchAttention(AttentionBackend):
         if graph_bucket is not None:
             raise NotImplementedError("the torch attention backend cannot be captured in a CUDA graph")
         self._plans[group] = batch
+
+    def sibling(self) -> TorchAttention:
+        return TorchAttention()
 
     def run(
         self, group: int, layer: AttentionLayerSpec, q: torch.Tensor, pool_layer: torch.Tensor

@@ -4,6 +4,22 @@ The package root re-exports only the names (no torch, no Triton), so configurati
 policy name cheaply; `kernels.gemm.dispatch.policy_linear` builds a policy's linear.
 """
 
-from kernels.gemm.names import POLICY_NAMES, NumericPolicy, UnknownPolicyError, parse_policies, parse_policy
+from kernels.gemm.names import (
+    END_TO_END_INVARIANT,
+    POLICY_NAMES,
+    NumericPolicy,
+    UnknownPolicyError,
+    is_end_to_end_invariant,
+    parse_policies,
+    parse_policy,
+)
 
-__all__ = ["POLICY_NAMES", "NumericPolicy", "UnknownPolicyError", "parse_policies", "parse_policy"]
+__all__ = [
+    "END_TO_END_INVARIANT",
+    "POLICY_NAMES",
+    "NumericPolicy",
+    "UnknownPolicyError",
+    "is_end_to_end_invariant",
+    "parse_policies",
+    "parse_policy",
+]

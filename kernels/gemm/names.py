@@ -46,3 +46,15 @@ def parse_policies(text: str) -> tuple[NumericPolicy, ...]:
     if len(set(policies)) != len(policies):
         raise UnknownPolicyError(f"numeric policy list {text!r} names a policy twice")
     return policies
+
+
+# The policies whose whole forward is batch-invariant, not only their GEMMs: the models' RMSNorms go
+# through the batch-invariant norm and attention plans a KV split that ignores the batch. `pin`'s
+# GEMM is row-count independent too, but it keeps `tuned`'s norm and attention (docs/numerics.md).
+END_TO_END_INVARIANT: frozenset[NumericPolicy] = frozenset({NumericPolicy.PER_TOKEN, NumericPolicy.INVARIANT})
+
+
+def is_end_to_end_invariant(policy: NumericPolicy | str) -> bool:
+    """Whether `policy` asks for batch invariance of norms and attention as well as of the GEMMs."""
+    chosen = parse_policy(policy) if isinstance(policy, str) else policy
+    return chosen in END_TO_END_INVARIANT

@@ -16,6 +16,7 @@ from engine.kv import KVGroupSpec
 from engine.paged_startup import start_paged_model
 from engine.scheduler import BatchScheduler
 from kernels.gemm.dispatch import policy_linear
+from kernels.norm_dispatch import policy_norms
 from models.checkpoint import load_checked, stored_tensors
 from models.context_limit import resolve_max_model_len
 from models.device_choice import pick_attention, pick_device, pick_dtype
@@ -65,7 +66,13 @@ def load_gemma4(spec: str, options: ModelOptions) -> LoadedModel:
     )
     weights, prefix = load_weights(path, config, device, dtype)
     model = Gemma4Model(
-        config, weights, prefix, device, max_model_len, linear=policy_linear(engine.numeric_policy)
+        config,
+        weights,
+        prefix,
+        device,
+        max_model_len,
+        linear=policy_linear(engine.numeric_policy),
+        norms=policy_norms(engine.numeric_policy),
     )
     del weights
     max_pages_per_seq = -(-max_model_len // model.page_size)

@@ -7,6 +7,12 @@ paged attention with scale 1.0 (sliding layers see the last W positions, their o
 projection → RMSNorm → residual add; RMSNorm → gelu_tanh(gate)·up → down → RMSNorm → residual add;
 then the layer's scalar. Final RMSNorm, tied LM head, logits soft-capped `c·tanh(x/c)`.
 
+The numeric policy arrives as two injected ops (docs/numerics.md): `linear` for every projection
+and the LM head, `norms` for the four per-layer norms and the final one. The post-attention norm's
+sum feeds the pre-feedforward norm, so that add and norm are one `norms.add_rms_norm` step (on the
+reference norms exactly the add then the norm: `tuned` and `pin` compute what they always did).
+Q, K and V norms live inside attention prep, whose kernel is row-independent under every policy.
+
 Two KV groups, each with its own pool: group 0 holds the sliding layers, group 1 the global ones.
 Both pools have the same number of pages (the engine hands out one page count to the model).
 """
@@ -23,6 +29,7 @@ from engine.forward_batch import ForwardBatch, RooflineFacts
 from kernels import reference
 from kernels.attention.base import AttentionLayerSpec
 from kernels.kv_layout import PAGE_SIZE, KVPoolLayout
+from kernels.norm_dispatch import REFERENCE_NORMS, NormOps
 from kernels.prep_dispatch import run_attention_prep
 from kernels.reference import NormSpec, NormWeight, PrepSpec
 from models.gemma4.config import GLOBAL, SLIDING, Gemma4Config
@@ -60,10 +67,12 @@ class Gemma4Model:
         device: torch.device,
         max_positions: int,
         linear: Linear = F.linear,
+        norms: NormOps = REFERENCE_NORMS,
     ) -> None:
         self.config = config
         self.page_size = PAGE_SIZE
         self.linear = linear
+        self.norms = norms
         self.device = device
         c = config
         self.embed = weights[prefix + "embed_tokens.weight"]
@@ -181,12 +190,13 @@ class Gemma4Model:
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         c = self.config
+        norms = self.norms
         hidden = F.embedding(batch.input_ids, self.embed) * self.embed_scale
         tokens = hidden.shape[0]
         for index, layer in enumerate(self.layers):
             g = c.geometry(layer.kind)
             q_size, kv_size = c.num_heads * g.head_dim, g.num_kv_heads * g.head_dim
-            x = reference.rms_norm(hidden, self.norm, layer.input_norm)
+            x = norms.rms_norm(hidden, self.norm, layer.input_norm)
             projected = self.linear(x, layer.qkv)
             if layer.kind == SLIDING:
                 q, k, v = projected.split([q_size, kv_size, kv_size], dim=-1)
@@ -209,15 +219,19 @@ class Gemma4Model:
             spec = self.attention_specs[layer.group]
             attn = batch.attention.run(layer.group, spec, q_rot, pool_layer)
             attn_out = self.linear(attn.reshape(tokens, q_size), layer.o)
-            hidden = hidden + reference.rms_norm(attn_out, self.norm, layer.post_attention_norm)
-            x = reference.rms_norm(hidden, self.norm, layer.pre_feedforward_norm)
+            hidden, x = norms.add_rms_norm(
+                hidden,
+                norms.rms_norm(attn_out, self.norm, layer.post_attention_norm),
+                self.norm,
+                layer.pre_feedforward_norm,
+            )
             gate, up = self.linear(x, layer.gate_up).chunk(2, dim=-1)
             mlp_out = self.linear(F.gelu(gate, approximate="tanh") * up, layer.down)
-            hidden = hidden + reference.rms_norm(mlp_out, self.norm, layer.post_feedforward_norm)
+            hidden = hidden + norms.rms_norm(mlp_out, self.norm, layer.post_feedforward_norm)
             hidden = hidden * layer.scalar
             if index in self.probe_layers:
                 self.probes[index] = hidden.clone()
-        return reference.rms_norm(hidden.index_select(0, batch.sample_index), self.norm, self.final_norm)
+        return norms.rms_norm(hidden.index_select(0, batch.sample_index), self.norm, self.final_norm)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.linear(hidden, self.embed)

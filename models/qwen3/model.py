@@ -3,6 +3,12 @@
 Per layer: RMSNorm → fused QKV projection → attention prep (per-head Q/K RMSNorm with weight `w`,
 full RoPE, K and V written to the pool) → paged attention → O projection → residual; RMSNorm →
 SwiGLU MLP (fused gate/up) → residual. Final RMSNorm, tied or untied LM head.
+
+The numeric policy arrives as two injected ops (docs/numerics.md): `linear` for every projection
+and the LM head, `norms` for every RMSNorm outside attention prep. Each residual add is fused with
+the norm that reads its sum (`norms.add_rms_norm`); on the reference norms that is exactly the
+add followed by the norm, so `tuned` and `pin` compute what they always did. The per-head Q/K norms
+live inside attention prep, whose kernel is row-independent under every policy.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from engine.forward_batch import ForwardBatch, RooflineFacts
 from kernels import reference
 from kernels.attention.base import AttentionLayerSpec
 from kernels.kv_layout import PAGE_SIZE, KVPoolLayout
+from kernels.norm_dispatch import REFERENCE_NORMS, NormOps
 from kernels.prep_dispatch import run_attention_prep
 from kernels.reference import NormSpec, NormWeight
 from models.qwen3.config import Qwen3Config
@@ -44,10 +51,12 @@ class Qwen3Model:
         device: torch.device,
         max_positions: int,
         linear: Linear = F.linear,
+        norms: NormOps = REFERENCE_NORMS,
     ) -> None:
         self.config = config
         self.page_size = PAGE_SIZE
         self.linear = linear
+        self.norms = norms
         self.device = device
         self.kv_pool = torch.empty(0, device=device)  # [layers, pages, 2, page_size, kv_heads, head_dim]
         self.embed = weights["model.embed_tokens.weight"]
@@ -109,10 +118,11 @@ class Qwen3Model:
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         c = self.config
+        norms = self.norms
         hidden = F.embedding(batch.input_ids, self.embed)
         tokens = hidden.shape[0]
+        x = norms.rms_norm(hidden, self.norm, self.layers[0].input_norm)
         for index, layer in enumerate(self.layers):
-            x = reference.rms_norm(hidden, self.norm, layer.input_norm)
             q, k, v = self.linear(x, layer.qkv).split([c.q_size, c.kv_size, c.kv_size], dim=-1)
             pool_layer = self.kv_pool[index]
             q_rot, _ = run_attention_prep(
@@ -127,11 +137,16 @@ class Qwen3Model:
                 pool_layer,
             )
             attn = batch.attention.run(0, self.attn_spec, q_rot, pool_layer)
-            hidden = hidden + self.linear(attn.reshape(tokens, c.q_size), layer.o)
-            x = reference.rms_norm(hidden, self.norm, layer.post_attention_norm)
+            attn_out = self.linear(attn.reshape(tokens, c.q_size), layer.o)
+            hidden, x = norms.add_rms_norm(hidden, attn_out, self.norm, layer.post_attention_norm)
             gate, up = self.linear(x, layer.gate_up).chunk(2, dim=-1)
-            hidden = hidden + self.linear(F.silu(gate) * up, layer.down)
-        return reference.rms_norm(hidden.index_select(0, batch.sample_index), self.norm, self.final_norm)
+            mlp_out = self.linear(F.silu(gate) * up, layer.down)
+            if index + 1 < len(self.layers):
+                # The MLP's add and the next layer's input norm read the same sum: one step.
+                hidden, x = norms.add_rms_norm(hidden, mlp_out, self.norm, self.layers[index + 1].input_norm)
+            else:
+                hidden = hidden + mlp_out
+        return norms.rms_norm(hidden.index_select(0, batch.sample_index), self.norm, self.final_norm)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.linear(hidden, self.lm_head).float()
