@@ -32,6 +32,9 @@ class EngineConfig:
     kv_cache_memory: int | None = None
     # GEMM numeric policy for every projection and the LM head (kernels.gemm; docs/numerics.md).
     numeric_policy: str = "tuned"
+    # Overlapped prefill: newly admitted requests prefill on a second CUDA stream while decode steps
+    # go on, and join the decode rows at a later step (engine/scheduler.py; docs/engine.md).
+    async_prefill: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "page_size"):

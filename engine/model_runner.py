@@ -3,6 +3,13 @@
 It owns the step's tensors (token ids, positions, each KV group's page table), plans the attention
 backend for every KV group, asks the model for the hidden states of the rows that sample, and
 samples on the model's device. The model owns its weights and KV pools; the runner owns no policy.
+
+Overlapped prefill (`launch_prefill`): the forward runs on a side CUDA stream with its own attention
+backend instance (`AttentionBackend.sibling`: its own plan state and scratch workspace), so it never
+shares a FlashInfer wrapper or workspace with a decode step running on the main stream at the same
+time; a CUDA event marks its end. Tensors it allocates belong to the side stream's pool and are
+only read there, except the logits, which `collect` hands to the main stream (`record_stream`)
+once the event has completed. On CPU there is no second stream: the forward runs at launch.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ import torch
 from engine.contract import SamplingParams
 from engine.cuda_graphs import GraphedDecode
 from engine.forward_batch import ForwardBatch, PagedCausalLM
-from engine.runner import BatchRow, SampledToken, StepBatch
+from engine.runner import BatchRow, PrefillHandle, ReadyPrefill, SampledToken, StepBatch
 from engine.sampling import sample
 from engine.sampling_batch import RowSampling, SamplingBatch, SeedSource
 from kernels.attention.base import AttentionBackend, AttentionLayerSpec, GroupBatch
@@ -69,6 +76,22 @@ def build_forward_batch(
     )
 
 
+def sample_rows(
+    rows: Sequence[BatchRow], logits: torch.Tensor | None, seeds: SeedSource
+) -> list[SampledToken | None]:
+    """Sample the rows with `sample` from `logits` (one row each, in order); None for the others."""
+    results: list[SampledToken | None] = [None] * len(rows)
+    if logits is None:
+        return results
+    params = SamplingBatch.pack([RowSampling.of(r, seeds) for r in rows if r.sample])
+    picked = sample(logits, params.to(logits.device), params.plan)
+    sampled = iter(picked.to_sampled_tokens(params.logprobs_requested))
+    for i, row in enumerate(rows):
+        if row.sample:
+            results[i] = next(sampled)
+    return results
+
+
 class PagedModelRunner:
     """Runs any `PagedCausalLM`: decode-only steps through captured CUDA graphs when it has them,
     everything else eagerly. Implements `engine.runner.ModelRunner`."""
@@ -86,29 +109,61 @@ class PagedModelRunner:
         self.graphs = graphs
         # False: graphed steps run their padded buffers eagerly (the graph gate's comparison).
         self.replay_graphs = True
+        # Overlapped prefill's stream and attention instance, made on its first launch.
+        self._stream: torch.cuda.Stream | None = None
+        self._side_backend: AttentionBackend | None = None
 
     @torch.inference_mode()
     def execute(self, batch: StepBatch) -> list[SampledToken | None]:
         rows = batch.rows
-        results: list[SampledToken | None] = [None] * len(rows)
         if self.graphs is not None and self.graphs.accepts(rows):
-            logits = self.graphs.logits(rows, replay=self.replay_graphs)
+            logits: torch.Tensor | None = self.graphs.logits(rows, replay=self.replay_graphs)
         else:
-            fb = build_forward_batch(
-                rows, self.model.page_size, self.model.attention_specs, self.model.device, self.attention
-            )
-            hidden = self.model.forward(fb)
-            if not any(r.sample for r in rows):
-                return results
-            logits = self.model.logits(hidden)
-        sampling_rows = [r for r in rows if r.sample]
-        params = SamplingBatch.pack([RowSampling.of(r, self.seeds) for r in sampling_rows])
-        picked = sample(logits, params.to(logits.device), params.plan)
-        sampled = iter(picked.to_sampled_tokens(params.logprobs_requested))
-        for i, row in enumerate(rows):
-            if row.sample:
-                results[i] = next(sampled)
-        return results
+            logits = self._eager_logits(rows, self.attention)
+        return sample_rows(rows, logits, self.seeds)
+
+    @torch.inference_mode()
+    def launch_prefill(self, batch: StepBatch) -> PrefillHandle:
+        """Implements `engine.runner.OverlappingRunner`: one eager forward over `batch` on the side
+        stream, beside whatever the main stream runs until the handle is collected."""
+        rows = batch.rows
+        attention = self._side_attention()
+        if self.model.device.type != "cuda":
+            return ReadyPrefill(sample_rows(rows, self._eager_logits(rows, attention), self.seeds))
+        stream = self._side_stream()
+        # Anything the main stream still has queued (nothing, after a step's sampling synced it)
+        # comes first: the prefill may read prefix-cache pages earlier steps wrote.
+        stream.wait_stream(torch.cuda.current_stream(self.model.device))
+        try:
+            with torch.cuda.stream(stream):
+                logits = self._eager_logits(rows, attention)
+                finished = torch.cuda.Event()
+                finished.record(stream)
+        except BaseException:
+            # The contract: nothing this launch started is left running behind an exception.
+            stream.synchronize()
+            raise
+        return _StreamedPrefill(rows, logits, finished, self.seeds)
+
+    def _side_attention(self) -> AttentionBackend:
+        if self._side_backend is None:
+            self._side_backend = self.attention.sibling()
+        return self._side_backend
+
+    def _side_stream(self) -> torch.cuda.Stream:
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device=self.model.device)
+        return self._stream
+
+    def _eager_logits(self, rows: Sequence[BatchRow], attention: AttentionBackend) -> torch.Tensor | None:
+        """One forward over `rows` through `attention`; None when no row samples."""
+        fb = build_forward_batch(
+            rows, self.model.page_size, self.model.attention_specs, self.model.device, attention
+        )
+        hidden = self.model.forward(fb)
+        if not any(r.sample for r in rows):
+            return None
+        return self.model.logits(hidden)
 
     @torch.inference_mode()
     def score(self, token_ids: Sequence[int], page_table: Sequence[int]) -> torch.Tensor:
@@ -130,3 +185,36 @@ class PagedModelRunner:
         )
         fb.sample_index = torch.arange(len(token_ids), device=self.model.device)
         return self.model.logits(self.model.forward(fb))
+
+
+class _StreamedPrefill:
+    """A prefill forward queued on the side stream; `finished` completes after its last kernel."""
+
+    def __init__(
+        self,
+        rows: Sequence[BatchRow],
+        logits: torch.Tensor | None,
+        finished: torch.cuda.Event,
+        seeds: SeedSource,
+    ) -> None:
+        self._seeds = seeds
+        # Kept for sampling at collect: only ids, sampling params and counts are read then.
+        self._rows = tuple(rows)
+        self._logits = logits
+        self._finished = finished
+
+    def done(self) -> bool:
+        return bool(self._finished.query())
+
+    def collect(self) -> list[SampledToken | None]:
+        self._finished.synchronize()
+        logits, self._logits = self._logits, None
+        if logits is not None:
+            consumer = torch.cuda.current_stream(logits.device)
+            # Already satisfied after synchronize; it records the dependency for the stream too.
+            consumer.wait_event(self._finished)
+            # Allocated on the side stream: without this its memory could be handed to a later side
+            # allocation while the sampler (on the main stream) still reads it.
+            logits.record_stream(consumer)
+        with torch.inference_mode():
+            return sample_rows(self._rows, logits, self._seeds)

@@ -2,13 +2,19 @@
 
 The scheduler decides which tokens of which requests run this step and where their KV lives; a
 `ModelRunner` runs the forward over exactly that and samples. It never sees queues or lifecycles.
+
+Overlapped prefill (`EngineConfig.async_prefill`) adds one more verb: `launch_prefill` starts a
+forward over prefill rows that runs beside later `execute` calls and hands back a `PrefillHandle`,
+which the scheduler polls (`done`, never blocking) and collects at a later step. A runner with no
+second stream to run on gets the same verb from `launch_prefill(runner, batch)`: the forward runs
+at once and the handle is already done, so the scheduling around it is the same everywhere.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from engine.contract import SamplingParams, TokenLogprob
 
@@ -55,3 +61,46 @@ class ModelRunner(Protocol):
     def execute(self, batch: StepBatch) -> list[SampledToken | None]:
         """One forward over the batch; a token for each row with `sample`, None for the others."""
         ...
+
+
+class PrefillHandle(Protocol):
+    """A prefill forward launched to run beside the decode steps; collected exactly once."""
+
+    def done(self) -> bool:
+        """Whether every kernel of the forward has finished. Never blocks."""
+        ...
+
+    def collect(self) -> list[SampledToken | None]:
+        """Wait for the forward if it is still running, then sample: a token for each row with
+        `sample`, None for the others (as `ModelRunner.execute` answers)."""
+        ...
+
+
+@dataclass(slots=True)
+class ReadyPrefill:
+    """A prefill whose forward already ran to completion when it was launched."""
+
+    results: list[SampledToken | None]
+
+    def done(self) -> bool:
+        return True
+
+    def collect(self) -> list[SampledToken | None]:
+        return self.results
+
+
+@runtime_checkable
+class OverlappingRunner(ModelRunner, Protocol):
+    def launch_prefill(self, batch: StepBatch) -> PrefillHandle:
+        """Start one forward over `batch` (prefill rows) on the runner's own stream and attention
+        state, and return without waiting for it. The caller keeps every page in the rows' tables
+        allocated to them, and each row's `context` unchanged, until the handle is collected. If
+        this raises, nothing it started is still running."""
+        ...
+
+
+def launch_prefill(runner: ModelRunner, batch: StepBatch) -> PrefillHandle:
+    """`runner.launch_prefill(batch)`, or, for a runner that cannot overlap, the forward run now."""
+    if isinstance(runner, OverlappingRunner):
+        return runner.launch_prefill(batch)
+    return ReadyPrefill(runner.execute(batch))

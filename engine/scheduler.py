@@ -13,6 +13,20 @@ step, so the oldest request always makes progress; a request that could never fi
 rejected (`kv_budget`) before admission. `fail_step` fails exactly the requests that had a row in
 the step that raised. Every fact goes through the `RequestLedger`; the `ModelRunner` only sees
 rows.
+
+Overlapped prefill (`EngineConfig.async_prefill`): the step's own forward carries decode rows only.
+Prefill work (the next chunks of partially prefilled requests, then admissions, under a token
+budget of its own, `max_num_batched_tokens`) goes into one side forward at a time, launched through
+`engine.runner.launch_prefill` just before the decode rows run, so the two overlap on the device.
+It is chunked, not whole-prompt: a prompt longer than the budget takes one side forward per chunk,
+each joined before the next is launched. A side forward launched in step k is joined in a later
+step: as soon as its handle is `done`, or by waiting for it when no decode row could run anyway
+(so the driver never spins). Only the join makes its facts: positions computed, pages indexed in
+the prefix cache, the first token. Until then its requests count as running and hold their pages:
+they get no row, are never preempted (a request that needs their pages waits), their sliding
+windows release nothing, and an abort (or a failed step) retires one at once — no terminal, nothing
+more emitted — but leaves its pages allocated until the join, when the forward can no longer touch
+them. `prefill_overlap` counts what happened, for gates and benchmarks.
 """
 
 from __future__ import annotations
@@ -27,7 +41,7 @@ from engine.config import EngineConfig
 from engine.contract import FinishReason, Load, RejectReason, Request, StepOutputs, TokenLogprob
 from engine.kv import KVGroupSpec, KVManager
 from engine.ledger import RequestLedger
-from engine.runner import BatchRow, ModelRunner, SampledToken, StepBatch
+from engine.runner import BatchRow, ModelRunner, PrefillHandle, SampledToken, StepBatch, launch_prefill
 
 
 class RunnerContractError(RuntimeError):
@@ -54,6 +68,8 @@ class _Seq:
     vetted: bool = False
     # Monotonic admission stamp (re-stamped on re-admission): preemption takes the largest first.
     admit_order: int = 0
+    # A row of the side prefill forward still in flight: its pages may be read or written.
+    in_flight: bool = False
 
     @property
     def request_id(self) -> str:
@@ -66,6 +82,30 @@ class _Seq:
     @property
     def decoding(self) -> bool:
         return self.num_generated > 0 and self.num_computed == len(self.tokens) - 1
+
+
+@dataclass(slots=True)
+class OverlapStats:
+    """What overlapped prefill did, counted since start-up (all zero when it is off)."""
+
+    # Side prefill forwards launched, and joined.
+    launches: int = 0
+    joins: int = 0
+    # Steps whose decode rows ran while a side prefill forward was in flight (not yet joined).
+    overlapped_decode_steps: int = 0
+    # Of those, the steps after whose decode the side forward's kernels were still running: the
+    # device really ran both at once. Always 0 where the launch runs synchronously (CPU, sim).
+    still_running_after_decode: int = 0
+    # Requests retired while in flight, whose pages were freed only at the join.
+    deferred_frees: int = 0
+
+
+@dataclass(slots=True, eq=False)
+class _SidePrefill:
+    handle: PrefillHandle
+    seqs: list[_Seq]
+    rows: tuple[BatchRow, ...]
+    launched_at_step: int
 
 
 class BatchScheduler:
@@ -102,6 +142,10 @@ class BatchScheduler:
         # The requests that have a row in the step being built or run, for `fail_step`.
         self._in_step: list[_Seq] = []
         self.num_preemptions = 0
+        # Overlapped prefill: the side forward in flight, if any.
+        self._side: _SidePrefill | None = None
+        self._step_index = 0
+        self.prefill_overlap = OverlapStats()
 
     @property
     def runner(self) -> ModelRunner:
@@ -126,7 +170,14 @@ class BatchScheduler:
             self._retire(seq)
 
     def has_work(self) -> bool:
-        return bool(self._waiting) or bool(self._running)
+        # A side forward in flight is work even when every request in it was aborted: its pages
+        # are freed only when it is joined.
+        return bool(self._waiting) or bool(self._running) or self._side is not None
+
+    def prefill_in_flight(self) -> tuple[str, ...]:
+        """Ids of the requests whose side prefill forward has not been joined yet (aborted ones
+        included: they still hold their pages)."""
+        return () if self._side is None else tuple(s.request_id for s in self._side.seqs)
 
     def load(self) -> Load:
         groups = self.kv.load()
@@ -140,10 +191,14 @@ class BatchScheduler:
 
     def step(self) -> StepOutputs:
         self._in_step = []
-        rows = self._schedule()
-        if rows:
-            results = self._runner.execute(StepBatch(tuple(rows)))
-            self._apply(rows, results)
+        self._step_index += 1
+        if self._config.async_prefill:
+            self._step_overlapped()
+        else:
+            rows = self._schedule()
+            if rows:
+                results = self._runner.execute(StepBatch(tuple(rows)))
+                self._apply(self._in_step, rows, results)
         self._in_step = []
         return self._ledger.drain()
 
@@ -160,26 +215,37 @@ class BatchScheduler:
     # -- scheduling ----------------------------------------------------------------------------
 
     def _schedule(self) -> list[BatchRow]:
-        budget = self._config.max_num_batched_tokens
         rows: list[BatchRow] = []
         scheduled: set[int] = set()  # ids of _Seq objects with a row this step
-        preempted = False
+        budget, preempted = self._schedule_decodes(rows, scheduled, self._config.max_num_batched_tokens)
+        self._schedule_prefills(rows, scheduled, budget, preempted)
+        return rows
 
-        # 1. Decode rows, oldest first. Iterate by index: preemption shortens the list's tail.
+    def _schedule_decodes(self, rows: list[BatchRow], scheduled: set[int], budget: int) -> tuple[int, bool]:
+        """Decode rows, oldest first. Returns (budget left, whether anything was preempted)."""
+        preempted = False
+        # Iterate by index: preemption shortens the list's tail.
         i = 0
         while i < len(self._running) and budget > 0:
             seq = self._running[i]
             i += 1
-            if not seq.decoding:
+            if not seq.decoding or id(seq) in scheduled:
                 continue
             granted, did_preempt = self._reserve(seq, 1, scheduled, may_preempt_self=True)
             preempted |= did_preempt
             if granted == 0:
-                break  # seq itself was the newest and was preempted: nothing after it remains
+                # Either seq was the newest and preempted itself (nothing after it remains), or
+                # the only pages to take are an in-flight prefill's: it waits for the join.
+                continue
             rows.append(self._row(seq, granted))
             scheduled.add(id(seq))
             budget -= granted
+        return budget, preempted
 
+    def _schedule_prefills(
+        self, rows: list[BatchRow], scheduled: set[int], budget: int, preempted: bool
+    ) -> None:
+        """Next chunks of partial prefills (oldest first), then admissions (FCFS), under `budget`."""
         # 2. Continue partial prefills, oldest first.
         i = 0
         while i < len(self._running) and budget > 0:
@@ -212,7 +278,82 @@ class BatchScheduler:
             rows.append(self._row(seq, granted))
             scheduled.add(id(seq))
             budget -= granted
-        return rows
+
+    # -- overlapped prefill --------------------------------------------------------------------
+
+    def _step_overlapped(self) -> None:
+        # Join a side forward of an earlier step as soon as it is done, or wait for it when no
+        # decode row could run beside it.
+        side = self._side
+        if (
+            side is not None
+            and side.launched_at_step < self._step_index
+            and (side.handle.done() or not self._any_decoding())
+        ):
+            self._join()
+        # Requests of a side forward still in flight get no row and are never preempted.
+        scheduled = {id(s) for s in self._side.seqs} if self._side is not None else set()
+        decode_rows: list[BatchRow] = []
+        # `_row` appends to `_in_step` (which may already hold the joined requests) in row order.
+        first_decode = len(self._in_step)
+        _, preempted = self._schedule_decodes(decode_rows, scheduled, self._config.max_num_batched_tokens)
+        decode_seqs = self._in_step[first_decode:]
+        if self._side is None:
+            prefill_rows: list[BatchRow] = []
+            self._schedule_prefills(prefill_rows, scheduled, self._config.max_num_batched_tokens, preempted)
+            if prefill_rows:
+                self._launch(prefill_rows, self._in_step[first_decode + len(decode_seqs) :])
+        if decode_rows:
+            results = self._runner.execute(StepBatch(tuple(decode_rows)))
+            if self._side is not None:
+                self.prefill_overlap.overlapped_decode_steps += 1
+                if not self._side.handle.done():
+                    self.prefill_overlap.still_running_after_decode += 1
+            self._apply(decode_seqs, decode_rows, results)
+        elif self._side_launched_before():
+            # Nothing ran on the main stream (every decode row waits for pages): wait, don't spin.
+            self._join()
+
+    def _side_launched_before(self) -> bool:
+        """A side forward is in flight and was launched in an earlier step (never joined in its own)."""
+        return self._side is not None and self._side.launched_at_step < self._step_index
+
+    def _any_decoding(self) -> bool:
+        return any(s.decoding and not s.in_flight for s in self._running)
+
+    def _launch(self, rows: list[BatchRow], seqs: list[_Seq]) -> None:
+        # If the launch raises, nothing is left running (the runner's contract): `fail_step` may
+        # free these requests' pages at once, as they were never marked in flight.
+        handle = launch_prefill(self._runner, StepBatch(tuple(rows)))
+        for seq in seqs:
+            seq.in_flight = True
+        self._side = _SidePrefill(handle, list(seqs), tuple(rows), self._step_index)
+        self.prefill_overlap.launches += 1
+
+    def _join(self) -> None:
+        """Collect the side forward (waiting for it if needed) and apply its rows, as a step would."""
+        side = self._side
+        assert side is not None
+        self._side = None
+        live = [(s, r) for s, r in zip(side.seqs, side.rows, strict=True) if s.where is _Where.RUNNING]
+        # From here a failure (in sampling, say) fails these requests through `fail_step`.
+        self._in_step.extend(s for s, _ in live)
+        try:
+            results = side.handle.collect()
+        finally:
+            # collect returns or raises only once the forward is over: its pages are safe to free.
+            for seq in side.seqs:
+                seq.in_flight = False
+                if seq.where is _Where.DONE:
+                    self.kv.free(seq.request_id)
+                    self.prefill_overlap.deferred_frees += 1
+        self.prefill_overlap.joins += 1
+        if len(results) != len(side.rows):
+            raise RunnerContractError(
+                f"runner returned {len(results)} results for {len(side.rows)} prefill rows"
+            )
+        by_seq = {id(s): res for s, res in zip(side.seqs, results, strict=True)}
+        self._apply([s for s, _ in live], [r for _, r in live], [by_seq[id(s)] for s, _ in live])
 
     def _reserve(self, seq: _Seq, want: int, scheduled: set[int], may_preempt_self: bool) -> tuple[int, bool]:
         """Pages for up to `want` tokens of a running request, preempting requests admitted after
@@ -326,11 +467,13 @@ class BatchScheduler:
 
     # -- applying a step's results -------------------------------------------------------------
 
-    def _apply(self, rows: Sequence[BatchRow], results: Sequence[SampledToken | None]) -> None:
+    def _apply(
+        self, seqs: Sequence[_Seq], rows: Sequence[BatchRow], results: Sequence[SampledToken | None]
+    ) -> None:
         if len(results) != len(rows):
             raise RunnerContractError(f"runner returned {len(results)} results for {len(rows)} rows")
         finished = False
-        for seq, row, result in zip(self._in_step, rows, results, strict=True):
+        for seq, row, result in zip(seqs, rows, results, strict=True):
             seq.num_computed = row.end_pos
             self.kv.computed(seq.request_id, seq.tokens, seq.num_computed)
             if not row.sample:
@@ -374,5 +517,7 @@ class BatchScheduler:
 
     def _forget(self, seq: _Seq) -> None:
         self._seqs.pop(seq.request_id, None)
-        self.kv.free(seq.request_id)
         seq.where = _Where.DONE
+        if seq.in_flight:
+            return  # a side forward may still touch its pages: `_join` frees them
+        self.kv.free(seq.request_id)

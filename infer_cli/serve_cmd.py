@@ -48,6 +48,7 @@ def _engine_config(
     kv_cache_memory: int | None = None,
     numeric_policy: str = "tuned",
     allow_long_max_model_len: bool = False,
+    async_prefill: bool = False,
 ) -> EngineConfig:
     defaults = EngineConfig()
     return EngineConfig(
@@ -63,6 +64,7 @@ def _engine_config(
         kv_cache_memory=kv_cache_memory,
         numeric_policy=numeric_policy,
         allow_long_max_model_len=allow_long_max_model_len,
+        async_prefill=async_prefill,
     )
 
 
@@ -99,6 +101,11 @@ def serve_command(
         True, "--enable-prefix-caching/--no-enable-prefix-caching", help="Reuse KV of shared prompt prefixes."
     ),
     enforce_eager: bool = typer.Option(False, "--enforce-eager", help="Decode without CUDA graphs."),
+    async_prefill: bool = typer.Option(
+        False,
+        "--async-prefill",
+        help="Prefill new requests on a second CUDA stream while decode steps continue; they join at a later step.",
+    ),
     gpu_memory_utilization: float = typer.Option(
         0.9,
         "--gpu-memory-utilization",
@@ -138,6 +145,7 @@ def serve_command(
             kv_cache_memory,
             numeric_policy,
             allow_long_max_model_len,
+            async_prefill,
         )
         options = ModelOptions(
             engine=engine,

@@ -73,3 +73,9 @@ class AttentionBackend(ABC):
     ) -> torch.Tensor:
         """q: [tokens, num_heads, head_dim]; pool_layer: [pages, 2, page_size, kv_heads, head_dim].
         Returns [tokens, num_heads, head_dim] in q's dtype."""
+
+    def sibling(self) -> AttentionBackend:
+        """A new backend of the same kind and settings with its own plan state and scratch memory,
+        so a second forward (an overlapped prefill on another stream) can plan and run while this
+        one's step is still running."""
+        raise NotImplementedError(f"attention backend {self.name!r} cannot make a concurrent sibling")
