@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -128,6 +130,41 @@ def iter_tensors(
                 yield name, handle.get_tensor(name).to(device=device, dtype=dtype)
 
 
+@dataclass(slots=True)
+class WeightCache:
+    """Tensors already read, keyed by (checkpoint file and its mtime, tensor name, device, dtype). A process that
+    builds several engines over one checkpoint (a gate comparing two engine settings, a sweep over
+    numeric policies) reads and uploads it once. Models never write their weights, so sharing the
+    tensors between engines is safe; the cache keeps them alive for as long as it lives."""
+
+    tensors: dict[tuple[str, str, str, torch.dtype], torch.Tensor] = field(default_factory=dict)
+    reads: int = 0
+    hits: int = 0
+
+    @staticmethod
+    def key(
+        stored: StoredTensor, device: torch.device, dtype: torch.dtype
+    ) -> tuple[str, str, str, torch.dtype]:
+        # The file's mtime is part of the name: a shard rewritten in place is read again.
+        file = f"{stored.file.resolve()}@{stored.file.stat().st_mtime_ns}"
+        return (file, stored.name, str(device), dtype)
+
+
+_ACTIVE_CACHE: ContextVar[WeightCache | None] = ContextVar("infer_weight_cache", default=None)
+
+
+@contextmanager
+def reusing_weights(cache: WeightCache) -> Iterator[WeightCache]:
+    """Within the block, `load_checked` serves tensors from `cache` (filling it as it reads).
+    Checks still run on every load: a cached tensor is only returned for a name the new load
+    expects and the checkpoint still holds."""
+    token = _ACTIVE_CACHE.set(cache)
+    try:
+        yield cache
+    finally:
+        _ACTIVE_CACHE.reset(token)
+
+
 def load_checked(
     checkpoint: Path,
     expected: Mapping[str, TensorSpec],
@@ -140,10 +177,20 @@ def load_checked(
     """Check every tensor (naming all faults at once), then load the expected ones onto `device` in
     `dtype` with a progress bar. Tensors `ignore` accepts stay on disk."""
     check_tensors(checkpoint, expected, stored, ignore=ignore)
+    cache = _ACTIVE_CACHE.get()
+    names = list(expected)
     weights: dict[str, torch.Tensor] = {}
-    with Progress(disable=quiet, transient=True) as progress:
-        task = progress.add_task(f"loading {checkpoint.name}", total=len(expected))
-        for name, tensor in iter_tensors(stored, list(expected), device, dtype):
+    if cache is not None:
+        key_of = {name: WeightCache.key(stored[name], device, dtype) for name in names}
+        weights = {name: cache.tensors[key_of[name]] for name in names if key_of[name] in cache.tensors}
+        cache.hits += len(weights)
+    missing = [name for name in names if name not in weights]
+    with Progress(disable=quiet or not missing, transient=True) as progress:
+        task = progress.add_task(f"loading {checkpoint.name}", total=len(missing))
+        for name, tensor in iter_tensors(stored, missing, device, dtype):
             weights[name] = tensor
+            if cache is not None:
+                cache.reads += 1
+                cache.tensors[key_of[name]] = tensor
             progress.advance(task)
-    return weights
+    return {name: weights[name] for name in names}

@@ -12,10 +12,16 @@ from engine.config import EngineConfig
 from engine.contract import Admission, Request, SamplingParams, Terminal, TokenLogprob
 from engine.model_runner import PagedModelRunner
 from engine.scheduler import BatchScheduler
+from models.checkpoint import WeightCache, reusing_weights
 from models.registry import LoadedModel, ModelOptions, load_model
 
 GATE_KV_PAGES_GPU = 2048
 GATE_KV_PAGES_CPU = 512
+# On a GPU, gates capture decode graphs up to this many rows unless they ask for more: buckets
+# 1, 2, 4, 8, 16 keep start-up to seconds on a 12B model, and graphs are still what decode runs.
+GATE_MAX_NUM_SEQS_GPU = 16
+# One read of the checkpoint per gate process, however many engines the gate builds over it.
+_WEIGHTS = WeightCache()
 
 
 def gate_device() -> torch.device:
@@ -25,12 +31,15 @@ def gate_device() -> torch.device:
 def load_for_gate(checkpoint: Path, **engine: object) -> LoadedModel:
     """The model as `infer serve` would load it on this machine (bf16 + FlashInfer + CUDA graphs on a
     GPU, fp32 + torch attention on CPU), with engine settings overridden by keyword. The KV pool
-    has a fixed size (gates load several models side by side, so none may take the device)."""
-    engine.setdefault(
-        "num_kv_pages", GATE_KV_PAGES_GPU if gate_device().type == "cuda" else GATE_KV_PAGES_CPU
-    )
+    has a fixed size (gates load several models side by side, so none may take the device), and
+    the weights are shared with every other engine this process built over the checkpoint."""
+    on_gpu = gate_device().type == "cuda"
+    engine.setdefault("num_kv_pages", GATE_KV_PAGES_GPU if on_gpu else GATE_KV_PAGES_CPU)
+    if on_gpu:
+        engine.setdefault("max_num_seqs", GATE_MAX_NUM_SEQS_GPU)
     config = EngineConfig(**engine)  # type: ignore[arg-type]
-    return load_model(str(checkpoint), ModelOptions(engine=config, device=str(gate_device())))
+    with reusing_weights(_WEIGHTS):
+        return load_model(str(checkpoint), ModelOptions(engine=config, device=str(gate_device())))
 
 
 def batch_scheduler(model: LoadedModel) -> BatchScheduler:
