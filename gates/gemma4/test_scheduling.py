@@ -34,13 +34,17 @@ def test_serve_matches_full_forward(
 def test_chunked_prefill_matches_whole(
     checkpoint_path: Path, gemma4_config: Gemma4Config, tol: Tolerance
 ) -> None:
+    """Chunks of 1, a page ± 1 and W ± 1 tokens. The small chunks run over a prompt just past the
+    window (W + 5: one chunk crosses it), the W ± 1 chunks over one several windows long, so no
+    chunk size costs thousands of steps on a real-dimension checkpoint."""
     w = gemma4_config.sliding_window
-    length = max(prompt_lengths(gemma4_config))
-    target = request(gemma4_config, "r", length, seed=21)
-    whole = drive(load_for_gate(checkpoint_path, max_num_batched_tokens=length + 8), [target])["r"]
-    for chunk in sorted({1, 15, 17, w - 1, w + 1}):
-        chunked = drive(load_for_gate(checkpoint_path, max_num_batched_tokens=chunk), [target])["r"]
-        agree(f"chunk {chunk} (W={w})", chunked, whole, tol)
+    short, long = prompt_lengths(gemma4_config)[1], max(prompt_lengths(gemma4_config))
+    for length, chunks in ((short, {1, 15, 17}), (long, {w - 1, w + 1})):
+        target = request(gemma4_config, "r", length, seed=21)
+        whole = drive(load_for_gate(checkpoint_path, max_num_batched_tokens=length + 8), [target])["r"]
+        for chunk in sorted(chunks):
+            chunked = drive(load_for_gate(checkpoint_path, max_num_batched_tokens=chunk), [target])["r"]
+            agree(f"chunk {chunk} over {length} tokens (W={w})", chunked, whole, tol)
 
 
 def test_mixed_step_matches_serial(
