@@ -5,6 +5,8 @@ Decode: B requests with C-token contexts decode together; a step is timed end to
 events. Floor: (weights + the batch's KV) / measured copy bandwidth.
 Prefill: one request of L tokens prefilled in one step. Floor: flops / measured bf16 matmul rate.
 Both ceilings are measured in the same run, never taken from a data sheet.
+One run may cover several numeric policies (`PolicyRun`, one model load each); every result row in
+the JSON carries the policy it ran under.
 """
 
 from __future__ import annotations
@@ -183,16 +185,32 @@ def bench_prefill(
     return PrefillResult(tokens, statistics.median(times), prefill_floor_ms(facts, tokens, ceilings))
 
 
-def results_json(
-    decode: Sequence[DecodeResult], prefill: Sequence[PrefillResult], ceilings: Ceilings, facts: RooflineFacts
-) -> dict[str, object]:
+@dataclass(frozen=True, slots=True)
+class PolicyRun:
+    """Every decode and prefill measurement of one model load under one numeric policy."""
+
+    policy: str
+    decode: tuple[DecodeResult, ...]
+    prefill: tuple[PrefillResult, ...]
+
+
+def results_json(runs: Sequence[PolicyRun], ceilings: Ceilings, facts: RooflineFacts) -> dict[str, object]:
     return {
         "ceilings": asdict(ceilings),
         "roofline_facts": asdict(facts),
+        "numeric_policies": [run.policy for run in runs],
         "decode": [
-            asdict(d) | {"pct_of_floor": d.step_pct_of_floor, "tokens_per_s": d.tokens_per_s} for d in decode
+            {"policy": run.policy}
+            | asdict(d)
+            | {"pct_of_floor": d.step_pct_of_floor, "tokens_per_s": d.tokens_per_s}
+            for run in runs
+            for d in run.decode
         ],
         "prefill": [
-            asdict(p) | {"pct_of_floor": p.pct_of_floor, "tokens_per_s": p.tokens_per_s} for p in prefill
+            {"policy": run.policy}
+            | asdict(p)
+            | {"pct_of_floor": p.pct_of_floor, "tokens_per_s": p.tokens_per_s}
+            for run in runs
+            for p in run.prefill
         ],
     }

@@ -1,14 +1,24 @@
-"""`infer bench latency`: decode step time per batch size and prefill throughput, against floors."""
+"""`infer bench latency`: decode step time per batch size and prefill throughput, against floors,
+under one or more numeric policies (one model load per policy, one row group per policy)."""
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
+
+from kernels.gemm.names import UnknownPolicyError, parse_policies
+
+if TYPE_CHECKING:
+    from engine.config import EngineConfig
+    from engine.forward_batch import RooflineFacts
+    from engine.latency_bench import Ceilings, PolicyRun
 
 
 def _ints(text: str, option: str) -> list[int]:
@@ -32,80 +42,53 @@ def bench_latency_command(
     ),
     enforce_eager: bool = typer.Option(False, "--enforce-eager", help="Decode without CUDA graphs."),
     gpu_memory_utilization: float = typer.Option(0.9, "--gpu-memory-utilization"),
+    numeric_policy: str = typer.Option(
+        "tuned",
+        "--numeric-policy",
+        help="Comma-separated numeric policies (tuned,pin,per-token,invariant), each benchmarked in turn.",
+    ),
     save_result: Path | None = typer.Option(None, "--save-result", help="Write the results as JSON to FILE."),
 ) -> None:
     console = Console()
+    try:
+        policies = [p.value for p in parse_policies(numeric_policy)]
+    except UnknownPolicyError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--numeric-policy") from exc
+    batches = _ints(batch_sizes, "--batch-sizes")
+    prompts = _ints(prefill_lens, "--prefill-lens")
     import torch
 
     if not torch.cuda.is_available():
         console.print("[red]infer bench latency needs a CUDA GPU; none is available on this machine.[/red]")
         raise typer.Exit(2)
     from engine.config import EngineConfig
-    from engine.latency_bench import bench_decode, bench_prefill, measure_ceilings, results_json
-    from engine.model_runner import PagedModelRunner
-    from engine.scheduler import BatchScheduler
-    from models.registry import ModelOptions, load_model
+    from engine.latency_bench import measure_ceilings, results_json
 
-    batches = _ints(batch_sizes, "--batch-sizes")
-    prompts = _ints(prefill_lens, "--prefill-lens")
-    engine = EngineConfig(
-        max_num_seqs=max(batches),
-        max_num_batched_tokens=max(*prompts, max(batches)),
-        enforce_eager=enforce_eager,
-        gpu_memory_utilization=gpu_memory_utilization,
-        enable_prefix_caching=False,
-    )
-    loaded = load_model(str(model), ModelOptions(engine=engine, device="cuda"))
-    scheduler = loaded.scheduler
-    if not isinstance(scheduler, BatchScheduler) or not isinstance(scheduler.runner, PagedModelRunner):
-        raise typer.BadParameter(f"{model}: not a paged model line", param_hint="--model")
-    paged = scheduler.runner.model
-    facts = paged.roofline()
     ceilings = measure_ceilings(torch.device("cuda"))
-    decode, prefill = [], []
-    with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("benchmarking", total=len(batches) + len(prompts))
-        for batch in batches:
-            progress.update(task, description=f"decode batch {batch}")
-            decode.append(bench_decode(scheduler, facts, ceilings, batch, context))
-            progress.advance(task)
-        for tokens in prompts:
-            progress.update(task, description=f"prefill {tokens} tokens")
-            prefill.append(bench_prefill(scheduler, facts, ceilings, tokens))
-            progress.advance(task)
+    runs: list[PolicyRun] = []
+    facts: RooflineFacts | None = None
+    for policy in policies:
+        engine = EngineConfig(
+            max_num_seqs=max(batches),
+            max_num_batched_tokens=max(*prompts, max(batches)),
+            enforce_eager=enforce_eager,
+            gpu_memory_utilization=gpu_memory_utilization,
+            enable_prefix_caching=False,
+            numeric_policy=policy,
+        )
+        run, facts = _bench_policy(model, engine, ceilings, batches, prompts, context, console)
+        runs.append(run)
+        # One model on the device at a time: the next policy's load measures its own budget.
+        gc.collect()
+        torch.cuda.empty_cache()
 
     title = (
         f"{model.name} · {torch.cuda.get_device_name()} · copy {ceilings.copy_gb_per_s:,.0f} GB/s · "
         f"bf16 matmul {ceilings.matmul_tflops:,.0f} TFLOP/s"
     )
-    table = Table(title=f"decode ({context}-token contexts) · {title}")
-    for column in ("batch", "step ms", "graph replay ms", "floor ms", "% of floor", "tok/s"):
-        table.add_column(column, justify="right")
-    for d in decode:
-        replay = "—" if d.replay_ms is None else f"{d.replay_ms:.3f}"
-        table.add_row(
-            str(d.batch),
-            f"{d.step_ms:.3f}",
-            replay,
-            f"{d.floor_ms:.3f}",
-            f"{d.step_pct_of_floor:.1f}",
-            f"{d.tokens_per_s:,.0f}",
-        )
-    console.print(table)
-    table = Table(title="prefill (one request, one step)")
-    for column in ("tokens", "ms", "floor ms", "% of floor", "tok/s"):
-        table.add_column(column, justify="right")
-    for p in prefill:
-        table.add_row(
-            str(p.tokens),
-            f"{p.ms:.2f}",
-            f"{p.floor_ms:.2f}",
-            f"{p.pct_of_floor:.1f}",
-            f"{p.tokens_per_s:,.0f}",
-        )
-    console.print(table)
-    if save_result is not None:
-        payload = results_json(decode, prefill, ceilings, facts) | {
+    _print_tables(console, runs, context, title)
+    if save_result is not None and facts is not None:
+        payload = results_json(runs, ceilings, facts) | {
             "model": str(model),
             "device": torch.cuda.get_device_name(),
             "context": context,
@@ -113,3 +96,78 @@ def bench_latency_command(
         }
         save_result.write_text(json.dumps(payload, indent=2))
         console.print(f"saved {save_result}")
+
+
+def _bench_policy(
+    model: Path,
+    engine: EngineConfig,
+    ceilings: Ceilings,
+    batches: list[int],
+    prompts: list[int],
+    context: int,
+    console: Console,
+) -> tuple[PolicyRun, RooflineFacts]:
+    """Load `model` under `engine.numeric_policy`, run every decode and prefill measurement, and
+    return them with the model's roofline facts; the model is released when this returns."""
+    import torch
+
+    from engine.latency_bench import PolicyRun, bench_decode, bench_prefill
+    from engine.model_runner import PagedModelRunner
+    from engine.scheduler import BatchScheduler
+    from models.registry import ModelOptions, load_model
+
+    policy = engine.numeric_policy
+    loaded = load_model(str(model), ModelOptions(engine=engine, device="cuda"))
+    scheduler = loaded.scheduler
+    if not isinstance(scheduler, BatchScheduler) or not isinstance(scheduler.runner, PagedModelRunner):
+        raise typer.BadParameter(f"{model}: not a paged model line", param_hint="--model")
+    facts = scheduler.runner.model.roofline()
+    decode, prefill = [], []
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task(f"{policy}: benchmarking", total=len(batches) + len(prompts))
+        for batch in batches:
+            progress.update(task, description=f"{policy}: decode batch {batch}")
+            decode.append(bench_decode(scheduler, facts, ceilings, batch, context))
+            progress.advance(task)
+        for tokens in prompts:
+            progress.update(task, description=f"{policy}: prefill {tokens} tokens")
+            prefill.append(bench_prefill(scheduler, facts, ceilings, tokens))
+            progress.advance(task)
+    del scheduler, loaded
+    torch.cuda.synchronize()
+    return PolicyRun(policy, tuple(decode), tuple(prefill)), facts
+
+
+def _print_tables(console: Console, runs: list[PolicyRun], context: int, title: str) -> None:
+    table = Table(title=f"decode ({context}-token contexts) · {title}")
+    for column in ("policy", "batch", "step ms", "graph replay ms", "floor ms", "% of floor", "tok/s"):
+        table.add_column(column, justify="right")
+    for run in runs:
+        for d in run.decode:
+            replay = "—" if d.replay_ms is None else f"{d.replay_ms:.3f}"
+            table.add_row(
+                run.policy,
+                str(d.batch),
+                f"{d.step_ms:.3f}",
+                replay,
+                f"{d.floor_ms:.3f}",
+                f"{d.step_pct_of_floor:.1f}",
+                f"{d.tokens_per_s:,.0f}",
+            )
+        table.add_section()
+    console.print(table)
+    table = Table(title="prefill (one request, one step)")
+    for column in ("policy", "tokens", "ms", "floor ms", "% of floor", "tok/s"):
+        table.add_column(column, justify="right")
+    for run in runs:
+        for p in run.prefill:
+            table.add_row(
+                run.policy,
+                str(p.tokens),
+                f"{p.ms:.2f}",
+                f"{p.floor_ms:.2f}",
+                f"{p.pct_of_floor:.1f}",
+                f"{p.tokens_per_s:,.0f}",
+            )
+        table.add_section()
+    console.print(table)

@@ -47,3 +47,45 @@ def test_bench_loops_run_and_leave_the_engine_idle(tiny_qwen3: Path) -> None:
     assert prefill.tokens == 48 and prefill.ms > 0
     load = scheduler.load()
     assert (load.running, load.waiting, load.kv_pages_used) == (0, 0, 0)
+
+
+def test_results_json_tags_every_row_with_its_policy() -> None:
+    from engine.latency_bench import DecodeResult, PolicyRun, PrefillResult, results_json
+
+    runs = [
+        PolicyRun(
+            policy,
+            tuple(DecodeResult(b, 512, 2.0, 1.5, 1.0) for b in (1, 8)),
+            (PrefillResult(8192, 50.0, 40.0),),
+        )
+        for policy in ("tuned", "invariant")
+    ]
+    payload = results_json(runs, CEILINGS, FACTS)
+    assert payload["numeric_policies"] == ["tuned", "invariant"]
+    decode = payload["decode"]
+    prefill = payload["prefill"]
+    assert isinstance(decode, list) and isinstance(prefill, list)
+    assert [(row["policy"], row["batch"]) for row in decode] == [
+        ("tuned", 1),
+        ("tuned", 8),
+        ("invariant", 1),
+        ("invariant", 8),
+    ]
+    assert [(row["policy"], row["tokens"]) for row in prefill] == [("tuned", 8192), ("invariant", 8192)]
+    assert decode[0]["pct_of_floor"] == pytest.approx(50.0)
+
+
+def test_latency_cli_refuses_an_unknown_policy_by_name_before_anything_loads(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from infer_cli.main import app
+
+    result = CliRunner().invoke(
+        app, ["bench", "latency", "--model", str(tmp_path), "--numeric-policy", "tuned,fastest"]
+    )
+    assert result.exit_code == 2
+    assert "fastest" in result.output
+    duplicate = CliRunner().invoke(
+        app, ["bench", "latency", "--model", str(tmp_path), "--numeric-policy", "invariant,invariant"]
+    )
+    assert duplicate.exit_code == 2 and "twice" in duplicate.output
