@@ -10,6 +10,7 @@ shows up as a wrong token or a `SimKVError`.
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 from test_batch_scheduler import (  # the sibling module: pytest puts tests/engine on sys.path
@@ -30,7 +31,7 @@ from engine.runner import PrefillHandle, SampledToken, StepBatch
 from engine.scheduler import BatchScheduler
 from infer_cli import serve_cmd
 from infer_cli.main import app
-from models.registry import LoadedModel, ModelLoadError, ModelOptions
+from models.registry import LoadedModel, ModelLoadError, ModelOptions, load_model
 from models.sim import EOS_TOKEN_ID, VOCAB_SIZE, SimOptions, SimRunner
 
 
@@ -370,3 +371,35 @@ def test_requests_admitted_together_share_one_side_forward() -> None:
     scheduler.step()
     assert [len(b.rows) for b in runner.launches] == [4]
     assert isinstance(reqs[0], Request)
+
+
+# -- a real paged model on CPU ---------------------------------------------------------------------
+
+
+def test_qwen3_tiny_gives_the_same_greedy_stream_with_async_prefill(tiny_qwen3: Path) -> None:
+    """The PagedModelRunner's launch path (a sibling attention backend; on CPU the forward runs at
+    launch) over the qwen3 line: the sync run's tokens, log-probs within fp32 noise."""
+
+    def run(async_prefill: bool) -> tuple[Outcome, BatchScheduler]:
+        engine = EngineConfig(max_num_batched_tokens=16, num_kv_pages=64, async_prefill=async_prefill)
+        loaded = load_model(str(tiny_qwen3), ModelOptions(engine=engine, device="cpu"))
+        assert isinstance(loaded.scheduler, BatchScheduler)
+        scheduler = loaded.scheduler
+        reqs = requests_for(
+            prompts(4, 5, 40, seed=11), max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=2
+        )
+        outcome = Outcome()
+        for i, r in enumerate(reqs):
+            scheduler.submit(r)
+            for _ in range(i):
+                step(scheduler, outcome)
+        return drive(scheduler, outcome=outcome), scheduler
+
+    sync, _ = run(False)
+    overlapped, scheduler = run(True)
+    assert overlapped.tokens == sync.tokens
+    for rid, lps in sync.logprobs.items():
+        gaps = [abs(a.logprob - b.logprob) for a, b in zip(lps, overlapped.logprobs[rid], strict=True)]
+        assert max(gaps) <= 1e-4, (rid, gaps)
+    assert scheduler.prefill_overlap.overlapped_decode_steps > 0
+    assert scheduler.load().kv_pages_used == 0
