@@ -90,11 +90,13 @@ def test_greedy_matches_hf_generate(
         want = hf_greedy(hf, tokens, new_tokens)
         assert len(got.tokens) == new_tokens, f"prompt {i}: infer produced {len(got.tokens)} tokens"
         part = first_divergence(got.tokens, want)
+        print(f"prompt {i} ({length} tokens): " + ("identical" if part is None else f"parts at token {part}"))
         if part is None:
             continue
         assert tol.tie > 0, f"prompt {i}: infer {got.tokens} vs transformers {want} (fp32 must be identical)"
         ref = hf_logprobs(hf, list(tokens) + got.tokens[: part + 1])[length + part - 1]
         regret = float(ref.max() - ref[got.tokens[part]])
+        print(f"  infer's token there costs the reference {regret:.3g} (tie bound {tol.tie})")
         assert regret <= tol.tie, (
             f"prompt {i}: streams part at token {part} where infer's choice costs the reference {regret:.3g} "
             f"> {tol.tie} (infer {got.tokens}, transformers {want})"

@@ -116,8 +116,16 @@ def assert_streams_agree(
     `tie_tol` of each other — after which nothing more is compared. tie_tol = 0 demands identity."""
     diverge = first_divergence(a_tokens, b_tokens)
     upto = len(a_tokens) if diverge is None else diverge
-    for i in range(upto):
-        gap = abs(a_logprobs[i].logprob - b_logprobs[i].logprob)
+    gaps = [abs(a_logprobs[i].logprob - b_logprobs[i].logprob) for i in range(upto)]
+    # Said before judging, so a passing run on a new checkpoint still records what the bounds cover.
+    worst = max(range(upto), key=gaps.__getitem__, default=None)
+    print(
+        f"{name}: {upto} equal tokens"
+        + ("" if worst is None else f", max |Δ log-prob| {gaps[worst]:.3g} at token {worst}")
+        + ("" if diverge is None else f"; streams part at token {diverge}")
+        + f" (bounds {logprob_tol}, tie {tie_tol})"
+    )
+    for i, gap in enumerate(gaps):
         assert gap <= logprob_tol, f"{name}: token {i}: log-prob differs by {gap:.3g} > {logprob_tol}"
     if diverge is None:
         return
