@@ -20,10 +20,11 @@ def hf_model(checkpoint: Path, device: torch.device, dtype: torch.dtype) -> Any:
 
 @torch.inference_mode()
 def hf_logprobs(model: Any, token_ids: Sequence[int]) -> torch.Tensor:
-    """Float32 log-probs [n, vocab] at every position."""
+    """Float32 log-probs [n, vocab] at every position, on the host: a 12B model's vocabulary makes
+    each such tensor gigabytes, and a gate holds several while the models stay on the device."""
     device = next(model.parameters()).device
     logits = model(torch.tensor([list(token_ids)], device=device)).logits[0]
-    return torch.log_softmax(logits.float(), dim=-1)
+    return torch.log_softmax(logits.float(), dim=-1).cpu()
 
 
 @torch.inference_mode()

@@ -125,8 +125,9 @@ def random_prompt(length: int, seed: int, vocab_size: int, avoid: Iterable[int] 
 
 
 def score(model: LoadedModel, token_ids: Sequence[int]) -> torch.Tensor:
-    """infer's float32 log-probs at every position of `token_ids` ([n, vocab]) from one prefill on a
-    model that has served nothing yet (the pages used are 1..n/16, which nothing else holds)."""
+    """infer's float32 log-probs at every position of `token_ids` ([n, vocab], on the host, as
+    `hf_logprobs` gives them) from one prefill on a model that has served nothing yet (the pages
+    used are 1..n/16, which nothing else holds)."""
     runner = paged_runner(model)
     pages = list(range(1, 1 + -(-len(token_ids) // 16)))
-    return torch.log_softmax(runner.score(token_ids, pages), dim=-1)
+    return torch.log_softmax(runner.score(token_ids, pages), dim=-1).cpu()
