@@ -1,8 +1,11 @@
-"""How many KV pages fit: budget = utilisation × device memory − weights − activation peak − graphs.
+"""How many KV pages fit: budget = utilisation × device memory − weights − activation peak − graphs
+− memory outside torch's allocator.
 
 Every term is measured on the device: the weights as allocated, the activation peak by a profiling
 forward of the largest step, the graphs by capturing them (engine.cuda_graphs records the free
-memory each bucket took). On CPU there is no device to measure and a fixed KV allowance is used.
+memory each bucket took), and what the device uses beyond torch's allocator (the CUDA context,
+loaded kernel modules, library handles) as in-use memory minus torch's reserved memory after the
+profiling step. On CPU there is no device to measure and a fixed KV allowance is used.
 """
 
 from __future__ import annotations
@@ -27,17 +30,27 @@ class MemoryBudget:
     weights: int
     activation_peak: int
     graphs: int
+    # Device memory in use outside torch's caching allocator; the margin promised to everything
+    # else on the device is what utilisation leaves after it too.
+    outside_torch: int = 0
 
     @property
     def kv_bytes(self) -> int:
-        return int(self.total * self.utilization) - self.weights - self.activation_peak - self.graphs
+        return (
+            int(self.total * self.utilization)
+            - self.weights
+            - self.activation_peak
+            - self.graphs
+            - self.outside_torch
+        )
 
     def pages(self, bytes_per_page: int) -> int:
         if self.kv_bytes < 2 * bytes_per_page:
             raise MemoryBudgetError(
                 f"no room for the KV cache: {self.utilization:.2f} × {self.total / GIB:.1f} GiB − weights "
                 f"{self.weights / GIB:.2f} GiB − activations {self.activation_peak / GIB:.2f} GiB − graphs "
-                f"{self.graphs / GIB:.2f} GiB = {self.kv_bytes / GIB:.2f} GiB"
+                f"{self.graphs / GIB:.2f} GiB − outside torch {self.outside_torch / GIB:.2f} GiB = "
+                f"{self.kv_bytes / GIB:.2f} GiB"
             )
         return self.kv_bytes // bytes_per_page
 
@@ -45,5 +58,6 @@ class MemoryBudget:
         return (
             f"KV cache: {pages} pages ({pages * page_size} tokens), {self.kv_bytes / GIB:.2f} GiB; weights "
             f"{self.weights / GIB:.2f} GiB, activation peak {self.activation_peak / GIB:.2f} GiB, graphs took "
-            f"{self.graphs / GIB:.2f} GiB (utilisation {self.utilization:.2f} of {self.total / GIB:.1f} GiB)"
+            f"{self.graphs / GIB:.2f} GiB, outside torch {self.outside_torch / GIB:.2f} GiB "
+            f"(utilisation {self.utilization:.2f} of {self.total / GIB:.1f} GiB)"
         )

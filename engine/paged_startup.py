@@ -1,7 +1,8 @@
 """Bringing a paged model up on its device: profile, measure graphs, size the KV pool, capture.
 
 On CUDA, in order: (1) a small KV pool and a profiling forward of the largest step (the token
-budget in one prefill, `max_num_seqs` rows sampled) measure the activation peak; (2) the decode
+budget in one prefill, `max_num_seqs` rows sampled) measure the activation peak, and the memory
+then in use outside torch's allocator is read; (2) the decode
 graphs are captured once against that small pool to measure what they take, then dropped; (3) the
 KV pool is sized from utilisation × device memory minus weights, activations and graphs; (4) the
 graphs are captured again against the real pool, and the log compares the graph estimate with
@@ -234,6 +235,8 @@ def start_paged_model(
     before = torch.cuda.memory_allocated(device)
     profile_step(model, attention, config)
     activation_peak = torch.cuda.max_memory_allocated(device) - before
+    free, _ = torch.cuda.mem_get_info(device)
+    outside_torch = max(0, total - free - torch.cuda.memory_reserved(device))
 
     graph_estimate = 0
     if use_graphs:
@@ -244,7 +247,9 @@ def start_paged_model(
         # does, never by an out-of-memory error later.
         require_fit(
             [BucketMemory(r.bucket, r.bytes_added, r.pool_bytes) for r in trial.records],
-            graphs_available(total, config.gpu_memory_utilization, weights, activation_peak, 2 * per_page),
+            graphs_available(
+                total, config.gpu_memory_utilization, weights + outside_torch, activation_peak, 2 * per_page
+            ),
             config.numeric_policy,
         )
         del trial
@@ -252,7 +257,9 @@ def start_paged_model(
     model.allocate_kv([2] * len(groups))  # drop the profiling pool before sizing the real one
     torch.cuda.empty_cache()
 
-    budget = MemoryBudget(total, config.gpu_memory_utilization, weights, activation_peak, graph_estimate)
+    budget = MemoryBudget(
+        total, config.gpu_memory_utilization, weights, activation_peak, graph_estimate, outside_torch
+    )
     configured = configured_kv_pages(config, groups)
     if configured is None:
         budget.pages(per_page)  # refuses, naming every term, when not even 2 pages per group fit

@@ -17,6 +17,21 @@ def test_budget_subtracts_every_measured_term() -> None:
     assert "158 pages (2528 tokens)" in budget.describe(158, 16)
 
 
+def test_memory_outside_torch_comes_out_of_the_kv_cache() -> None:
+    """The CUDA context and library memory are not torch's, but the margin utilisation promises
+    the rest of the device is measured against all of it."""
+    budget = MemoryBudget(
+        total=100 * GIB,
+        utilization=0.9,
+        weights=8 * GIB,
+        activation_peak=2 * GIB,
+        graphs=GIB,
+        outside_torch=GIB // 2,
+    )
+    assert budget.kv_bytes == 78 * GIB + GIB // 2
+    assert "outside torch 0.50 GiB" in budget.describe(1, 16)
+
+
 def test_budget_that_cannot_hold_two_pages_names_every_term() -> None:
     budget = MemoryBudget(total=10 * GIB, utilization=0.9, weights=8 * GIB, activation_peak=GIB, graphs=0)
     with pytest.raises(MemoryBudgetError, match=r"weights 8\.00 GiB"):
