@@ -102,6 +102,7 @@ class PagedModelRunner:
         attention: AttentionBackend,
         seeds: SeedSource | None = None,
         graphs: GraphedDecode | None = None,
+        side_attention: AttentionBackend | None = None,
     ) -> None:
         self.model = model
         self.attention = attention
@@ -109,9 +110,11 @@ class PagedModelRunner:
         self.graphs = graphs
         # False: graphed steps run their padded buffers eagerly (the graph gate's comparison).
         self.replay_graphs = True
-        # Overlapped prefill's stream and attention instance, made on its first launch.
+        # Overlapped prefill's stream and attention instance. Start-up passes the instance in when
+        # --async-prefill is on, so its workspace is counted before the KV pool is sized; otherwise
+        # it is made on the first launch.
         self._stream: torch.cuda.Stream | None = None
-        self._side_backend: AttentionBackend | None = None
+        self._side_backend: AttentionBackend | None = side_attention
 
     @torch.inference_mode()
     def execute(self, batch: StepBatch) -> list[SampledToken | None]:

@@ -228,6 +228,9 @@ def start_paged_model(
     use_graphs = not config.enforce_eager and attention.supports_graphs
     buckets = decode_buckets(config.max_num_seqs)
     total = torch.cuda.get_device_properties(device).total_memory
+    # Overlapped prefill plans on its own attention instance (its own workspace): made now so the
+    # "weights" figure below, everything resident before profiling, includes it.
+    side_attention = attention.sibling() if config.async_prefill else None
     weights = torch.cuda.memory_allocated(device)
 
     model.allocate_kv([_profile_pages(config)] * len(groups))
@@ -282,4 +285,4 @@ def start_paged_model(
     log.info(message)
     console.print(message)
     report = StartupReport(pages, budget, graph_estimate, actual, tuple(graphs.records) if graphs else ())
-    return PagedModelRunner(model, attention, graphs=graphs), report
+    return PagedModelRunner(model, attention, graphs=graphs, side_attention=side_attention), report
