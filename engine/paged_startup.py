@@ -1,6 +1,7 @@
 """Bringing a paged model up on its device: profile, measure graphs, size the KV pool, capture.
 
-On CUDA, in order: (1) a small KV pool and a profiling forward of the largest step (the token
+On CUDA, in order: (0) the attention kernels are built (FlashInfer compiles on first use), with a
+progress bar; (1) a small KV pool and a profiling forward of the largest step (the token
 budget in one prefill, `max_num_seqs` rows sampled) measure the activation peak, and the memory
 then in use outside torch's allocator is read; (2) the decode
 graphs are captured once against that small pool to measure what they take, then dropped; (3) the
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -36,7 +38,7 @@ from engine.model_runner import PagedModelRunner, build_forward_batch
 from engine.runner import BatchRow
 from engine.sampling import sample
 from engine.sampling_batch import RowSampling, SamplingBatch, SamplingPlan
-from kernels.attention.base import AttentionBackend
+from kernels.attention.base import AttentionBackend, AttentionLayerSpec
 
 log = logging.getLogger("infer.startup")
 
@@ -208,6 +210,34 @@ def _capture(graphs: GraphedDecode, console: Console, label: str) -> None:
         graphs.capture(on_bucket=advance)
 
 
+def warm_up_attention(
+    attention: AttentionBackend, specs: Sequence[AttentionLayerSpec], page_size: int, console: Console
+) -> None:
+    """Build the attention kernels the model needs before anything is measured, one progress row
+    per kernel: FlashInfer compiles each on first use on this machine (a minute or more), which
+    would otherwise be a silent stall inside the profiling step."""
+    steps = attention.warm_up_steps(specs, page_size)
+    if not steps:
+        return
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as progress:
+        task = progress.add_task(
+            f"building {attention.name} kernels (cached after the first run)", total=len(steps)
+        )
+        for step in steps:
+            progress.update(task, description=f"building {attention.name} {step.description}")
+            started = time.perf_counter()
+            step.run()
+            log.info("%s %s ready in %.1f s", attention.name, step.description, time.perf_counter() - started)
+            progress.advance(task)
+
+
 def start_paged_model(
     model: PagedCausalLM,
     attention: AttentionBackend,
@@ -233,6 +263,7 @@ def start_paged_model(
     side_attention = attention.sibling() if config.async_prefill else None
     weights = torch.cuda.memory_allocated(device)
 
+    warm_up_attention(attention, model.attention_specs, model.page_size, console)
     model.allocate_kv([_profile_pages(config)] * len(groups))
     torch.cuda.reset_peak_memory_stats(device)
     before = torch.cuda.memory_allocated(device)

@@ -10,6 +10,7 @@ its own included).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -53,6 +54,14 @@ class GroupBatch:
         return sum(self.q_lens)
 
 
+@dataclass(frozen=True, slots=True)
+class WarmUpStep:
+    """One kernel a backend builds on first use, and a call that makes it build now."""
+
+    description: str
+    run: Callable[[], None]
+
+
 class AttentionBackend(ABC):
     name: str
     # Whether `plan(..., graph_bucket=B)` is supported: decode-only steps padded to B rows, planned
@@ -79,3 +88,9 @@ class AttentionBackend(ABC):
         so a second forward (an overlapped prefill on another stream) can plan and run while this
         one's step is still running."""
         raise NotImplementedError(f"attention backend {self.name!r} cannot make a concurrent sibling")
+
+    def warm_up_steps(self, specs: Sequence[AttentionLayerSpec], page_size: int) -> list[WarmUpStep]:
+        """The kernels `specs` will need that this backend compiles on first use, each with a call
+        that compiles it now (start-up shows them with a progress bar instead of stalling inside
+        the first forward). Backends with nothing to compile return none."""
+        return []

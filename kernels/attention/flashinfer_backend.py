@@ -24,11 +24,13 @@ through the prefill kernel, so its bits depend on whether a prefill chunk shared
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import torch
 
-from kernels.attention.base import AttentionBackend, AttentionLayerSpec, GroupBatch
+from kernels.attention.base import AttentionBackend, AttentionLayerSpec, GroupBatch, WarmUpStep
 
 WORKSPACE_BYTES = 256 << 20
 
@@ -160,3 +162,33 @@ class FlashInferAttention(AttentionBackend):
     ) -> torch.Tensor:
         out: torch.Tensor = self._active[group].run(q.contiguous(), pool_layer)
         return out
+
+    def warm_up_steps(self, specs: Sequence[AttentionLayerSpec], page_size: int) -> list[WarmUpStep]:
+        """FlashInfer JIT-compiles one module per (head counts, head dim, window or not, kernel
+        kind) on first use, for a minute or more each. One step per distinct geometry and kind
+        plans and runs a two-token batch on a scratch sibling (its own workspace and wrappers, so
+        this backend's plan state is untouched); FlashInfer caches the compiled modules."""
+        steps: list[WarmUpStep] = []
+        seen: set[tuple[int, int, int, bool]] = set()
+        for spec in specs:
+            key = (spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.window is not None)
+            if key in seen:
+                continue
+            seen.add(key)
+            shape = f"{spec.num_heads}/{spec.num_kv_heads} heads, head dim {spec.head_dim}" + (
+                f", window {spec.window}" if spec.window is not None else ""
+            )
+            steps.append(WarmUpStep(f"prefill · {shape}", partial(self._warm, spec, page_size, 2)))
+            steps.append(WarmUpStep(f"decode · {shape}", partial(self._warm, spec, page_size, 1)))
+        return steps
+
+    def _warm(self, spec: AttentionLayerSpec, page_size: int, q_len: int) -> None:
+        scratch = FlashInferAttention(self.device, self.dtype, 1, batch_invariant=self.batch_invariant)
+        pool = torch.zeros(
+            2, 2, page_size, spec.num_kv_heads, spec.head_dim, dtype=self.dtype, device=self.device
+        )
+        q = torch.zeros(q_len, spec.num_heads, spec.head_dim, dtype=self.dtype, device=self.device)
+        scratch.plan(0, GroupBatch((q_len,), (2,), ((1,),), page_size), spec)
+        scratch.run(0, spec, q, pool)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)

@@ -32,6 +32,10 @@ class _RecordingWrapper:
     def plan(self, *_: object, **kwargs: Any) -> None:
         self.log.append((self.kind, kwargs))
 
+    def run(self, q: torch.Tensor, _pool: torch.Tensor) -> torch.Tensor:
+        self.log.append((f"{self.kind} run", {"rows": q.shape[0]}))
+        return q
+
 
 @pytest.fixture
 def plans(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, dict[str, Any]]]]:
@@ -96,3 +100,25 @@ def test_the_model_lines_pick_the_split_from_the_policy(
     backend = device_choice.pick_attention(options, _CudaLike(), torch.bfloat16, 8)  # type: ignore[arg-type]
     assert getattr(backend, "batch_invariant", None) is is_end_to_end_invariant(policy)
     assert is_end_to_end_invariant(policy) is (policy in ("invariant", "per-token"))
+
+
+def test_warm_up_builds_each_geometry_once_without_touching_the_backends_plans(
+    plans: list[tuple[str, dict[str, Any]]],
+) -> None:
+    """Start-up's JIT warm-up: a prefill and a decode per distinct geometry (the window's size
+    does not change the compiled kernel, its presence does), run on a scratch instance."""
+    from kernels.attention.flashinfer_backend import FlashInferAttention
+    from kernels.attention.torch_backend import TorchAttention
+
+    backend = FlashInferAttention(torch.device("cpu"), torch.bfloat16, 8, batch_invariant=True)
+    other_window = AttentionLayerSpec(4, 2, 8, 1.0, window=64)
+    full = AttentionLayerSpec(4, 1, 16, 1.0)
+    steps = backend.warm_up_steps([LAYER, other_window, full], page_size=16)
+    assert [step.description.split(" · ")[0] for step in steps] == ["prefill", "decode"] * 2
+    assert "window 32" in steps[0].description and "head dim 16" in steps[2].description
+    for step in steps:
+        step.run()
+    assert [kind for kind, _ in plans] == ["prefill", "prefill run", "decode", "decode run"] * 2
+    assert all(kwargs.get("disable_split_kv") is True for kind, kwargs in plans if "run" not in kind)
+    assert not backend._active, "warm-up planned on the backend itself"
+    assert TorchAttention().warm_up_steps([LAYER], page_size=16) == []
