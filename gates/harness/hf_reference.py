@@ -14,8 +14,10 @@ def hf_model(checkpoint: Path, device: torch.device, dtype: torch.dtype) -> Any:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoModelForCausalLM
 
-    model: Any = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=dtype)
-    return model.to(device).eval()
+    # Loaded as stored, moved, then cast on the device: a bf16 checkpoint wanted in fp32 is not
+    # widened on the host first (48 GB of host work for a 12B model; the values are the same).
+    model: Any = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype="auto")
+    return model.to(device).to(dtype).eval()
 
 
 @torch.inference_mode()
