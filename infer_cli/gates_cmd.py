@@ -136,6 +136,8 @@ def results_table(report: RunReport) -> Table:
         seconds = f"{row.outcome.seconds:.1f}" if row.outcome is not None else "-"
         if row.outcome is not None:
             detail = row.outcome.message.splitlines()[0] if row.outcome.message else ""
+        elif not row.selected and report.only and row.gate.id not in report.only:
+            detail = "not named by --gate"
         elif not row.selected:
             detail = f"needs {', '.join(row.base_needs)}"
         else:
@@ -168,7 +170,14 @@ def _print_outcome(report: RunReport, console: Console) -> None:
         )
         return
     unselected = [row for row in report.rows if not row.selected]
+    if report.only:
+        console.print(
+            f"[yellow]--gate ran {len(report.rows) - len(unselected)} of {len(report.rows)} gate(s): "
+            f"this run does not stand for the whole manifest[/yellow]"
+        )
     for row in unselected:
+        if report.only and row.gate.id not in report.only:
+            continue
         console.print(
             f"[dim]not selected at tier {report.tier}: {row.gate.id} (needs {', '.join(row.base_needs)})[/dim]"
         )
@@ -210,6 +219,12 @@ def gates_command(
     list_gates: bool = typer.Option(False, "--list", help="Print the manifest and exit."),
     junit: Path | None = typer.Option(None, "--junit", help="Write a JUnit XML report here."),
     json_out: Path | None = typer.Option(None, "--json", help="Write a JSON report here."),
+    only: list[str] = typer.Option(
+        [],
+        "--gate",
+        help="Run only this gate (repeatable; debugging: the reports record the subset, so the run "
+        "does not stand for the whole manifest).",
+    ),
 ) -> None:
     console = Console()
     started = now()
@@ -238,6 +253,7 @@ def gates_command(
         mode="check" if check else "run",
         tier=tier.value,
         checkpoint=None if check else checkpoint_argument(checkpoint, os.environ),
+        only=tuple(only),
     )
     console.print(
         f"[bold]infer gates[/bold] · suite {loaded.suite.name} · {len(loaded.gates)} gate(s) · {loaded.path}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Stage = Literal["manifest", "membership", "preflight"]
+Stage = Literal["manifest", "membership", "selection", "preflight"]
 
 
 @dataclass(slots=True, frozen=True)

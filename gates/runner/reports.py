@@ -45,6 +45,8 @@ class RunReport:
     problems: tuple[Problem, ...]
     rows: tuple[GateRow, ...]
     started: datetime
+    # The gates `--gate` picked (empty: the whole tier).
+    only: tuple[str, ...] = ()
 
     @property
     def ran(self) -> list[GateOutcome]:
@@ -71,6 +73,7 @@ def to_json(report: RunReport) -> dict[str, Any]:
         "manifest": str(report.manifest),
         "mode": report.mode,
         "tier": report.tier,
+        "only": list(report.only),
         "checkpoint": str(report.checkpoint) if report.checkpoint is not None else None,
         "started": report.started.isoformat(),
         "status": report.status,

@@ -1,5 +1,5 @@
 """The stages of `infer gates` after the manifest is loaded: membership, (check stops here), tier
-selection, preflight, execution. Each stage that finds problems stops the run with all of them;
+and `--gate` selection, preflight, execution. Each stage that finds problems stops the run with all of them;
 nothing executes after a problem. Output is left to an observer (the CLI draws it with rich).
 """
 
@@ -23,6 +23,9 @@ class RunOptions:
     mode: Mode
     tier: Tier
     checkpoint: Path | None
+    # `--gate ID`: run only these gates of the tier (a debugging run; reports record the subset,
+    # so it cannot pass for a run of the whole manifest).
+    only: tuple[str, ...] = ()
 
 
 class Observer(Protocol):
@@ -39,7 +42,11 @@ def run_manifest(manifest: Manifest, options: RunOptions, observer: Observer) ->
     started = now()
     needs = {gate.id: tuple(sorted(manifest.base_needs(gate))) for gate in manifest.gates}
     check = options.mode == "check"
-    selected = {gate.id: check or in_tier(needs[gate.id], options.tier) for gate in manifest.gates}
+    wanted = set(options.only)
+    selected = {
+        gate.id: check or (in_tier(needs[gate.id], options.tier) and (not wanted or gate.id in wanted))
+        for gate in manifest.gates
+    }
 
     def report(problems: list[Problem], outcomes: list[GateOutcome] | None = None) -> RunReport:
         by_id = {outcome.gate.id: outcome for outcome in outcomes or []}
@@ -55,12 +62,22 @@ def run_manifest(manifest: Manifest, options: RunOptions, observer: Observer) ->
             problems=tuple(problems),
             rows=rows,
             started=started,
+            only=options.only,
         )
 
     observer.stage(f"collecting {manifest.suite.gates_dir_shown} (imports every gate module)")
     problems = membership_problems(manifest, collect(manifest))
     if problems or check:
         return report(problems)
+    listed = {gate.id for gate in manifest.gates}
+    unknown = [gate_id for gate_id in options.only if gate_id not in listed]
+    if unknown:
+        return report(
+            [
+                Problem("selection", gate_id, f"--gate names no gate of suite {manifest.suite.name}")
+                for gate_id in unknown
+            ]
+        )
 
     chosen = [gate for gate in manifest.gates if selected[gate.id]]
     if not chosen:

@@ -361,3 +361,35 @@ def test_a_stopped_run_kills_the_running_gate_and_says_why_a_gate_failed(suite: 
     assert "assert (2 + 2) == 5" in output, output
     with pytest.raises(ProcessLookupError):
         os.kill(gate_pid, 0)
+
+
+def test_gate_option_runs_the_named_gates_and_the_reports_say_so(
+    suite: ThrowawaySuite, infer_gates: Run
+) -> None:
+    first = suite.marking_gate("test_a.py", "test_first")
+    second = suite.marking_gate("test_b.py", "test_second")
+    suite.write_manifest([gate_entry("demo.first", first), gate_entry("demo.second", second)])
+    report = suite.root / "report.json"
+    code, output = infer_gates(
+        "--manifest", str(suite.manifest), "--gate", "demo.second", "--json", str(report)
+    )
+    assert code == 0, output
+    assert suite.executed() == ["test_second"]
+    assert "does not stand for the whole manifest" in output
+    data = json.loads(report.read_text())
+    assert data["only"] == ["demo.second"]
+    assert {gate["id"]: gate["result"] for gate in data["gates"]} == {
+        "demo.first": "not-selected",
+        "demo.second": "passed",
+    }
+
+
+def test_gate_option_naming_no_gate_stops_before_anything_runs(
+    suite: ThrowawaySuite, infer_gates: Run
+) -> None:
+    first = suite.marking_gate("test_a.py", "test_first")
+    suite.write_manifest([gate_entry("demo.first", first)])
+    code, output = infer_gates("--manifest", str(suite.manifest), "--gate", "demo.missing")
+    assert code == 2
+    assert "demo.missing" in output and "names no gate of suite demo" in output
+    assert suite.executed() == []
