@@ -59,7 +59,13 @@ case "${STAGE:-qwen3}" in
     python3 -m pytest -q tests/kernels/test_invariant_gemm.py tests/kernels/test_norm_dispatch.py tests/sampling
     infer bench --buckets all --model $q3 --numeric-policy tuned,pin,per-token,invariant \
       --save-result "$out/buckets-qwen3-4b.json" --plot ;;
-  kernels)  # issue 4 re-run
+  numerics)  # issue 7: the two GPU gates of each line, then invariant against tuned
+    synth_q3
+    infer gates --manifest qwen3 --checkpoint $q3 --gate qwen3.batch_invariance_is_bitwise \
+      --gate qwen3.graph_memory_is_reserved --json "$out/qwen3-numerics-gates.json"
+    infer bench latency --model $q3 --numeric-policy tuned,invariant --batch-sizes 1,8,64 \
+      --prefill-lens 8192 --save-result "$out/invariance-qwen3-4b.json" ;;
+  kernels)  # issues 4 and 6: prep and FlashInfer attention gates (JIT-builds every geometry once)
     infer gates --manifest kernels --tier gpu --json "$out/kernels-gates.json"
     infer bench kernels --save-result "$out/bench-kernels.json" ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
