@@ -121,29 +121,34 @@ def _flashinfer(device: torch.device) -> AttentionBackend:
     return FlashInferAttention(device, torch.bfloat16, max_pages_per_seq=POOL_PAGES)
 
 
+def _eager_step_matches_reference(
+    device: torch.device,
+    geometry: Geometry,
+    q_lens: tuple[int, ...],
+    kv_lens: tuple[int, ...],
+    seed: int,
+    what: str,
+) -> None:
+    layer = geometry.layer
+    batch = GroupBatch(q_lens, kv_lens, _tables(kv_lens, q_lens, layer.window, seed), PAGE_SIZE)
+    pool = _pool(layer, device, seed)
+    _poison_outside_windows(pool, batch, layer)
+    q = _queries(sum(q_lens), layer, device, seed)
+    want = _run(TorchAttention(), batch, layer, q, pool)
+    _check(f"{geometry.name} {what}", _run(_flashinfer(device), batch, layer, q, pool), want)
+
+
 @pytest.mark.parametrize("geometry", GEOMETRIES, ids=lambda g: g.name)
 def test_decode_matches_reference(cuda_device: torch.device, geometry: Geometry) -> None:
-    layer = geometry.layer
     q_lens = (1,) * len(DECODE_KV_LENS)
-    batch = GroupBatch(q_lens, DECODE_KV_LENS, _tables(DECODE_KV_LENS, q_lens, layer.window, 1), PAGE_SIZE)
-    pool = _pool(layer, cuda_device, 1)
-    _poison_outside_windows(pool, batch, layer)
-    q = _queries(len(q_lens), layer, cuda_device, 1)
-    want = _run(TorchAttention(), batch, layer, q, pool)
-    _check(f"{geometry.name} decode", _run(_flashinfer(cuda_device), batch, layer, q, pool), want)
+    _eager_step_matches_reference(cuda_device, geometry, q_lens, DECODE_KV_LENS, 1, "decode")
 
 
 @pytest.mark.parametrize("geometry", GEOMETRIES, ids=lambda g: g.name)
 def test_mixed_prefill_matches_reference(cuda_device: torch.device, geometry: Geometry) -> None:
-    layer = geometry.layer
     q_lens = tuple(q for q, _ in MIXED)
     kv_lens = tuple(kv for _, kv in MIXED)
-    batch = GroupBatch(q_lens, kv_lens, _tables(kv_lens, q_lens, layer.window, 2), PAGE_SIZE)
-    pool = _pool(layer, cuda_device, 2)
-    _poison_outside_windows(pool, batch, layer)
-    q = _queries(sum(q_lens), layer, cuda_device, 2)
-    want = _run(TorchAttention(), batch, layer, q, pool)
-    _check(f"{geometry.name} mixed prefill", _run(_flashinfer(cuda_device), batch, layer, q, pool), want)
+    _eager_step_matches_reference(cuda_device, geometry, q_lens, kv_lens, 2, "mixed prefill")
 
 
 @pytest.mark.parametrize("geometry", GEOMETRIES, ids=lambda g: g.name)
