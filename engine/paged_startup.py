@@ -1,13 +1,12 @@
 """Bringing a paged model up on its device: profile, measure graphs, size the KV pool, capture.
 
 On CUDA, in order: (0) the attention kernels are built (FlashInfer compiles on first use), with a
-progress bar; (1) a small KV pool and a profiling forward of the largest step (the token
-budget in one prefill, `max_num_seqs` rows sampled) measure the activation peak, and the memory
-then in use outside torch's allocator is read; (2) the decode
-graphs are captured once against that small pool to measure what they take, then dropped; (3) the
-KV pool is sized from utilisation × device memory minus weights, activations and graphs; (4) the
-graphs are captured again against the real pool, and the log compares the graph estimate with
-what they took. On CPU the pool gets a fixed allowance and nothing is captured.
+progress bar; (1) a small KV pool and a profiling forward of the largest step (the token budget in
+one prefill, `max_num_seqs` rows sampled) measure the activation peak, and the memory then in use
+outside torch's allocator is read; (2) the decode graphs are captured once against that small pool
+to measure what they take, then dropped; (3) the KV pool is sized from utilisation × device memory
+minus weights, activations, graphs and memory outside torch; (4) the graphs are captured again
+against the real pool, and the log compares the graph estimate with what they took. On CPU the pool gets a fixed allowance and nothing is captured.
 
 Each KV group gets its own page count (`split_kv_bytes`, `split_kv_pages`): a sliding group never
 holds more than `KVGroupSpec.max_live_pages` pages for one request, so it gets what
