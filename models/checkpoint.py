@@ -132,9 +132,9 @@ def iter_tensors(
 
 @dataclass(slots=True)
 class WeightCache:
-    """Tensors already read, keyed by (checkpoint file and its mtime, tensor name, device, dtype). A process that
-    builds several engines over one checkpoint (a gate comparing two engine settings, a sweep over
-    numeric policies) reads and uploads it once. Models never write their weights, so sharing the
+    """Tensors already read, keyed by (checkpoint file and its mtime, tensor name, device, dtype).
+    A process that builds several engines over one checkpoint (a gate comparing two engine
+    settings, a sweep over numeric policies) reads and uploads it once. Models never write their weights, so sharing the
     tensors between engines is safe; the cache keeps them alive for as long as it lives."""
 
     tensors: dict[tuple[str, str, str, torch.dtype], torch.Tensor] = field(default_factory=dict)
@@ -142,12 +142,9 @@ class WeightCache:
     hits: int = 0
 
     @staticmethod
-    def key(
-        stored: StoredTensor, device: torch.device, dtype: torch.dtype
-    ) -> tuple[str, str, str, torch.dtype]:
+    def file_tag(file: Path) -> str:
         # The file's mtime is part of the name: a shard rewritten in place is read again.
-        file = f"{stored.file.resolve()}@{stored.file.stat().st_mtime_ns}"
-        return (file, stored.name, str(device), dtype)
+        return f"{file.resolve()}@{file.stat().st_mtime_ns}"
 
 
 _ACTIVE_CACHE: ContextVar[WeightCache | None] = ContextVar("infer_weight_cache", default=None)
@@ -181,7 +178,8 @@ def load_checked(
     names = list(expected)
     weights: dict[str, torch.Tensor] = {}
     if cache is not None:
-        key_of = {name: WeightCache.key(stored[name], device, dtype) for name in names}
+        tags = {file: WeightCache.file_tag(file) for file in {stored[name].file for name in names}}
+        key_of = {name: (tags[stored[name].file], name, str(device), dtype) for name in names}
         weights = {name: cache.tensors[key_of[name]] for name in names if key_of[name] in cache.tensors}
         cache.hits += len(weights)
     missing = [name for name in names if name not in weights]

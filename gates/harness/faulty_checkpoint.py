@@ -1,5 +1,6 @@
 """A copy of a checkpoint with known faults, for loader gates: rewrites only the shards that hold
-the tensors it touches and links everything else, so it is cheap even for real-size checkpoints."""
+the tensors it touches and links everything else, so it is cheap even for real-size checkpoints.
+`assert_loader_names_every_fault` is the loader gate's body every model suite shares."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from models.checkpoint import checkpoint_files
+from gates.harness.serving import load_for_gate
+from models.checkpoint import WeightsError, checkpoint_files
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,3 +52,19 @@ def write_faulty_copy(checkpoint: Path, out: Path, faults: Faults) -> None:
     # Always indexed: the extra tensor lives in a shard of its own.
     index = {"metadata": {}, "weight_map": weight_map}
     (out / "model.safetensors.index.json").write_text(json.dumps(index))
+
+
+def assert_loader_names_every_fault(checkpoint: Path, faults: Faults, scratch: Path) -> None:
+    """Loading a copy of `checkpoint` with `faults` fails with one error naming all three and
+    nothing else."""
+    broken = scratch / "broken"
+    write_faulty_copy(checkpoint, broken, faults)
+    try:
+        load_for_gate(broken, num_kv_pages=16)
+    except WeightsError as error:
+        message = str(error)
+        for name in (faults.missing, faults.wrong_shape, faults.extra):
+            assert name in message, f"{name} is not named in: {message}"
+        assert len(error.problems) == 3, error.problems
+    else:
+        raise AssertionError(f"a checkpoint with {faults} loaded without an error")

@@ -108,29 +108,11 @@ class FlashInferAttention(AttentionBackend):
             if not decode_only or len(batch.q_lens) != graph_bucket:
                 raise ValueError(f"a graph plan needs a decode step of exactly {graph_bucket} rows")
             wrapper = self._graph_wrapper(group, graph_bucket)
-        elif decode_only:
-            wrapper = self._eager_wrappers(group)[1]
         else:
-            wrapper = self._eager_wrappers(group)[0]
-            wrapper.plan(
-                _indptr(list(batch.q_lens)).to(self.device),
-                kv_indptr.to(self.device),
-                kv_indices.to(self.device),
-                last_page_len.to(self.device),
-                layer.num_heads,
-                layer.num_kv_heads,
-                layer.head_dim,
-                ps,
-                causal=True,
-                sm_scale=layer.scale,
-                window_left=window_left,
-                q_data_type=self.dtype,
-                kv_data_type=self.dtype,
-                **self.split_kwargs(),
-            )
-            self._active[group] = wrapper
-            return
-        wrapper.plan(
+            wrapper = self._eager_wrappers(group)[1 if decode_only else 0]
+        # Decode and prefill planners take the same paged-KV arguments; prefill also takes the
+        # query offsets first and the causal mask.
+        paged = (
             kv_indptr.to(self.device),
             kv_indices.to(self.device),
             last_page_len.to(self.device),
@@ -138,12 +120,18 @@ class FlashInferAttention(AttentionBackend):
             layer.num_kv_heads,
             layer.head_dim,
             ps,
-            window_left=window_left,
+        )
+        options: dict[str, Any] = dict(
             sm_scale=layer.scale,
+            window_left=window_left,
             q_data_type=self.dtype,
             kv_data_type=self.dtype,
             **self.split_kwargs(),
         )
+        if decode_only:
+            wrapper.plan(*paged, **options)
+        else:
+            wrapper.plan(_indptr(list(batch.q_lens)).to(self.device), *paged, causal=True, **options)
         self._active[group] = wrapper
 
     def split_kwargs(self) -> dict[str, bool]:
@@ -170,6 +158,7 @@ class FlashInferAttention(AttentionBackend):
         this backend's plan state is untouched); FlashInfer caches the compiled modules."""
         steps: list[WarmUpStep] = []
         seen: set[tuple[int, int, int, bool]] = set()
+        scratch = _Scratch(self)
         for spec in specs:
             key = (spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.window is not None)
             if key in seen:
@@ -178,17 +167,31 @@ class FlashInferAttention(AttentionBackend):
             shape = f"{spec.num_heads}/{spec.num_kv_heads} heads, head dim {spec.head_dim}" + (
                 f", window {spec.window}" if spec.window is not None else ""
             )
-            steps.append(WarmUpStep(f"prefill · {shape}", partial(self._warm, spec, page_size, 2)))
-            steps.append(WarmUpStep(f"decode · {shape}", partial(self._warm, spec, page_size, 1)))
+            steps.append(WarmUpStep(f"prefill · {shape}", partial(self._warm, scratch, spec, page_size, 2)))
+            steps.append(WarmUpStep(f"decode · {shape}", partial(self._warm, scratch, spec, page_size, 1)))
         return steps
 
-    def _warm(self, spec: AttentionLayerSpec, page_size: int, q_len: int) -> None:
-        scratch = FlashInferAttention(self.device, self.dtype, 1, batch_invariant=self.batch_invariant)
+    def _warm(self, scratch: _Scratch, spec: AttentionLayerSpec, page_size: int, q_len: int) -> None:
+        backend = scratch.backend()
         pool = torch.zeros(
             2, 2, page_size, spec.num_kv_heads, spec.head_dim, dtype=self.dtype, device=self.device
         )
         q = torch.zeros(q_len, spec.num_heads, spec.head_dim, dtype=self.dtype, device=self.device)
-        scratch.plan(0, GroupBatch((q_len,), (2,), ((1,),), page_size), spec)
-        scratch.run(0, spec, q, pool)
+        backend.plan(0, GroupBatch((q_len,), (2,), ((1,),), page_size), spec)
+        backend.run(0, spec, q, pool)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+
+class _Scratch:
+    """The one throwaway instance every warm-up step of a call shares (one workspace, not one per
+    kernel), made when the first step runs."""
+
+    def __init__(self, owner: FlashInferAttention) -> None:
+        self._owner = owner
+        self._backend: FlashInferAttention | None = None
+
+    def backend(self) -> FlashInferAttention:
+        if self._backend is None:
+            self._backend = self._owner.sibling()
+        return self._backend
