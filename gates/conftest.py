@@ -13,8 +13,10 @@ same rule as `infer gates`.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
+import sys
 from collections.abc import Generator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -79,3 +81,22 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     report = yield
     fail_instead_of_skip(report, "this gate")
     return report
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """When gates share one process: say a failure's reason as it happens (a long run is often cut
+    off before pytest's summary), and drop the traceback pytest keeps for post-mortem debugging,
+    whose frames would otherwise hold the failed gate's engine, and its device memory, into the next
+    gate."""
+    if not report.failed:
+        return
+    print(
+        f"\n[gate failed] {report.nodeid} ({report.when}):\n{report.longreprtext[-4000:]}",
+        file=sys.__stderr__,
+    )
+    sys.last_type = sys.last_value = sys.last_traceback = None
+    if hasattr(sys, "last_exc"):
+        sys.last_exc = None
+    gc.collect()
+    if "torch" in sys.modules and sys.modules["torch"].cuda.is_available():
+        sys.modules["torch"].cuda.empty_cache()

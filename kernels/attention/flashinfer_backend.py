@@ -35,6 +35,18 @@ from kernels.attention.base import AttentionBackend, AttentionLayerSpec, GroupBa
 WORKSPACE_BYTES = 256 << 20
 
 
+# FlashInfer's Hopper kernels (fa3) stop at head dim 256: building one at 512 fails a static_assert
+# at JIT time. The prefill planner knows this, but the tensor-core decode wrapper, which runs the
+# prefill kernels, asks for fa3 without giving the head dim (seen on the H200 for Gemma 4's global
+# layers, flashinfer 0.7.2). So the backend is chosen here, per head dim, for both wrappers.
+FA3_MAX_HEAD_DIM = 256
+
+
+def tensor_core_backend(head_dim: int) -> str:
+    """FlashInfer's own choice where fa3 can compile the head dim, fa2 above that."""
+    return "auto" if head_dim <= FA3_MAX_HEAD_DIM else "fa2"
+
+
 def _indptr(lengths: list[int]) -> torch.Tensor:
     values = [0]
     for n in lengths:
@@ -67,15 +79,17 @@ class FlashInferAttention(AttentionBackend):
         self._graph_decode: dict[tuple[int, int], Any] = {}
         self._active: dict[int, Any] = {}
 
-    def _eager_wrappers(self, group: int) -> tuple[Any, Any]:
+    def _eager_wrappers(self, group: int, head_dim: int) -> tuple[Any, Any]:
         if group not in self._prefill:
-            self._prefill[group] = self._fi.BatchPrefillWithPagedKVCacheWrapper(self._workspace, "NHD")
+            self._prefill[group] = self._fi.BatchPrefillWithPagedKVCacheWrapper(
+                self._workspace, "NHD", backend=tensor_core_backend(head_dim)
+            )
             self._decode[group] = self._fi.BatchDecodeWithPagedKVCacheWrapper(
-                self._workspace, "NHD", use_tensor_cores=True
+                self._workspace, "NHD", use_tensor_cores=True, backend=tensor_core_backend(head_dim)
             )
         return self._prefill[group], self._decode[group]
 
-    def _graph_wrapper(self, group: int, bucket: int) -> Any:
+    def _graph_wrapper(self, group: int, bucket: int, head_dim: int) -> Any:
         key = (group, bucket)
         if key not in self._graph_decode:
             self._graph_decode[key] = self._fi.BatchDecodeWithPagedKVCacheWrapper(
@@ -83,6 +97,7 @@ class FlashInferAttention(AttentionBackend):
                 "NHD",
                 use_cuda_graph=True,
                 use_tensor_cores=True,
+                backend=tensor_core_backend(head_dim),
                 paged_kv_indptr_buffer=torch.zeros(bucket + 1, dtype=torch.int32, device=self.device),
                 paged_kv_indices_buffer=torch.zeros(
                     bucket * self.max_pages_per_seq, dtype=torch.int32, device=self.device
@@ -107,9 +122,9 @@ class FlashInferAttention(AttentionBackend):
         if graph_bucket is not None:
             if not decode_only or len(batch.q_lens) != graph_bucket:
                 raise ValueError(f"a graph plan needs a decode step of exactly {graph_bucket} rows")
-            wrapper = self._graph_wrapper(group, graph_bucket)
+            wrapper = self._graph_wrapper(group, graph_bucket, layer.head_dim)
         else:
-            wrapper = self._eager_wrappers(group)[1 if decode_only else 0]
+            wrapper = self._eager_wrappers(group, layer.head_dim)[1 if decode_only else 0]
         # Decode and prefill planners take the same paged-KV arguments; prefill also takes the
         # query offsets first and the causal mask.
         paged = (

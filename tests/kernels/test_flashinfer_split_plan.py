@@ -30,7 +30,7 @@ class _RecordingWrapper:
         self.log, self.kind, self.options = log, kind, options
 
     def plan(self, *_: object, **kwargs: Any) -> None:
-        self.log.append((self.kind, kwargs))
+        self.log.append((self.kind, {**kwargs, "constructed_with": self.options}))
 
     def run(self, q: torch.Tensor, _pool: torch.Tensor) -> torch.Tensor:
         self.log.append((f"{self.kind} run", {"rows": q.shape[0]}))
@@ -122,3 +122,25 @@ def test_warm_up_builds_each_geometry_once_without_touching_the_backends_plans(
     assert all(kwargs.get("disable_split_kv") is True for kind, kwargs in plans if "run" not in kind)
     assert not backend._active, "warm-up planned on the backend itself"
     assert TorchAttention().warm_up_steps([LAYER], page_size=16) == []
+
+
+@pytest.mark.parametrize(("head_dim", "expected"), [(128, "auto"), (256, "auto"), (512, "fa2")])
+def test_every_wrapper_names_fa2_past_the_hopper_kernels_head_dims(
+    plans: list[tuple[str, dict[str, Any]]], head_dim: int, expected: str
+) -> None:
+    """FlashInfer's fa3 kernels do not compile at head dim 512, and its tensor-core decode wrapper
+    picks fa3 without looking at the head dim: every wrapper (prefill, decode, graph decode) of a
+    group with Gemma 4's global geometry is built for fa2; smaller head dims keep FlashInfer's
+    choice."""
+    from kernels.attention.flashinfer_backend import FlashInferAttention
+
+    layer = AttentionLayerSpec(num_heads=4, num_kv_heads=1, head_dim=head_dim, scale=0.5)
+    backend = FlashInferAttention(torch.device("cpu"), torch.bfloat16, 8)
+    mixed = GroupBatch(q_lens=(5, 1), kv_lens=(5, 40), page_tables=((1,), (2, 3, 4)), page_size=16)
+    decode = GroupBatch(q_lens=(1, 1), kv_lens=(17, 40), page_tables=((5, 6), (2, 3, 4)), page_size=16)
+    backend.plan(0, mixed, layer)
+    backend.plan(0, decode, layer)
+    backend.plan(0, decode, layer, graph_bucket=2)
+    assert [kind for kind, _ in plans] == ["prefill", "decode", "graph-decode"]
+    for kind, kwargs in plans:
+        assert kwargs["constructed_with"].get("backend") == expected, f"{kind}: {kwargs['constructed_with']}"
