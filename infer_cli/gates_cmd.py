@@ -225,6 +225,12 @@ def gates_command(
         help="Run only this gate (repeatable; debugging: the reports record the subset, so the run "
         "does not stand for the whole manifest).",
     ),
+    shared_process: bool = typer.Option(
+        False,
+        "--shared-process",
+        help="Run the gates in one pytest process (the checkpoint is read once; gates marked isolated "
+        "still get their own). A gate that fails or times out ends its process; the rest go on in a new one.",
+    ),
 ) -> None:
     console = Console()
     started = now()
@@ -254,6 +260,7 @@ def gates_command(
         tier=tier.value,
         checkpoint=None if check else checkpoint_argument(checkpoint, os.environ),
         only=tuple(only),
+        shared_process=shared_process,
     )
     console.print(
         f"[bold]infer gates[/bold] · suite {loaded.suite.name} · {len(loaded.gates)} gate(s) · {loaded.path}"

@@ -1,6 +1,6 @@
 """The gate runner behind `infer gates`: manifest schema and validator, membership through pytest
-collection, preflight of needs, serial execution one pytest process per gate, JSON and JUnit
-reports. See docs/gates.md.
+collection, preflight of needs, serial execution (one pytest process per gate, or one shared
+process with `--shared-process`), JSON and JUnit reports. See docs/gates.md.
 """
 
 from __future__ import annotations

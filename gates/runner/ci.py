@@ -2,7 +2,7 @@
 
 For every manifests/*.toml:
 1. `infer gates --manifest M --check` (validation, membership, every gate module imports);
-2. if the suite has cpu-tier gates, `infer gates --manifest M --tier cpu`, against a tiny
+2. if the suite has cpu-tier gates, `infer gates --manifest M --tier cpu --shared-process`, against a tiny
    synthetic checkpoint of the suite's model line (`infer synth FAMILY --preset tiny`, made once
    per family in a temporary folder) when those gates need a checkpoint.
 A suite with no cpu-tier gate is reported as such and does not fail the run. Exit 1 if any step
@@ -60,7 +60,8 @@ def _cpu_run(manifest_path: Path, root: Path, scratch: Path, made: dict[str, Pat
     cpu_gates = [gate for gate in manifest.gates if in_tier(manifest.base_needs(gate), "cpu")]
     if not cpu_gates:
         return Step(name, "tier cpu", True, "no cpu-tier gate in this suite: nothing to run at tier cpu")
-    args = ["gates", "--manifest", str(manifest_path), "--tier", "cpu"]
+    # One shared process per suite, as the GPU sessions run it (per-gate processes have their own tests).
+    args = ["gates", "--manifest", str(manifest_path), "--tier", "cpu", "--shared-process"]
     needs_checkpoint = any(manifest.base_needs(g) & {CHECKPOINT, HF_REFERENCE} for g in cpu_gates)
     note = f"{len(cpu_gates)} gate(s)"
     if needs_checkpoint:

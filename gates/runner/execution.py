@@ -1,4 +1,5 @@
-"""Execution: each selected gate in its own pytest process, one after another, with its timeout.
+"""Execution: each selected gate in its own pytest process, one after another, with its timeout
+(shared_process.py runs many gates in one process instead).
 
 A process per gate means a gate that exhausts GPU memory, leaks a CUDA context or crashes the
 interpreter cannot poison the next one. The checkpoint reaches the gate as INFER_TEST_CHECKPOINT.
@@ -8,10 +9,10 @@ skip, an xfail, a timeout, a crash or an empty collection is a failure.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from gates.runner.manifest import Gate, Manifest
 from gates.runner.preflight import CHECKPOINT_ENV
@@ -33,17 +34,10 @@ class GateOutcome:
         return self.result == "passed"
 
 
-def judge(gate: Gate, run: PytestRun) -> tuple[Result, str]:
-    if run.timed_out:
-        return "timeout", f"ran past its timeout of {gate.timeout_s}s and was killed"
-    if run.report is None:
-        return "error", f"pytest exited {run.returncode} before reporting (crash or startup error)"
-    errors = run.report.get("collect_errors", [])
-    if errors:
-        return "error", f"did not collect: {errors[0]['message']}"
-    tests = run.report.get("tests", [])
+def judge_tests(gate: Gate, tests: Sequence[Mapping[str, Any]]) -> tuple[Result, str]:
+    """The verdict from the plugin's per-test records of one gate (its test and parametrizations)."""
     if not tests:
-        return "error", f"pytest ran no test for {gate.test} (exit {run.returncode})"
+        return "error", f"pytest ran no test for {gate.test}"
     for outcome in ("failed", "skipped"):
         bad = [t for t in tests if t["outcome"] == outcome]
         if bad:
@@ -55,9 +49,24 @@ def judge(gate: Gate, run: PytestRun) -> tuple[Result, str]:
                 verdict,
                 f"{len(bad)} of {len(tests)} tests {outcome}; first {first['nodeid']}: {first['message']}",
             )
-    if run.returncode != 0:
-        return "failed", f"every test passed but pytest exited {run.returncode}"
     return "passed", ""
+
+
+def judge(gate: Gate, run: PytestRun) -> tuple[Result, str]:
+    if run.timed_out:
+        return "timeout", f"ran past its timeout of {gate.timeout_s}s and was killed"
+    if run.report is None:
+        return "error", f"pytest exited {run.returncode} before reporting (crash or startup error)"
+    errors = run.report.get("collect_errors", [])
+    if errors:
+        return "error", f"did not collect: {errors[0]['message']}"
+    tests = run.report.get("tests", [])
+    if not tests:
+        return "error", f"pytest ran no test for {gate.test} (exit {run.returncode})"
+    result, message = judge_tests(gate, tests)
+    if result == "passed" and run.returncode != 0:
+        return "failed", f"every test passed but pytest exited {run.returncode}"
+    return result, message
 
 
 def run_gate(manifest: Manifest, gate: Gate, checkpoint: Path | None) -> GateOutcome:

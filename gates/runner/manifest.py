@@ -11,6 +11,7 @@
     invariant = "numeric-parity"
     needs = ["gpu"]                              # base needs and declared fixture needs
     timeout_s = 300                              # optional
+    isolated = true                              # optional: own process even under --shared-process
     why = "one line"
 
 Paths: the suite root is the folder above `manifests/` when the manifest lives in a folder of
@@ -35,7 +36,7 @@ from gates.runner.problems import GateRunError, Problem
 DEFAULT_TIMEOUT_S = 900
 MAX_TIMEOUT_S = 24 * 3600
 _SUITE_KEYS = ("name", "model_types", "gates_dir")
-_GATE_KEYS = ("id", "test", "invariant", "needs", "timeout_s", "why")
+_GATE_KEYS = ("id", "test", "invariant", "needs", "timeout_s", "isolated", "why")
 _TOP_KEYS = ("suite", "gate")
 _ID_PART = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 
@@ -60,6 +61,9 @@ class Gate:
     needs: tuple[str, ...]
     timeout_s: int
     why: str
+    # Runs in a process of its own even when the run shares one (`--shared-process`): for gates
+    # that measure the device, which other gates' models would share.
+    isolated: bool = False
 
 
 @dataclass(slots=True, frozen=True)
@@ -210,6 +214,10 @@ def _gate(
             )
         )
 
+    isolated = raw.get("isolated", False)
+    if not isinstance(isolated, bool):
+        problems.append(Problem("manifest", where, f"isolated must be true or false, got {isolated!r}"))
+
     why = raw.get("why")
     if not isinstance(why, str) or not why.strip() or "\n" in why.strip():
         problems.append(Problem("manifest", where, f"why must be one non-empty line, got {why!r}"))
@@ -222,7 +230,7 @@ def _gate(
         and isinstance(invariant, str)
         and isinstance(why, str)
     )
-    return Gate(gate_id, test, invariant, tuple(needs), int(timeout), why.strip())
+    return Gate(gate_id, test, invariant, tuple(needs), int(timeout), why.strip(), isolated)
 
 
 def _duplicates(gates: list[Any], problems: list[Problem]) -> None:

@@ -9,6 +9,7 @@ holding the GPU.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -24,6 +25,7 @@ from typing import Any
 PLUGIN_DIR = Path(__file__).resolve().parent / "plugin_path"
 PLUGIN = "infer_gate_plugin"
 REPORT_OUT = "INFER_GATE_REPORT_OUT"
+PROGRESS_OUT = "INFER_GATE_PROGRESS_OUT"
 OUTPUT_TAIL_CHARS = 6000
 
 
@@ -52,26 +54,53 @@ def _env(extra: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
+def pytest_command(root: Path, args: Sequence[str]) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        PLUGIN,
+        "-p",
+        "no:cacheprovider",
+        "--rootdir",
+        str(root),
+        *args,
+    ]
+
+
+def start_pytest(
+    root: Path, args: Sequence[str], env: Mapping[str, str], output: Path
+) -> subprocess.Popen[str]:
+    """A child pytest in its own session writing its terminal output to `output`; the caller
+    stops it with `kill_group`."""
+    with output.open("w") as sink:
+        return subprocess.Popen(
+            pytest_command(root, args),
+            cwd=root,
+            env=_env(env),
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+
+
+def kill_group(process: subprocess.Popen[str]) -> None:
+    """Kill the child and everything it started (it has its own session: nothing else would)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
 def run_pytest(
     root: Path, args: Sequence[str], timeout_s: float, env: Mapping[str, str] | None = None
 ) -> PytestRun:
     with tempfile.TemporaryDirectory(prefix="infer-gates-") as scratch:
         report_path = Path(scratch) / "report.json"
-        command = [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-p",
-            PLUGIN,
-            "-p",
-            "no:cacheprovider",
-            "--rootdir",
-            str(root),
-            *args,
-        ]
         started = time.monotonic()
         process = subprocess.Popen(
-            command,
+            pytest_command(root, args),
             cwd=root,
             env=_env({REPORT_OUT: str(report_path), **(env or {})}),
             stdout=subprocess.PIPE,
@@ -90,8 +119,7 @@ def run_pytest(
             returncode = None
         except BaseException:
             # The child has its own session: without this it would outlive the runner.
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+            kill_group(process)
             raise
         seconds = time.monotonic() - started
         report: Mapping[str, Any] | None = None

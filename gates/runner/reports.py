@@ -47,6 +47,7 @@ class RunReport:
     started: datetime
     # The gates `--gate` picked (empty: the whole tier).
     only: tuple[str, ...] = ()
+    shared_process: bool = False
 
     @property
     def ran(self) -> list[GateOutcome]:
@@ -74,6 +75,7 @@ def to_json(report: RunReport) -> dict[str, Any]:
         "mode": report.mode,
         "tier": report.tier,
         "only": list(report.only),
+        "shared_process": report.shared_process,
         "checkpoint": str(report.checkpoint) if report.checkpoint is not None else None,
         "started": report.started.isoformat(),
         "status": report.status,

@@ -16,6 +16,7 @@ from gates.runner.needs import Tier, in_tier
 from gates.runner.preflight import preflight
 from gates.runner.problems import Problem
 from gates.runner.reports import GateRow, Mode, RunReport, now
+from gates.runner.shared_process import run_gates_shared
 
 
 @dataclass(slots=True, frozen=True)
@@ -26,6 +27,8 @@ class RunOptions:
     # `--gate ID`: run only these gates of the tier (a debugging run; reports record the subset,
     # so it cannot pass for a run of the whole manifest).
     only: tuple[str, ...] = ()
+    # `--shared-process`: the gates share one pytest process (shared_process.py says what holds).
+    shared_process: bool = False
 
 
 class Observer(Protocol):
@@ -63,6 +66,7 @@ def run_manifest(manifest: Manifest, options: RunOptions, observer: Observer) ->
             rows=rows,
             started=started,
             only=options.only,
+            shared_process=options.shared_process,
         )
 
     observer.stage(f"collecting {manifest.suite.gates_dir_shown} (imports every gate module)")
@@ -89,5 +93,6 @@ def run_manifest(manifest: Manifest, options: RunOptions, observer: Observer) ->
 
     observer.run_started(chosen)
     checkpoint = checked.checkpoint.path if checked.checkpoint is not None else options.checkpoint
-    outcomes = run_gates(manifest, chosen, checkpoint, observer.gate_started, observer.gate_done)
+    execute = run_gates_shared if options.shared_process else run_gates
+    outcomes = execute(manifest, chosen, checkpoint, observer.gate_started, observer.gate_done)
     return report([], outcomes)

@@ -41,11 +41,11 @@ background() {
 case "${STAGE:-qwen3}" in
   qwen3)  # issue 5: the manifest, then the latency table
     synth_q3
-    infer gates --manifest qwen3 --checkpoint $q3 --json "$out/qwen3-gates.json" --junit "$out/qwen3-gates.xml"
+    infer gates --manifest qwen3 --shared-process --checkpoint $q3 --json "$out/qwen3-gates.json" --junit "$out/qwen3-gates.xml"
     infer bench latency --model $q3 --save-result "$out/qwen3-4b-latency.json" ;;
   gemma4)  # issue 6: every gate on the 12b preset, in the background; follow with STAGE=wait
     synth_g4
-    background gemma4-gates "python3 -m infer_cli.main gates --manifest gemma4 --checkpoint $g4 --json $work/gemma4-gates.json --junit $work/gemma4-gates.xml"
+    background gemma4-gates "python3 -m infer_cli.main gates --manifest gemma4 --shared-process --checkpoint $g4 --json $work/gemma4-gates.json --junit $work/gemma4-gates.xml"
     follow ;;
   gemma4-latency)  # issue 6: decode at batch 1..128 and prefill 1k/8k against their floors
     synth_g4
