@@ -35,10 +35,11 @@ from kernels.attention.base import AttentionBackend, AttentionLayerSpec, GroupBa
 WORKSPACE_BYTES = 256 << 20
 
 
-# FlashInfer's Hopper kernels (fa3) stop at head dim 256: building one at 512 fails a static_assert
-# at JIT time. The prefill planner knows this, but the tensor-core decode wrapper, which runs the
-# prefill kernels, asks for fa3 without giving the head dim (seen on the H200 for Gemma 4's global
-# layers, flashinfer 0.7.2). So the backend is chosen here, per head dim, for both wrappers.
+# A FlashInfer wrapper resolves backend="auto" at its first plan and keeps that backend for every
+# later plan; its Hopper kernels (fa3) stop at head dim 256 (a static_assert at JIT time). So a
+# wrapper never serves two head dims (they are keyed by group and head dim: the start-up warm-up
+# plans every geometry on one scratch group, and a wrapper resolved to fa3 at head dim 256 then
+# failed to build at 512 on the H200), and head dims past 256 ask for fa2 outright.
 FA3_MAX_HEAD_DIM = 256
 
 
@@ -74,23 +75,24 @@ class FlashInferAttention(AttentionBackend):
         self.dtype = dtype
         self.max_pages_per_seq = max_pages_per_seq
         self._workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
-        self._prefill: dict[int, Any] = {}
-        self._decode: dict[int, Any] = {}
-        self._graph_decode: dict[tuple[int, int], Any] = {}
+        self._prefill: dict[tuple[int, int], Any] = {}  # (group, head dim)
+        self._decode: dict[tuple[int, int], Any] = {}
+        self._graph_decode: dict[tuple[int, int, int], Any] = {}  # (group, head dim, bucket)
         self._active: dict[int, Any] = {}
 
     def _eager_wrappers(self, group: int, head_dim: int) -> tuple[Any, Any]:
-        if group not in self._prefill:
-            self._prefill[group] = self._fi.BatchPrefillWithPagedKVCacheWrapper(
+        key = (group, head_dim)
+        if key not in self._prefill:
+            self._prefill[key] = self._fi.BatchPrefillWithPagedKVCacheWrapper(
                 self._workspace, "NHD", backend=tensor_core_backend(head_dim)
             )
-            self._decode[group] = self._fi.BatchDecodeWithPagedKVCacheWrapper(
+            self._decode[key] = self._fi.BatchDecodeWithPagedKVCacheWrapper(
                 self._workspace, "NHD", use_tensor_cores=True, backend=tensor_core_backend(head_dim)
             )
-        return self._prefill[group], self._decode[group]
+        return self._prefill[key], self._decode[key]
 
     def _graph_wrapper(self, group: int, bucket: int, head_dim: int) -> Any:
-        key = (group, bucket)
+        key = (group, head_dim, bucket)
         if key not in self._graph_decode:
             self._graph_decode[key] = self._fi.BatchDecodeWithPagedKVCacheWrapper(
                 self._workspace,

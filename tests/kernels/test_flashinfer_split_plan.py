@@ -26,10 +26,20 @@ LAYER = AttentionLayerSpec(num_heads=4, num_kv_heads=2, head_dim=8, scale=0.5, w
 
 
 class _RecordingWrapper:
+    """Records plans, and resolves backend="auto" at its first plan and keeps it, as FlashInfer's
+    wrappers do — refusing, as FlashInfer's JIT does, to build fa3 past head dim 256."""
+
     def __init__(self, log: list[tuple[str, dict[str, Any]]], kind: str, *_: object, **options: Any) -> None:
         self.log, self.kind, self.options = log, kind, options
+        self.resolved: str | None = None
 
-    def plan(self, *_: object, **kwargs: Any) -> None:
+    def plan(self, *args: Any, **kwargs: Any) -> None:
+        head_dim = int(args[-2])  # every plan ends its positional arguments with head dim, page size
+        if self.resolved is None:
+            asked = self.options.get("backend", "auto")
+            self.resolved = ("fa3" if head_dim <= 256 else "fa2") if asked == "auto" else asked
+        if self.resolved == "fa3" and head_dim > 256:
+            raise RuntimeError(f"static_assert: fa3 has no head dim {head_dim} kernel")
         self.log.append((self.kind, {**kwargs, "constructed_with": self.options}))
 
     def run(self, q: torch.Tensor, _pool: torch.Tensor) -> torch.Tensor:
@@ -144,3 +154,23 @@ def test_every_wrapper_names_fa2_past_the_hopper_kernels_head_dims(
     assert [kind for kind, _ in plans] == ["prefill", "decode", "graph-decode"]
     for kind, kwargs in plans:
         assert kwargs["constructed_with"].get("backend") == expected, f"{kind}: {kwargs['constructed_with']}"
+
+
+def test_one_group_planned_at_two_head_dims_uses_a_wrapper_per_head_dim(
+    plans: list[tuple[str, dict[str, Any]]],
+) -> None:
+    """The start-up warm-up plans every geometry on one scratch group: Gemma 4's sliding layers
+    (head dim 256) and then its global ones (512). A wrapper resolved to fa3 at 256 must not be
+    asked for 512 (on the H200 that failed FlashInfer's JIT and every Gemma 4 start-up)."""
+    from kernels.attention.flashinfer_backend import FlashInferAttention
+
+    backend = FlashInferAttention(torch.device("cpu"), torch.bfloat16, 8)
+    sliding = AttentionLayerSpec(16, 8, 256, 1.0, window=1024)
+    global_ = AttentionLayerSpec(16, 1, 512, 1.0)
+    for step in backend.warm_up_steps([sliding, global_], page_size=16):
+        step.run()
+    decode = GroupBatch(q_lens=(1, 1), kv_lens=(17, 40), page_tables=((5, 6), (2, 3, 4)), page_size=16)
+    for layer in (sliding, global_, sliding):
+        backend.plan(0, decode, layer)
+        backend.plan(0, decode, layer, graph_bucket=2)
+    assert [kind for kind, _ in plans if "run" not in kind].count("graph-decode") == 3
