@@ -152,7 +152,11 @@ class FlashInferAttention(AttentionBackend):
         self._active[group] = wrapper
 
     def split_kwargs(self) -> dict[str, bool]:
-        """The KV-split arguments every plan passes: none (the planner decides) unless batch-invariant."""
+        """The KV-split arguments every plan passes: none (the planner decides) unless batch-invariant.
+        FlashInfer reads them on its fa2 paths (decode, and prefill at head dim > 256); its Hopper
+        (fa3) prefill planner never splits the KV — one work item per 128-row query tile of one
+        request over that request's whole KV (PrefillSM90Plan, flashinfer 0.7.2) — so a row's
+        reduction order there does not follow the batch either."""
         return {"disable_split_kv": True} if self.batch_invariant else {}
 
     def sibling(self) -> FlashInferAttention:
