@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gates.runner.execution import GateOutcome, Result, judge_tests, run_gate
+from gates.runner.execution import GateOutcome, Result, judge_tests, run_gates
 from gates.runner.manifest import Gate, Manifest
 from gates.runner.needs import HF_REFERENCE
 from gates.runner.preflight import CHECKPOINT_ENV
@@ -55,12 +55,8 @@ def run_gates_shared(
     on_done: Callable[[GateOutcome], None],
 ) -> list[GateOutcome]:
     """Outcomes in the order of `gates`."""
-    outcomes: dict[str, GateOutcome] = {}
-    for gate in gates:
-        if gate.isolated:
-            on_start(gate)
-            outcomes[gate.id] = run_gate(manifest, gate, checkpoint)
-            on_done(outcomes[gate.id])
+    isolated = run_gates(manifest, [gate for gate in gates if gate.isolated], checkpoint, on_start, on_done)
+    outcomes = {outcome.gate.id: outcome for outcome in isolated}
     pending = shared_order(manifest, gates)
     while pending:
         finished = _one_process(manifest, pending, checkpoint, on_start, on_done)
