@@ -22,7 +22,11 @@ from engine.contract import Request, SamplingParams
 from engine.forward_batch import RooflineFacts
 from engine.model_runner import PagedModelRunner
 from engine.scheduler import BatchScheduler
+from engine.step_profile import StepBreakdown, profile_steps
 from kernels.bench import measure_copy_gb_per_s
+
+# Steps profiled for a breakdown (`breakdown=True`), after the timed ones.
+PROFILED_STEPS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +36,7 @@ class DecodeResult:
     step_ms: float
     replay_ms: float | None
     floor_ms: float
+    breakdown: StepBreakdown | None = None
 
     @property
     def step_pct_of_floor(self) -> float:
@@ -47,6 +52,7 @@ class PrefillResult:
     tokens: int
     ms: float
     floor_ms: float
+    breakdown: StepBreakdown | None = None
 
     @property
     def pct_of_floor(self) -> float:
@@ -102,6 +108,10 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
+def _device() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
 def _idle(scheduler: BatchScheduler) -> None:
     while scheduler.has_work():
         scheduler.step()
@@ -114,9 +124,10 @@ def bench_decode(
     batch: int,
     context: int,
     iters: int = 30,
+    breakdown: bool = False,
 ) -> DecodeResult:
     warmup = 5
-    params = SamplingParams(max_tokens=warmup + iters + 2, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=warmup + iters + PROFILED_STEPS + 2, temperature=0.0, ignore_eos=True)
     for i in range(batch):
         scheduler.submit(Request(f"decode-{batch}-{i}", _prompt(context, 1000 * batch + i), params))
     # Prefill everything, then step until every request is decoding.
@@ -130,10 +141,12 @@ def bench_decode(
         start = time.perf_counter()
         scheduler.step()
         times.append((time.perf_counter() - start) * 1e3)
+    step_ms = statistics.median(times)
+    profile = profile_steps(scheduler.step, _device(), step_ms, PROFILED_STEPS) if breakdown else None
     replay = _replay_ms(scheduler.runner, batch)
     _idle(scheduler)
     return DecodeResult(
-        batch, context, statistics.median(times), replay, decode_floor_ms(facts, batch, context, ceilings)
+        batch, context, step_ms, replay, decode_floor_ms(facts, batch, context, ceilings), profile
     )
 
 
@@ -166,15 +179,24 @@ def _cuda_median_ms(fn: Callable[[], object], reps: int = 50) -> float:
 
 
 def bench_prefill(
-    scheduler: BatchScheduler, facts: RooflineFacts, ceilings: Ceilings, tokens: int, iters: int = 5
+    scheduler: BatchScheduler,
+    facts: RooflineFacts,
+    ceilings: Ceilings,
+    tokens: int,
+    iters: int = 5,
+    breakdown: bool = False,
 ) -> PrefillResult:
     params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
-    times = []
-    for i in range(iters + 1):
+
+    def submit(i: int) -> None:
         # A fresh prompt each time: a prefix-cache hit would skip the work being measured.
         scheduler.submit(
             Request(f"prefill-{tokens}-{i}", _prompt(tokens, 7_000_000 + 31 * tokens + i), params)
         )
+
+    times = []
+    for i in range(iters + 1):
+        submit(i)
         _sync()
         start = time.perf_counter()
         scheduler.step()
@@ -182,7 +204,13 @@ def bench_prefill(
         _idle(scheduler)
         if i:  # the first run warms kernels for this shape
             times.append(elapsed)
-    return PrefillResult(tokens, statistics.median(times), prefill_floor_ms(facts, tokens, ceilings))
+    ms = statistics.median(times)
+    profile = None
+    if breakdown:
+        submit(iters + 1)
+        profile = profile_steps(scheduler.step, _device(), ms, steps=1)
+        _idle(scheduler)
+    return PrefillResult(tokens, ms, prefill_floor_ms(facts, tokens, ceilings), profile)
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +222,13 @@ class PolicyRun:
     prefill: tuple[PrefillResult, ...]
 
 
+def _row(result: DecodeResult | PrefillResult) -> dict[str, object]:
+    row = asdict(result)
+    if result.breakdown is not None:
+        row["breakdown"] = asdict(result.breakdown) | {"host_gap_ms": result.breakdown.host_gap_ms}
+    return row
+
+
 def results_json(runs: Sequence[PolicyRun], ceilings: Ceilings, facts: RooflineFacts) -> dict[str, object]:
     return {
         "ceilings": asdict(ceilings),
@@ -201,14 +236,14 @@ def results_json(runs: Sequence[PolicyRun], ceilings: Ceilings, facts: RooflineF
         "numeric_policies": [run.policy for run in runs],
         "decode": [
             {"policy": run.policy}
-            | asdict(d)
+            | _row(d)
             | {"pct_of_floor": d.step_pct_of_floor, "tokens_per_s": d.tokens_per_s}
             for run in runs
             for d in run.decode
         ],
         "prefill": [
             {"policy": run.policy}
-            | asdict(p)
+            | _row(p)
             | {"pct_of_floor": p.pct_of_floor, "tokens_per_s": p.tokens_per_s}
             for run in runs
             for p in run.prefill

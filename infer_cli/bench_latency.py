@@ -48,6 +48,12 @@ def bench_latency_command(
         help="Comma-separated numeric policies (tuned,pin,per-token,invariant), each benchmarked in turn.",
     ),
     save_result: Path | None = typer.Option(None, "--save-result", help="Write the results as JSON to FILE."),
+    breakdown: bool = typer.Option(
+        False,
+        "--breakdown",
+        help="Also profile a few steps of each measurement: device time per kernel category, and the "
+        "host gap (the step's time the device spent idle).",
+    ),
 ) -> None:
     console = Console()
     try:
@@ -76,7 +82,7 @@ def bench_latency_command(
             enable_prefix_caching=False,
             numeric_policy=policy,
         )
-        run, facts = _bench_policy(model, engine, ceilings, batches, prompts, context, console)
+        run, facts = _bench_policy(model, engine, ceilings, batches, prompts, context, breakdown, console)
         runs.append(run)
         # One model on the device at a time: the next policy's load measures its own budget.
         gc.collect()
@@ -87,6 +93,8 @@ def bench_latency_command(
         f"bf16 matmul {ceilings.matmul_tflops:,.0f} TFLOP/s"
     )
     _print_tables(console, runs, context, title)
+    if breakdown:
+        console.print(_breakdown_table(runs))
     if save_result is not None and facts is not None:
         payload = results_json(runs, ceilings, facts) | {
             "model": str(model),
@@ -105,6 +113,7 @@ def _bench_policy(
     batches: list[int],
     prompts: list[int],
     context: int,
+    breakdown: bool,
     console: Console,
 ) -> tuple[PolicyRun, RooflineFacts]:
     """Load `model` under `engine.numeric_policy`, run every decode and prefill measurement, and
@@ -127,11 +136,11 @@ def _bench_policy(
         task = progress.add_task(f"{policy}: benchmarking", total=len(batches) + len(prompts))
         for batch in batches:
             progress.update(task, description=f"{policy}: decode batch {batch}")
-            decode.append(bench_decode(scheduler, facts, ceilings, batch, context))
+            decode.append(bench_decode(scheduler, facts, ceilings, batch, context, breakdown=breakdown))
             progress.advance(task)
         for tokens in prompts:
             progress.update(task, description=f"{policy}: prefill {tokens} tokens")
-            prefill.append(bench_prefill(scheduler, facts, ceilings, tokens))
+            prefill.append(bench_prefill(scheduler, facts, ceilings, tokens, breakdown=breakdown))
             progress.advance(task)
     del scheduler, loaded
     torch.cuda.synchronize()
@@ -171,3 +180,29 @@ def _print_tables(console: Console, runs: list[PolicyRun], context: int, title: 
             )
         table.add_section()
     console.print(table)
+
+
+def _breakdown_table(runs: list[PolicyRun]) -> Table:
+    from engine.step_profile import CATEGORIES, OTHER
+
+    categories = [name for name, _ in CATEGORIES] + [OTHER]
+    table = Table(title="where a step goes (ms per step; device busy = union of kernel time)")
+    for column in ("policy", "step", "step ms", "device busy", "host gap", *categories, "kernels"):
+        table.add_column(column, justify="right")
+    for run in runs:
+        rows = [(f"decode {d.batch}", d.breakdown) for d in run.decode]
+        rows += [(f"prefill {p.tokens}", p.breakdown) for p in run.prefill]
+        for label, b in rows:
+            if b is None:
+                continue
+            table.add_row(
+                run.policy,
+                label,
+                f"{b.host_ms:.3f}",
+                f"{b.busy_ms:.3f}",
+                f"{b.host_gap_ms:.3f}",
+                *(f"{b.category_ms(c):.3f}" for c in categories),
+                f"{b.kernels_per_step:.0f}",
+            )
+        table.add_section()
+    return table

@@ -32,14 +32,14 @@ gemma4-gates() {
 }
 gemma4-latency() {
   synth_g4
-  infer bench latency --model $g4 --batch-sizes 1,8,32,64,128 --save-result $work/gemma4-12b-latency.json
+  infer bench latency --model $g4 --batch-sizes 1,8,32,64,128 --breakdown --save-result $work/gemma4-12b-latency.json
 }
 numerics() {  # issue 7's two gates on Qwen3 (Gemma 4's are in its manifest), then invariant vs tuned
   synth_q3
   infer gates --manifest qwen3 --checkpoint $q3 --gate qwen3.batch_invariance_is_bitwise \
     --gate qwen3.graph_memory_is_reserved --json $work/qwen3-numerics-gates.json
   infer bench latency --model $q3 --numeric-policy tuned,invariant --batch-sizes 1,8,64 \
-    --prefill-lens 8192 --save-result $work/invariance-qwen3-4b.json
+    --prefill-lens 8192 --breakdown --save-result $work/invariance-qwen3-4b.json
 }
 buckets() {  # graph memory per bucket and policy, then the GPU-only numerics tests
   synth_q3

@@ -1,0 +1,141 @@
+"""Where one engine step's time goes: `infer bench latency --breakdown`.
+
+A few steps run under torch.profiler. On a GPU the device's kernels (CUPTI reports those replayed
+from a CUDA graph one by one) are grouped by name into categories; the time the device was busy is
+the union of their intervals, so kernels overlapping on two streams count once. Set beside the
+step's host time (measured without the profiler, which slows the host), the difference is the host
+gap: time the device spent waiting for the host (scheduling, plans, sampling's copies back).
+Without a GPU the same figures come from operators' own CPU time, which is what the tests use.
+
+Kernel names are matched in lower case, first category first; a name no pattern matches is
+`other`, and the heaviest names are kept so an `other` that matters can be read and placed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+
+CATEGORIES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
+    (name, re.compile(pattern))
+    for name, pattern in (
+        # The Triton kernel that normalises q/k, applies RoPE and writes the KV pages.
+        ("prep", r"attention_prep"),
+        ("attention", r"flashinfer|batchprefill|batchdecode|merge_state|attention|sdpa|flash_"),
+        ("gemm", r"gemm|gemv|cublas|cutlass|nvjet|xmma|matmul|aten::mm\b|aten::addmm|aten::bmm"),
+        ("norm", r"rmsnorm|rms_norm|layer_norm"),
+        ("sampling", r"softmax|argmax|topk|sort|multinomial|cumsum|exponential"),
+        ("copy", r"copy|memcpy|memset|fill|index|gather|scatter|aten::cat"),
+        (
+            "elementwise",
+            r"elementwise|vectorized|unrolled|reduce|silu|gelu|tanh|add|mul|pow|rsqrt|mean|aten::",
+        ),
+    )
+)
+OTHER = "other"
+TOP_KERNELS = 8
+
+
+def category_of(kernel_name: str) -> str:
+    name = kernel_name.lower()
+    return next((category for category, pattern in CATEGORIES if pattern.search(name)), OTHER)
+
+
+@dataclass(frozen=True, slots=True)
+class Kernel:
+    """One kernel (or, without a GPU, one operator's own time) as the profiler saw it, in µs."""
+
+    name: str
+    start_us: float
+    duration_us: float
+
+
+@dataclass(frozen=True, slots=True)
+class StepBreakdown:
+    """Device time of one step, averaged over the profiled steps, in ms."""
+
+    steps: int
+    host_ms: float
+    busy_ms: float
+    kernels_per_step: float
+    by_category: tuple[tuple[str, float], ...]
+    top: tuple[tuple[str, float], ...]  # the heaviest kernel names, ms per step
+
+    @property
+    def host_gap_ms(self) -> float:
+        return max(0.0, self.host_ms - self.busy_ms)
+
+    def category_ms(self, category: str) -> float:
+        return dict(self.by_category).get(category, 0.0)
+
+
+def union_us(kernels: Iterable[Kernel]) -> float:
+    """Time covered by at least one of the kernels' intervals."""
+    covered, reach = 0.0, float("-inf")
+    for k in sorted(kernels, key=lambda k: k.start_us):
+        end = k.start_us + k.duration_us
+        if end > reach:
+            covered += end - max(k.start_us, reach)
+            reach = end
+    return covered
+
+
+def summarize(kernels: list[Kernel], busy_us: float, steps: int, host_ms: float) -> StepBreakdown:
+    """The breakdown of `steps` profiled steps' kernels, which kept the device busy for `busy_us`
+    in all; `host_ms` is one step's unprofiled time."""
+    per_category: dict[str, float] = defaultdict(float)
+    per_name: dict[str, float] = defaultdict(float)
+    for k in kernels:
+        per_category[category_of(k.name)] += k.duration_us
+        per_name[k.name] += k.duration_us
+    order = [category for category, _ in CATEGORIES] + [OTHER]
+    heaviest = sorted(per_name.items(), key=lambda item: -item[1])[:TOP_KERNELS]
+    return StepBreakdown(
+        steps=steps,
+        host_ms=host_ms,
+        busy_ms=busy_us / steps / 1e3,
+        kernels_per_step=len(kernels) / steps,
+        by_category=tuple((c, per_category[c] / steps / 1e3) for c in order),
+        top=tuple((name, us / steps / 1e3) for name, us in heaviest),
+    )
+
+
+def profiled_kernels(
+    step: Callable[[], object], steps: int, device: torch.device
+) -> tuple[list[Kernel], float]:
+    """Run `step` `steps` times under the profiler: the device's kernels and the time they kept it
+    busy (the union of their intervals). On the CPU: operators' own time, one thread, so busy is
+    their sum."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    on_gpu = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+        if on_gpu:
+            torch.cuda.synchronize(device)
+    kernels = []
+    for event in prof.events():
+        if on_gpu and event.device_type == DeviceType.CUDA:
+            duration = event.time_range.elapsed_us()
+        elif not on_gpu and event.device_type == DeviceType.CPU:
+            duration = event.self_cpu_time_total
+        else:
+            continue
+        if duration > 0:
+            kernels.append(Kernel(event.name, float(event.time_range.start), float(duration)))
+    busy = union_us(kernels) if on_gpu else sum(k.duration_us for k in kernels)
+    return kernels, busy
+
+
+def profile_steps(
+    step: Callable[[], object], device: torch.device, host_ms: float, steps: int = 3
+) -> StepBreakdown:
+    kernels, busy_us = profiled_kernels(step, steps, device)
+    return summarize(kernels, busy_us, steps, host_ms)

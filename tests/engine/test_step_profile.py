@@ -1,0 +1,86 @@
+"""The step breakdown of `infer bench latency --breakdown`: kernel categories, busy time, host gap."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.config import EngineConfig
+from engine.latency_bench import Ceilings, PolicyRun, bench_decode, bench_prefill, results_json
+from engine.model_runner import PagedModelRunner
+from engine.scheduler import BatchScheduler
+from engine.step_profile import OTHER, Kernel, category_of, profile_steps, summarize, union_us
+from models.registry import ModelOptions, load_model
+
+# Kernel names as CUPTI reports them on an H100/H200 (cuBLAS, FlashInfer, torch, infer's Triton).
+NAMED = {
+    "nvjet_tst_128x64_64x8_1x1_v_bz_TNT": "gemm",
+    "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1": "gemm",
+    "_invariant_gemm_kernel": "gemm",
+    "void flashinfer::BatchDecodeWithPagedKVCacheKernel<(flashinfer::PosEncodingMode)0, 2u>": "attention",
+    "void flashinfer::BatchPrefillWithPagedKVCacheKernel<flashinfer::KernelTraits<>>": "attention",
+    "attention_prep_kernel": "prep",
+    "_invariant_rmsnorm_kernel": "norm",
+    "void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float>": "sampling",
+    "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>>": "elementwise",
+    "void at::native::elementwise_kernel<128, 2, at::native::direct_copy_kernel_cuda>": "copy",
+    "Memcpy DtoH (Device -> Pinned)": "copy",
+    "some_new_kernel": OTHER,
+}
+
+
+@pytest.mark.parametrize(("name", "category"), NAMED.items())
+def test_kernel_names_fall_in_their_category(name: str, category: str) -> None:
+    assert category_of(name) == category
+
+
+def test_busy_time_counts_overlapping_kernels_once() -> None:
+    kernels = [Kernel("a", 0, 10), Kernel("b", 5, 10), Kernel("c", 30, 5), Kernel("d", 31, 1)]
+    assert union_us(kernels) == 20.0  # [0, 15) and [30, 35)
+
+
+def test_summary_averages_over_the_steps_and_keeps_the_heaviest_names() -> None:
+    kernels = [Kernel("nvjet_gemm", 0, 800), Kernel("nvjet_gemm", 2000, 800), Kernel("mystery", 900, 400)]
+    b = summarize(kernels, busy_us=2000, steps=2, host_ms=1.5)
+    assert b.category_ms("gemm") == pytest.approx(0.8)
+    assert b.category_ms(OTHER) == pytest.approx(0.2)
+    assert b.busy_ms == pytest.approx(1.0) and b.host_gap_ms == pytest.approx(0.5)
+    assert b.kernels_per_step == 1.5
+    assert b.top[0] == ("nvjet_gemm", pytest.approx(0.8))
+
+
+def test_profiling_a_cpu_step_finds_its_matmul_and_softmax() -> None:
+    a, w = torch.randn(64, 256), torch.randn(256, 256)
+
+    def step() -> None:
+        torch.softmax(a @ w, dim=-1)
+
+    b = profile_steps(step, torch.device("cpu"), host_ms=1.0, steps=2)
+    assert b.category_ms("gemm") > 0 and b.category_ms("sampling") > 0
+    # One thread: busy is the operators' own time, which the categories split without remainder.
+    assert sum(ms for _, ms in b.by_category) == pytest.approx(b.busy_ms)
+
+
+def test_bench_loops_attach_a_breakdown_and_the_json_carries_it(tiny_qwen3: Path) -> None:
+    engine = EngineConfig(
+        max_num_seqs=2, max_num_batched_tokens=64, enable_prefix_caching=False, num_kv_pages=64
+    )
+    loaded = load_model(str(tiny_qwen3), ModelOptions(engine=engine, device="cpu"))
+    scheduler = loaded.scheduler
+    assert isinstance(scheduler, BatchScheduler) and isinstance(scheduler.runner, PagedModelRunner)
+    facts = scheduler.runner.model.roofline()
+    ceilings = Ceilings(copy_gb_per_s=4000.0, matmul_tflops=800.0)
+    decode = bench_decode(scheduler, facts, ceilings, batch=2, context=20, iters=2, breakdown=True)
+    prefill = bench_prefill(scheduler, facts, ceilings, tokens=32, iters=1, breakdown=True)
+    for b in (decode.breakdown, prefill.breakdown):
+        assert b is not None and b.category_ms("gemm") > 0 and b.kernels_per_step > 0
+    load = scheduler.load()
+    assert (load.running, load.waiting, load.kv_pages_used) == (0, 0, 0)
+    payload = json.loads(
+        json.dumps(results_json([PolicyRun("tuned", (decode,), (prefill,))], ceilings, facts))
+    )
+    row = payload["decode"][0]["breakdown"]
+    assert row["host_gap_ms"] >= 0 and dict(row["by_category"])["gemm"] > 0
