@@ -41,11 +41,16 @@ numerics() {  # issue 7's two gates on Qwen3 (Gemma 4's are in its manifest), th
   infer bench latency --model $q3 --numeric-policy tuned,invariant --batch-sizes 1,8,64 \
     --prefill-lens 8192 --breakdown --save-result $work/invariance-qwen3-4b.json
 }
-buckets() {  # graph memory per bucket and policy, then the GPU-only numerics tests
+buckets() {  # graph memory per bucket and policy, start-up under each policy, the GPU-only numerics tests
   synth_q3
   infer bench --buckets all --model $q3 --numeric-policy tuned,pin,per-token,invariant \
     --save-result $work/buckets-qwen3-4b.json --plot
+  python3 docs/benchmarks/scripts/startup_per_policy.py $q3 --save $work/startup-per-policy-qwen3-4b.json
   python3 -m pytest -q -x --tb=short tests/kernels/test_invariant_gemm.py tests/kernels/test_norm_dispatch.py tests/sampling
+}
+gemma4-startup() {  # issue 7's start-up point on the 12b, every policy
+  synth_g4
+  python3 docs/benchmarks/scripts/startup_per_policy.py $g4 --save $work/startup-per-policy-gemma4-12b.json
 }
 qwen3-gates() {
   synth_q3
@@ -60,7 +65,7 @@ kernels() {
   infer gates --manifest kernels --tier gpu --json $work/kernels-gates.json
   infer bench kernels --save-result $work/bench-kernels.json
 }
-PIPELINE="gemma4-gates gemma4-latency numerics buckets qwen3-gates"
+PIPELINE="gemma4-gates gemma4-latency numerics buckets gemma4-startup qwen3-gates"
 
 # The pipeline, in its own session so it outlives the call; $work/STEP.log per step, and
 # $work/steps.txt a line as each step ends.
@@ -98,7 +103,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gemma4-latency | numerics | buckets | qwen3-gates | decode-paths | kernels)
+  gemma4-gates | gemma4-latency | numerics | buckets | gemma4-startup | qwen3-gates | decode-paths | kernels)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
