@@ -11,6 +11,7 @@ the JSON carries the policy it ran under.
 
 from __future__ import annotations
 
+import logging
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -27,6 +28,18 @@ from kernels.bench import measure_copy_gb_per_s
 
 # Steps profiled for a breakdown (`breakdown=True`), after the timed ones.
 PROFILED_STEPS = 3
+
+log = logging.getLogger(__name__)
+
+
+def _breakdown(scheduler: BatchScheduler, host_ms: float, steps: int) -> StepBreakdown | None:
+    """The profiled breakdown, or None, said in the log, when the profiler itself fails (no CUPTI,
+    say): the timings it would annotate are measured without it and are kept."""
+    try:
+        return profile_steps(scheduler.step, _device(), host_ms, steps)
+    except RuntimeError as exc:
+        log.warning("step breakdown unavailable, timings kept: %s", exc)
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +155,7 @@ def bench_decode(
         scheduler.step()
         times.append((time.perf_counter() - start) * 1e3)
     step_ms = statistics.median(times)
-    profile = profile_steps(scheduler.step, _device(), step_ms, PROFILED_STEPS) if breakdown else None
+    profile = _breakdown(scheduler, step_ms, PROFILED_STEPS) if breakdown else None
     replay = _replay_ms(scheduler.runner, batch)
     _idle(scheduler)
     return DecodeResult(
@@ -208,7 +221,7 @@ def bench_prefill(
     profile = None
     if breakdown:
         submit(iters + 1)
-        profile = profile_steps(scheduler.step, _device(), ms, steps=1)
+        profile = _breakdown(scheduler, ms, steps=1)
         _idle(scheduler)
     return PrefillResult(tokens, ms, prefill_floor_ms(facts, tokens, ceilings), profile)
 

@@ -84,3 +84,23 @@ def test_bench_loops_attach_a_breakdown_and_the_json_carries_it(tiny_qwen3: Path
     )
     row = payload["decode"][0]["breakdown"]
     assert row["host_gap_ms"] >= 0 and dict(row["by_category"])["gemm"] > 0
+
+
+def test_a_profiler_that_fails_leaves_the_timings(
+    tiny_qwen3: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(*_: object, **__: object) -> None:
+        raise RuntimeError("CUPTI_ERROR_NOT_INITIALIZED")
+
+    monkeypatch.setattr("engine.latency_bench.profile_steps", broken)
+    engine = EngineConfig(
+        max_num_seqs=2, max_num_batched_tokens=64, enable_prefix_caching=False, num_kv_pages=64
+    )
+    loaded = load_model(str(tiny_qwen3), ModelOptions(engine=engine, device="cpu"))
+    scheduler = loaded.scheduler
+    assert isinstance(scheduler, BatchScheduler) and isinstance(scheduler.runner, PagedModelRunner)
+    facts = scheduler.runner.model.roofline()
+    ceilings = Ceilings(copy_gb_per_s=4000.0, matmul_tflops=800.0)
+    decode = bench_decode(scheduler, facts, ceilings, batch=2, context=20, iters=2, breakdown=True)
+    assert decode.breakdown is None and decode.step_ms > 0
+    assert "CUPTI_ERROR_NOT_INITIALIZED" in caplog.text
