@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
+from engine.forward_batch import RooflineFacts
 from engine.latency_bench import Ceilings, PolicyRun, bench_decode, bench_prefill, results_json
 from engine.model_runner import PagedModelRunner
 from engine.scheduler import BatchScheduler
@@ -64,14 +65,17 @@ def test_profiling_a_cpu_step_finds_its_matmul_and_softmax() -> None:
     assert sum(ms for _, ms in b.by_category) == pytest.approx(b.busy_ms)
 
 
-def test_bench_loops_attach_a_breakdown_and_the_json_carries_it(tiny_qwen3: Path) -> None:
+def _tiny_scheduler(checkpoint: Path) -> tuple[BatchScheduler, RooflineFacts]:
     engine = EngineConfig(
         max_num_seqs=2, max_num_batched_tokens=64, enable_prefix_caching=False, num_kv_pages=64
     )
-    loaded = load_model(str(tiny_qwen3), ModelOptions(engine=engine, device="cpu"))
-    scheduler = loaded.scheduler
+    scheduler = load_model(str(checkpoint), ModelOptions(engine=engine, device="cpu")).scheduler
     assert isinstance(scheduler, BatchScheduler) and isinstance(scheduler.runner, PagedModelRunner)
-    facts = scheduler.runner.model.roofline()
+    return scheduler, scheduler.runner.model.roofline()
+
+
+def test_bench_loops_attach_a_breakdown_and_the_json_carries_it(tiny_qwen3: Path) -> None:
+    scheduler, facts = _tiny_scheduler(tiny_qwen3)
     ceilings = Ceilings(copy_gb_per_s=4000.0, matmul_tflops=800.0)
     decode = bench_decode(scheduler, facts, ceilings, batch=2, context=20, iters=2, breakdown=True)
     prefill = bench_prefill(scheduler, facts, ceilings, tokens=32, iters=1, breakdown=True)
@@ -93,13 +97,7 @@ def test_a_profiler_that_fails_leaves_the_timings(
         raise RuntimeError("CUPTI_ERROR_NOT_INITIALIZED")
 
     monkeypatch.setattr("engine.latency_bench.profile_steps", broken)
-    engine = EngineConfig(
-        max_num_seqs=2, max_num_batched_tokens=64, enable_prefix_caching=False, num_kv_pages=64
-    )
-    loaded = load_model(str(tiny_qwen3), ModelOptions(engine=engine, device="cpu"))
-    scheduler = loaded.scheduler
-    assert isinstance(scheduler, BatchScheduler) and isinstance(scheduler.runner, PagedModelRunner)
-    facts = scheduler.runner.model.roofline()
+    scheduler, facts = _tiny_scheduler(tiny_qwen3)
     ceilings = Ceilings(copy_gb_per_s=4000.0, matmul_tflops=800.0)
     decode = bench_decode(scheduler, facts, ceilings, batch=2, context=20, iters=2, breakdown=True)
     assert decode.breakdown is None and decode.step_ms > 0
