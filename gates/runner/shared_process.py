@@ -84,6 +84,13 @@ class _Follow:
     def unfinished(self) -> list[Gate]:
         return [gate for gate in self.gates if gate.id not in self.finished]
 
+    def running(self) -> tuple[Gate, float]:
+        """The gate the process is in and since when; before any test starts, the first unjudged
+        gate, since the process started (imports and collection count against it)."""
+        if self.current is not None:
+            return self.current, self.current_since
+        return self.unfinished()[0], self.started
+
     def apply(self, event: Mapping[str, Any], now: float) -> Iterator[Gate | GateOutcome]:
         """Update from one event; yields a gate as it starts and its outcome as it ends."""
         kind = event.get("event")
@@ -171,8 +178,7 @@ def _one_process(
                             on_start(value)
                 if stop or exited or not follow.unfinished():
                     break
-                running = follow.current or follow.unfinished()[0]
-                since = follow.current_since if follow.current is not None else follow.started
+                running, since = follow.running()
                 if time.monotonic() - since > running.timeout_s:
                     if follow.current is None:
                         on_start(running)
@@ -187,8 +193,9 @@ def _one_process(
         if not follow.finished or follow.current is not None:
             # The process ended inside a gate (or before any): a failure among the tests it ran
             # (-x stops at the first), else a crash.
-            gate = follow.current or follow.unfinished()[0]
-            if follow.current is None:
+            announced = follow.current is not None  # on_start already called for it
+            gate, since = follow.running()
+            if not announced:
                 on_start(gate)
             records = follow.tests.get(gate.id, [])
             result, message = judge_tests(gate, records) if records else ("error", "")
@@ -198,7 +205,6 @@ def _one_process(
             else:
                 expected = len((follow.items or {}).get(gate.id, []))
                 message += f" ({len(records)} of its {expected} tests ran: a failure stops the process)"
-            since = follow.current_since if follow.current is not None else follow.started
             on_done(follow.finish(gate, result, message, time.monotonic() - since, _tail(log)))
         return follow.finished
 
