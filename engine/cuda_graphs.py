@@ -113,13 +113,19 @@ class GraphedDecode:
         self.steps_per_bucket: dict[int, int] = dict.fromkeys(self.buckets, 0)
         # Steps whose forward was a replay of the bucket's captured graph (a subset of the above).
         self.replays_per_bucket: dict[int, int] = dict.fromkeys(self.buckets, 0)
-        # The graph memory start-up set aside in the KV budget for these graphs (its trial capture's
-        # free-memory drop); None when nothing was reserved. `captured_bytes` is what they took.
-        self.reserved_bytes: int | None = None
+        # The trial capture whose free-memory drop start-up set aside in the KV budget for these
+        # graphs; None when nothing was reserved. `captured_bytes` is what they took.
+        self.reserved_records: tuple[CaptureRecord, ...] | None = None
 
     @property
     def max_bucket(self) -> int:
         return self.buckets[-1]
+
+    @property
+    def reserved_bytes(self) -> int | None:
+        if self.reserved_records is None:
+            return None
+        return sum(r.bytes_added for r in self.reserved_records)
 
     @property
     def captured_bytes(self) -> int:

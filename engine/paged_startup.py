@@ -272,14 +272,16 @@ def start_paged_model(
     outside_torch = max(0, total - free - torch.cuda.memory_reserved(device))
 
     graph_estimate = 0
+    trial_records: tuple[CaptureRecord, ...] = ()
     if use_graphs:
         trial = GraphedDecode(model, attention, buckets, max_pages_per_seq)
         _capture(trial, console, "measuring decode graphs")
-        graph_estimate = sum(r.bytes_added for r in trial.records)
+        trial_records = tuple(trial.records)
+        graph_estimate = sum(r.bytes_added for r in trial_records)
         # A configuration whose graphs cannot fit is refused here, naming the largest bucket that
         # does, never by an out-of-memory error later.
         require_fit(
-            [BucketMemory(r.bucket, r.bytes_added, r.pool_bytes) for r in trial.records],
+            [BucketMemory(r.bucket, r.bytes_added, r.pool_bytes) for r in trial_records],
             graphs_available(
                 total, config.gpu_memory_utilization, weights + outside_torch, activation_peak, 2 * per_page
             ),
@@ -302,7 +304,7 @@ def start_paged_model(
     graphs: GraphedDecode | None = None
     if use_graphs:
         graphs = GraphedDecode(model, attention, buckets, max_pages_per_seq)
-        graphs.reserved_bytes = graph_estimate
+        graphs.reserved_records = trial_records
         _capture(graphs, console, "capturing decode graphs")
     actual = graphs.captured_bytes if graphs else 0
     # The context a request can reach is what the full groups hold (all of them when none is).

@@ -19,10 +19,12 @@ import torch
 
 from engine.config import EngineConfig
 from engine.contract import Request
-from engine.cuda_graphs import MAX_GRAPH_BUCKET, decode_buckets
+from engine.cuda_graphs import MAX_GRAPH_BUCKET, CaptureRecord, decode_buckets
 from engine.graph_budget import ReserveCheck
 from engine.memory_budget import GIB
 from gates.harness.serving import drive, greedy, load_for_gate, paged_runner, random_prompt
+
+MIB = 1 << 20
 
 UTILISATION = 0.9
 # serve's default step budget: the profiled activation peak is the one serve would reserve.
@@ -43,6 +45,9 @@ class MarginReading:
     free: int
     total: int
     utilisation: float
+    # torch's allocator at the reading: live tensors, and what it holds (live + cached blocks).
+    allocated: int
+    reserved: int
 
     @property
     def margin(self) -> int:
@@ -53,16 +58,37 @@ class MarginReading:
         return self.free >= self.margin
 
     def describe(self) -> str:
+        # Where the memory is, so a broken margin says whether the allocator's cache (fragmentation
+        # across step shapes) or memory outside it grew.
+        outside = self.total - self.free - self.reserved
         return (
             f"{self.when}: free {self.free / GIB:.3f} GiB, margin {self.margin / GIB:.3f} GiB "
-            f"((1 − {self.utilisation}) × {self.total / GIB:.1f} GiB)"
+            f"((1 − {self.utilisation}) × {self.total / GIB:.1f} GiB); torch allocated "
+            f"{self.allocated / GIB:.3f} GiB, cached {(self.reserved - self.allocated) / GIB:.3f} GiB, "
+            f"outside torch {outside / GIB:.3f} GiB"
         )
 
 
 def read_margin(when: str, utilisation: float) -> MarginReading:
     torch.cuda.synchronize()
     free, total = torch.cuda.mem_get_info()
-    return MarginReading(when, free, total, utilisation)
+    return MarginReading(
+        when, free, total, utilisation, torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+    )
+
+
+def _bucket_differences(reserved: Sequence[CaptureRecord], measured: Sequence[CaptureRecord]) -> str:
+    """The buckets whose trial and real captures differ most (free-memory drop, and pool growth)."""
+    trial = {r.bucket: r for r in reserved}
+    pairs = sorted(
+        ((trial[r.bucket], r) for r in measured if r.bucket in trial),
+        key=lambda p: -abs(p[0].bytes_added - p[1].bytes_added),
+    )
+    return "; ".join(
+        f"bucket {t.bucket}: trial {t.bytes_added / MIB:.0f} MiB (pool {t.pool_bytes / MIB:.0f}), "
+        f"real {m.bytes_added / MIB:.0f} MiB (pool {m.pool_bytes / MIB:.0f})"
+        for t, m in pairs[:3]
+    )
 
 
 def _largest_steps(
@@ -98,9 +124,9 @@ def check_graph_memory_is_reserved(checkpoint: Path, vocab_size: int, avoid: Seq
             raise GraphMemoryError(
                 f"{policy}: captured buckets {graphs.buckets}, expected every bucket up to {MAX_GRAPH_BUCKET}"
             )
-        if graphs.reserved_bytes is None:
+        if graphs.reserved_records is None:
             raise GraphMemoryError(f"{policy}: start-up reserved no graph memory in the KV budget")
-        reserve = ReserveCheck(graphs.reserved_bytes, graphs.captured_bytes)
+        reserve = ReserveCheck(sum(r.bytes_added for r in graphs.reserved_records), graphs.captured_bytes)
         readings = [read_margin(f"{policy} after start-up", UTILISATION)]
         rows, prefill = _largest_steps(vocab_size, MAX_GRAPH_BUCKET, SERVE_TOKEN_BUDGET, avoid)
         drive(model, rows)
@@ -114,8 +140,14 @@ def check_graph_memory_is_reserved(checkpoint: Path, vocab_size: int, avoid: Seq
         if not reserve.within(RESERVE_TOLERANCE_PCT):
             problems.append(
                 f"{policy}: graph memory reserved {reserve.reserved / GIB:.3f} GiB, measured "
-                f"{reserve.measured / GIB:.3f} GiB ({reserve.diff_pct:+.1f} %, limit ±{RESERVE_TOLERANCE_PCT} %)"
+                f"{reserve.measured / GIB:.3f} GiB ({reserve.diff_pct:+.1f} %, limit ±{RESERVE_TOLERANCE_PCT} %); "
+                + _bucket_differences(graphs.reserved_records, graphs.records)
             )
+        for reading in readings:
+            print(reading.describe())
+        print(
+            f"{policy}: graph memory reserved {reserve.reserved / GIB:.3f} GiB, measured {reserve.measured / GIB:.3f} GiB"
+        )
         if problems:
             raise GraphMemoryError("; ".join(problems))
         del model, graphs

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-InitKind = Literal["normal", "centred", "uniform", "log_uniform"]
+InitKind = Literal["normal", "centred", "uniform", "log_uniform", "head_scaled"]
 TokenizerKind = Literal["real", "trained"]
 
 
@@ -19,7 +19,9 @@ class InitRule:
     """Tensors whose name ends with `suffix` draw from this distribution.
 
     normal: N(0, a); centred: a + N(0, b) (norm weights around their identity value);
-    uniform: U(a, b); log_uniform: log U(a, b) (Gated DeltaNet's A_log).
+    uniform: U(a, b); log_uniform: log U(a, b) (Gated DeltaNet's A_log);
+    head_scaled: d^(-1/4) · (a + N(0, b)), d the tensor's last dimension (a head dim): Q and K norm
+    weights that carry the 1/sqrt(d) a model attending at scale 1 leaves out of its scale.
     """
 
     suffix: str

@@ -81,12 +81,14 @@ def materialise(spec: TensorSpec, rule: InitRule, seed: int, device: torch.devic
     same bits on the same kind of device; CPU and CUDA generators differ)."""
     generator = torch.Generator(device=device)
     generator.manual_seed(tensor_seed(seed, spec.name))
-    if rule.kind in ("normal", "centred"):
+    if rule.kind in ("normal", "centred", "head_scaled"):
         values = torch.randn(spec.shape, generator=generator, device=device, dtype=torch.float32)
         if rule.kind == "normal":
             values.mul_(rule.a)
         else:
             values.mul_(rule.b).add_(rule.a)
+        if rule.kind == "head_scaled":
+            values.mul_(spec.shape[-1] ** -0.25)
     else:
         values = torch.rand(spec.shape, generator=generator, device=device, dtype=torch.float32)
         values.mul_(rule.b - rule.a).add_(rule.a)

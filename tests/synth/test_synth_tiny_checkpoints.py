@@ -176,6 +176,15 @@ def test_tiny_gemma4_has_every_architectural_feature(checkpoints: dict[str, tupl
             )
     scalars = [weights[f"model.layers.{i}.layer_scalar"].item() for i in range(len(raw["layer_types"]))]
     assert all(0.5 <= s <= 1.5 for s in scalars) and len(set(scalars)) == len(scalars)
+    # Gemma 4 attends at scale 1: its Q and K norm weights centre on head_dim^(-1/4), so Q·K of
+    # normalised heads has a standard deviation near 1 (family comment in models/synth/families/gemma4.py).
+    for layer, kind in enumerate(raw["layer_types"]):
+        head_dim = raw["global_head_dim"] if kind == "full_attention" else raw["head_dim"]
+        for norm in ("q_norm", "k_norm"):
+            weight = weights[f"model.layers.{layer}.self_attn.{norm}.weight"]
+            assert weight.shape == (head_dim,)
+            assert abs(float(weight.mean()) - head_dim**-0.25) < 0.1 * head_dim**-0.25, (layer, norm)
+        assert abs(float(weights[f"model.layers.{layer}.input_layernorm.weight"].mean()) - 1) < 0.1
 
 
 def test_tiny_qwen35_has_every_architectural_feature(checkpoints: dict[str, tuple[Path, Path, Path]]) -> None:

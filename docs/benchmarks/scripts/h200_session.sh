@@ -8,8 +8,9 @@
 # Every call leaves $OUT/runs.tgz (every report, log and plot so far) and prints each step's end.
 # Copy what matters into docs/benchmarks/ with the date, commit, device and command.
 #
-# Order is priority: Gemma 4's manifest and latency (issue 6), then Qwen3's numeric-policy gates,
-# invariance latency and bucket sweep (issue 7), then the Qwen3 manifest again on the current code.
+# Order is priority: Gemma 4's latency (which also builds every FlashInfer kernel the manifest needs)
+# and manifest (issue 6), then Qwen3's numeric-policy gates, invariance latency and bucket sweep
+# (issue 7), then the Qwen3 manifest again on the current code.
 # A step that fails does not stop the ones after it. Single steps can still be run by name
 # (STAGE=gemma4-gates, STAGE=buckets, ...), in the foreground.
 set -uo pipefail
@@ -65,7 +66,7 @@ kernels() {
   infer gates --manifest kernels --tier gpu --json $work/kernels-gates.json
   infer bench kernels --save-result $work/bench-kernels.json
 }
-PIPELINE="gemma4-gates gemma4-latency numerics buckets gemma4-startup qwen3-gates"
+PIPELINE="gemma4-latency gemma4-gates numerics buckets gemma4-startup qwen3-gates"
 
 # The pipeline, in its own session so it outlives the call; $work/STEP.log per step, and
 # $work/steps.txt a line as each step ends.

@@ -43,7 +43,19 @@ GEMMA4_PINNED: dict[int, SpecialToken] = {
 
 # Gemma 4's RMSNorm scales by w (not 1 + w): norm weights centre on 1. The per-layer scalar is
 # drawn away from 1 so that an engine that forgets it is caught.
+#
+# Q and K norm weights are the exception. Gemma 4 attends at scale 1, so its trained Q/K norm
+# weights carry the 1/sqrt(head_dim) other models put in the scale. At weights near 1, Q·K has a
+# standard deviation of sqrt(head_dim) (16 on sliding layers, 22.6 on global ones): softmax is
+# nearly an argmax, and bf16 rounding sends the model somewhere else entirely. Seen at the real
+# head dims (12 layers, transformers alone, bf16 against fp32 on one 400-token prompt): weights
+# near 1 gave hidden states 129 % apart at the last layer and the same top token at 1.3 % of
+# positions, so no bf16 engine, transformers included, could pass a parity gate on the 12B preset
+# (every stream comparison of the H200 run at 43f10c5 parted at token 0). Weights near
+# head_dim^(-1/4) give Q·K a standard deviation near 1: 2.9 % apart, 94 % the same top token.
 GEMMA4_INIT_RULES = (
+    InitRule("self_attn.q_norm.weight", "head_scaled", 1.0, 0.1),
+    InitRule("self_attn.k_norm.weight", "head_scaled", 1.0, 0.1),
     InitRule("norm.weight", "centred", 1.0, 0.1),
     InitRule("layer_scalar", "uniform", 0.5, 1.5),
 )
