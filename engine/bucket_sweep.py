@@ -3,12 +3,14 @@
 For one policy the model is loaded eagerly with a small KV pool (enough for the profiling step),
 then, as start-up does (engine.paged_startup):
   1. a trial capture of every bucket, largest first into one shared pool: the sum of its free-memory
-     drops is the graph figure the engine reserves in the KV budget;
+     drops, less what stayed resident once it was dropped (engine.cuda_graphs.TrialCapture), is the
+     graph figure the engine reserves in the KV budget;
   2. the trial is dropped and every bucket captured again, the measured capture. Per bucket it
      records the drop in free device memory, the growth of the allocator's reserved memory (the
      shared pool), the graph's node count and its replay time.
 The budget check compares the reserved figure with the measured one, and asks which buckets fit in
-what utilisation × device memory leaves after weights, the activation peak and the smallest KV pool.
+what utilisation × device memory leaves after what is resident, the activation peak and the smallest KV
+pool.
 
 Node count: GraphedDecode instantiates its graphs without keeping the captured `cudaGraph_t`, so
 `CUDAGraph.raw_cuda_graph()` + `cudaGraphGetNodes` is not available; instead one replay is run under
@@ -30,14 +32,13 @@ from typing import Any
 import torch
 
 from engine.config import EngineConfig
-from engine.cuda_graphs import CaptureRecord, GraphedDecode
+from engine.cuda_graphs import CaptureRecord, GraphedDecode, trial_capture
 from engine.graph_budget import (
     BucketMemory,
     GraphFit,
     ReserveCheck,
     fit_buckets,
     graphs_available,
-    reserve_check,
 )
 
 NODE_COUNT_METHOD = "device activities of one profiled replay (torch.profiler/CUPTI)"
@@ -164,17 +165,18 @@ def sweep_policy(
     kv_now = sum(g.spec.num_pages * size for g, size in zip(scheduler.kv.groups, per_page, strict=True))
 
     _settle()
-    weights = torch.cuda.memory_allocated() - kv_now
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
     profile_step(model, attention, engine)
     activation_peak = torch.cuda.max_memory_allocated() - before
     total = torch.cuda.get_device_properties(model.device).total_memory
 
-    trial = GraphedDecode(model, attention, sorted(buckets), max_pages)
-    reserved = [BucketMemory(r.bucket, r.bytes_added, r.pool_bytes) for r in _capture_measured(trial)]
-    del trial
+    trial = trial_capture(GraphedDecode(model, attention, sorted(buckets), max_pages), _capture_measured)
     _settle()
+    # As start-up reads it: what stays resident, less the KV pool loaded for profiling (the
+    # engine sizes its pool after dropping that one) and less what the trial left (in its records).
+    free, _ = torch.cuda.mem_get_info()
+    resident = total - free - kv_now - trial.persisted_outside
 
     graphs = GraphedDecode(model, attention, sorted(buckets), max_pages)
     measured: list[BucketMeasurement] = []
@@ -194,8 +196,8 @@ def sweep_policy(
         measured.append(m)
         if on_bucket is not None:
             on_bucket(m)
-    check = reserve_check(reserved, [m.memory() for m in measured])
-    available = graphs_available(total, utilization, weights, activation_peak, kv_min)
+    check = ReserveCheck(trial.reserve_bytes, sum(m.device_bytes for m in measured))
+    available = graphs_available(total, utilization, resident, activation_peak, kv_min)
     fit = fit_buckets([m.memory() for m in measured], available)
     del graphs, model, attention, scheduler, loaded
     _settle()

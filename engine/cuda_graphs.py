@@ -67,6 +67,48 @@ class CaptureRecord:
         return self.free_before - self.free_after
 
 
+def outside_torch_bytes() -> int:
+    """Device memory in use that torch's allocator does not hold (the CUDA context, loaded kernel
+    modules, instantiated graphs, library handles), other processes' included."""
+    torch.cuda.synchronize()
+    free, total = torch.cuda.mem_get_info()
+    return total - free - torch.cuda.memory_reserved()
+
+
+@dataclass(frozen=True, slots=True)
+class TrialCapture:
+    """A throwaway capture of every bucket, made before the KV pool exists to measure what the
+    graphs will take once it does (they must be captured against the real pool)."""
+
+    records: tuple[CaptureRecord, ...]
+    # Memory outside torch's allocator that the trial's captures took and that stayed once its
+    # graphs were dropped: kernel modules first loaded inside a capture window (cuBLAS picks its
+    # kernels per row count, and may pick others under capture than in the eager warm-up). It is
+    # in `records`, stays resident, and the real capture does not take it again.
+    persisted_outside: int
+
+    @property
+    def captured_bytes(self) -> int:
+        return sum(r.bytes_added for r in self.records)
+
+    @property
+    def reserve_bytes(self) -> int:
+        """What the real capture is expected to take: the trial's figure less what stayed."""
+        return max(0, self.captured_bytes - self.persisted_outside)
+
+
+def trial_capture(graphs: GraphedDecode, capture: Callable[[GraphedDecode], object]) -> TrialCapture:
+    """Capture `graphs` with `capture`, drop them, and say what they took and what stayed. The
+    caller must hold no other reference to `graphs`."""
+    outside_before = outside_torch_bytes()
+    capture(graphs)
+    records = tuple(graphs.records)
+    del graphs
+    gc.collect()
+    torch.cuda.empty_cache()
+    return TrialCapture(records, max(0, outside_torch_bytes() - outside_before))
+
+
 class GraphedDecode:
     """Owns the static buffers and graphs of one `PagedCausalLM` (see engine.model_runner)."""
 
@@ -113,9 +155,9 @@ class GraphedDecode:
         self.steps_per_bucket: dict[int, int] = dict.fromkeys(self.buckets, 0)
         # Steps whose forward was a replay of the bucket's captured graph (a subset of the above).
         self.replays_per_bucket: dict[int, int] = dict.fromkeys(self.buckets, 0)
-        # The trial capture whose free-memory drop start-up set aside in the KV budget for these
-        # graphs; None when nothing was reserved. `captured_bytes` is what they took.
-        self.reserved_records: tuple[CaptureRecord, ...] | None = None
+        # The trial capture from which start-up set graph memory aside in the KV budget; None when
+        # nothing was reserved. `captured_bytes` is what these graphs took.
+        self.reserved: TrialCapture | None = None
 
     @property
     def max_bucket(self) -> int:
@@ -123,9 +165,7 @@ class GraphedDecode:
 
     @property
     def reserved_bytes(self) -> int | None:
-        if self.reserved_records is None:
-            return None
-        return sum(r.bytes_added for r in self.reserved_records)
+        return None if self.reserved is None else self.reserved.reserve_bytes
 
     @property
     def captured_bytes(self) -> int:

@@ -56,11 +56,6 @@ def graph_bytes_up_to(records: Sequence[BucketMemory], top: int) -> int:
     return pool + sum(r.outside_pool_bytes for r in ordered if r.bucket <= top)
 
 
-def total_graph_bytes(records: Sequence[BucketMemory]) -> int:
-    """What the whole set took: the sum of the free-memory drops (the figure the engine reserves)."""
-    return sum(r.device_bytes for r in records)
-
-
 @dataclass(frozen=True, slots=True)
 class GraphFit:
     """Which buckets fit in `available` bytes, smallest first."""
@@ -134,7 +129,3 @@ class ReserveCheck:
 
     def within(self, pct: float) -> bool:
         return abs(self.diff_pct) <= pct
-
-
-def reserve_check(reserved: Sequence[BucketMemory], measured: Sequence[BucketMemory]) -> ReserveCheck:
-    return ReserveCheck(total_graph_bytes(reserved), total_graph_bytes(measured))

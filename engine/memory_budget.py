@@ -1,11 +1,12 @@
-"""How many KV pages fit: budget = utilisation × device memory − weights − activation peak − graphs
-− memory outside torch's allocator.
+"""How many KV pages fit: budget = utilisation × device memory − weights − other resident memory −
+activation peak − graphs.
 
-Every term is measured on the device: the weights as allocated, the activation peak by a profiling
-forward of the largest step, the graphs by capturing them (engine.cuda_graphs records the free
-memory each bucket took), and what the device uses beyond torch's allocator (the CUDA context,
-loaded kernel modules, library handles) as in-use memory minus torch's reserved memory after the
-profiling step. On CPU there is no device to measure and a fixed KV allowance is used.
+Every term is measured on the device: the weights as allocated before start-up; everything else
+resident when the pool is sized (device memory in use then, less the weights: the CUDA context,
+kernel modules, library workspaces, buffers start-up left behind, other processes); the activation
+peak by a profiling forward of the largest step; the graphs by a trial capture (engine.cuda_graphs
+records the free memory each bucket took). On CPU there is no device to measure and a fixed KV
+allowance is used.
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ class MemoryBudget:
     weights: int
     activation_peak: int
     graphs: int
-    # Device memory in use outside torch's caching allocator; the margin promised to everything
-    # else on the device is what utilisation leaves after it too.
-    outside_torch: int = 0
+    # Device memory in use when the pool is sized, beyond the weights: the margin promised to
+    # everything else on the device is what utilisation leaves after it too.
+    other_resident: int = 0
 
     @property
     def kv_bytes(self) -> int:
@@ -41,7 +42,7 @@ class MemoryBudget:
             - self.weights
             - self.activation_peak
             - self.graphs
-            - self.outside_torch
+            - self.other_resident
         )
 
     def pages(self, bytes_per_page: int) -> int:
@@ -49,7 +50,7 @@ class MemoryBudget:
             raise MemoryBudgetError(
                 f"no room for the KV cache: {self.utilization:.2f} × {self.total / GIB:.1f} GiB − weights "
                 f"{self.weights / GIB:.2f} GiB − activations {self.activation_peak / GIB:.2f} GiB − graphs "
-                f"{self.graphs / GIB:.2f} GiB − outside torch {self.outside_torch / GIB:.2f} GiB = "
+                f"{self.graphs / GIB:.2f} GiB − other resident {self.other_resident / GIB:.2f} GiB = "
                 f"{self.kv_bytes / GIB:.2f} GiB"
             )
         return self.kv_bytes // bytes_per_page
@@ -58,6 +59,6 @@ class MemoryBudget:
         return (
             f"KV cache: {pages} pages ({pages * page_size} tokens), {self.kv_bytes / GIB:.2f} GiB; weights "
             f"{self.weights / GIB:.2f} GiB, activation peak {self.activation_peak / GIB:.2f} GiB, graphs took "
-            f"{self.graphs / GIB:.2f} GiB, outside torch {self.outside_torch / GIB:.2f} GiB "
+            f"{self.graphs / GIB:.2f} GiB, other resident {self.other_resident / GIB:.2f} GiB "
             f"(utilisation {self.utilization:.2f} of {self.total / GIB:.1f} GiB)"
         )

@@ -2,11 +2,12 @@
 
 On CUDA, in order: (0) the attention kernels are built (FlashInfer compiles on first use), with a
 progress bar; (1) a small KV pool and a profiling forward of the largest step (the token budget in
-one prefill, `max_num_seqs` rows sampled) measure the activation peak, and the memory then in use
-outside torch's allocator is read; (2) the decode graphs are captured once against that small pool
-to measure what they take, then dropped; (3) the KV pool is sized from utilisation × device memory
-minus weights, activations, graphs and memory outside torch; (4) the graphs are captured again
-against the real pool, and the log compares the graph estimate with what they took. On CPU the pool gets a fixed allowance and nothing is captured.
+one prefill, `max_num_seqs` rows sampled) measure the activation peak; (2) the decode graphs are
+captured once against that small pool to measure what they take, then dropped
+(`engine.cuda_graphs.trial_capture`); (3) with the profiling pool dropped, the memory then resident
+is read off the device, and the KV pool is sized from utilisation × device memory minus that,
+the activation peak and the graphs; (4) the graphs are captured again against the real pool, and
+the log compares the graph estimate with what they took. On CPU the pool gets a fixed allowance and nothing is captured.
 
 Each KV group gets its own page count (`split_kv_bytes`, `split_kv_pages`): a sliding group never
 holds more than `KVGroupSpec.max_live_pages` pages for one request, so it gets what
@@ -16,7 +17,6 @@ groups get; the full groups, which hold the whole context, take the rest of the 
 
 from __future__ import annotations
 
-import gc
 import logging
 import time
 from collections.abc import Sequence
@@ -28,7 +28,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from engine.config import EngineConfig
 from engine.contract import SamplingParams
-from engine.cuda_graphs import CaptureRecord, GraphedDecode, decode_buckets
+from engine.cuda_graphs import CaptureRecord, GraphedDecode, TrialCapture, decode_buckets, trial_capture
 from engine.forward_batch import PagedCausalLM
 from engine.graph_budget import BucketMemory, graphs_available, require_fit
 from engine.kv.spec import KVGroupSpec
@@ -268,32 +268,41 @@ def start_paged_model(
     before = torch.cuda.memory_allocated(device)
     profile_step(model, attention, config)
     activation_peak = torch.cuda.max_memory_allocated(device) - before
-    free, _ = torch.cuda.mem_get_info(device)
-    outside_torch = max(0, total - free - torch.cuda.memory_reserved(device))
 
-    graph_estimate = 0
-    trial_records: tuple[CaptureRecord, ...] = ()
+    trial: TrialCapture | None = None
     if use_graphs:
-        trial = GraphedDecode(model, attention, buckets, max_pages_per_seq)
-        _capture(trial, console, "measuring decode graphs")
-        trial_records = tuple(trial.records)
-        graph_estimate = sum(r.bytes_added for r in trial_records)
+        trial = trial_capture(
+            GraphedDecode(model, attention, buckets, max_pages_per_seq),
+            lambda g: _capture(g, console, "measuring decode graphs"),
+        )
+    model.allocate_kv([2] * len(groups))  # drop the profiling pool before sizing the real one
+    torch.cuda.empty_cache()
+    # Everything that stays is read off the device rather than summed from earlier figures: the
+    # weights, what the warm-up, the profiling step and the trial left behind (FlashInfer's
+    # graph-mode index buffers, library workspaces, kernel modules), the CUDA context, and other
+    # processes on the device. Summing terms measured at different moments missed ~1 GiB of this on
+    # the H200 (docs/benchmarks/numerics.md).
+    free, _ = torch.cuda.mem_get_info(device)
+    resident = total - free
+    graph_estimate = trial.reserve_bytes if trial is not None else 0
+    if trial is not None:
         # A configuration whose graphs cannot fit is refused here, naming the largest bucket that
-        # does, never by an out-of-memory error later.
+        # does, never by an out-of-memory error later. The trial's records include what stayed
+        # resident, so it is taken out of `resident` to be counted once.
         require_fit(
-            [BucketMemory(r.bucket, r.bytes_added, r.pool_bytes) for r in trial_records],
+            [BucketMemory(r.bucket, r.bytes_added, r.pool_bytes) for r in trial.records],
             graphs_available(
-                total, config.gpu_memory_utilization, weights + outside_torch, activation_peak, 2 * per_page
+                total,
+                config.gpu_memory_utilization,
+                resident - trial.persisted_outside,
+                activation_peak,
+                2 * per_page,
             ),
             config.numeric_policy,
         )
-        del trial
-        gc.collect()
-    model.allocate_kv([2] * len(groups))  # drop the profiling pool before sizing the real one
-    torch.cuda.empty_cache()
 
     budget = MemoryBudget(
-        total, config.gpu_memory_utilization, weights, activation_peak, graph_estimate, outside_torch
+        total, config.gpu_memory_utilization, weights, activation_peak, graph_estimate, resident - weights
     )
     configured = configured_kv_pages(config, groups)
     if configured is None:
@@ -304,7 +313,7 @@ def start_paged_model(
     graphs: GraphedDecode | None = None
     if use_graphs:
         graphs = GraphedDecode(model, attention, buckets, max_pages_per_seq)
-        graphs.reserved_records = trial_records
+        graphs.reserved = trial
         _capture(graphs, console, "capturing decode graphs")
     actual = graphs.captured_bytes if graphs else 0
     # The context a request can reach is what the full groups hold (all of them when none is).
@@ -314,6 +323,8 @@ def start_paged_model(
     message = budget.describe(context, config.page_size) + f" ({_describe_groups(pages, groups)})"
     if graphs is not None:
         message += f"; graph memory estimate {graph_estimate / GIB:.3f} GiB, actual {actual / GIB:.3f} GiB"
+        if trial is not None and trial.persisted_outside:
+            message += f" (the trial took {trial.captured_bytes / GIB:.3f} GiB, of which {trial.persisted_outside / GIB:.3f} GiB stayed resident)"
     log.info(message)
     console.print(message)
     report = StartupReport(pages, budget, graph_estimate, actual, tuple(graphs.records) if graphs else ())

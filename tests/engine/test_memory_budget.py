@@ -17,19 +17,19 @@ def test_budget_subtracts_every_measured_term() -> None:
     assert "158 pages (2528 tokens)" in budget.describe(158, 16)
 
 
-def test_memory_outside_torch_comes_out_of_the_kv_cache() -> None:
-    """The CUDA context and library memory are not torch's, but the margin utilisation promises
-    the rest of the device is measured against all of it."""
+def test_other_resident_memory_comes_out_of_the_kv_cache() -> None:
+    """The CUDA context, library memory and buffers start-up left are not weights, but the margin
+    utilisation promises the rest of the device is measured against all of it."""
     budget = MemoryBudget(
         total=100 * GIB,
         utilization=0.9,
         weights=8 * GIB,
         activation_peak=2 * GIB,
         graphs=GIB,
-        outside_torch=GIB // 2,
+        other_resident=GIB // 2,
     )
     assert budget.kv_bytes == 78 * GIB + GIB // 2
-    assert "outside torch 0.50 GiB" in budget.describe(1, 16)
+    assert "other resident 0.50 GiB" in budget.describe(1, 16)
 
 
 def test_budget_that_cannot_hold_two_pages_names_every_term() -> None:
