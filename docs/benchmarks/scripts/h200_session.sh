@@ -8,9 +8,10 @@
 # Every call leaves $OUT/runs.tgz (every report, log and plot so far) and prints each step's end.
 # Copy what matters into docs/benchmarks/ with the date, commit, device and command.
 #
-# Order is priority: Gemma 4's latency (which also builds every FlashInfer kernel the manifest needs)
-# and manifest (issue 6), then Qwen3's numeric-policy gates, invariance latency and bucket sweep
-# (issue 7), then the Qwen3 manifest again on the current code.
+# Order is priority, as the 2026-12-02 runs left it: Gemma 4's manifest (issue 6), then Qwen3's
+# numeric-policy gates, the bucket sweep and per-policy start-up on both models (issue 7), then the
+# Qwen3 manifest on the current code. Gemma 4's latency and the invariance run were measured at
+# 261eee0 and run only by name (STAGE=gemma4-latency, STAGE=invariance).
 # A step that fails does not stop the ones after it. Single steps can still be run by name
 # (STAGE=gemma4-gates, STAGE=buckets, ...), in the foreground.
 set -uo pipefail
@@ -35,10 +36,13 @@ gemma4-latency() {
   synth_g4
   infer bench latency --model $g4 --batch-sizes 1,8,32,64,128 --breakdown --save-result $work/gemma4-12b-latency.json
 }
-numerics() {  # issue 7's two gates on Qwen3 (Gemma 4's are in its manifest), then invariant vs tuned
+numerics() {  # issue 7's two gates on Qwen3 (Gemma 4's are in its manifest)
   synth_q3
   infer gates --manifest qwen3 --checkpoint $q3 --gate qwen3.batch_invariance_is_bitwise \
     --gate qwen3.graph_memory_is_reserved --json $work/qwen3-numerics-gates.json
+}
+invariance() {  # invariant against tuned (docs/benchmarks/invariance.md)
+  synth_q3
   infer bench latency --model $q3 --numeric-policy tuned,invariant --batch-sizes 1,8,64 \
     --prefill-lens 8192 --breakdown --save-result $work/invariance-qwen3-4b.json
 }
@@ -66,7 +70,7 @@ kernels() {
   infer gates --manifest kernels --tier gpu --json $work/kernels-gates.json
   infer bench kernels --save-result $work/bench-kernels.json
 }
-PIPELINE="gemma4-latency gemma4-gates numerics buckets gemma4-startup qwen3-gates"
+PIPELINE="gemma4-gates numerics buckets gemma4-startup qwen3-gates"
 
 # The pipeline, in its own session so it outlives the call; $work/STEP.log per step, and
 # $work/steps.txt a line as each step ends.
@@ -104,7 +108,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gemma4-latency | numerics | buckets | gemma4-startup | qwen3-gates | decode-paths | kernels)
+  gemma4-gates | gemma4-latency | numerics | invariance | buckets | gemma4-startup | qwen3-gates | decode-paths | kernels)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
