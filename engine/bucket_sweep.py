@@ -130,7 +130,7 @@ def sweep_policy(
 ) -> PolicySweep:
     """Load `model_path` under `policy` and measure every bucket's graph (see the module doc)."""
     from engine.model_runner import PagedModelRunner
-    from engine.paged_startup import profile_step
+    from engine.paged_startup import measure_activations
     from engine.scheduler import BatchScheduler
     from models.registry import ModelOptions, load_model
 
@@ -165,10 +165,7 @@ def sweep_policy(
     kv_now = sum(g.spec.num_pages * size for g, size in zip(scheduler.kv.groups, per_page, strict=True))
 
     _settle()
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated()
-    profile_step(model, attention, engine)
-    activation_peak = torch.cuda.max_memory_allocated() - before
+    activation_peak = measure_activations(model, attention, engine)
     total = torch.cuda.get_device_properties(model.device).total_memory
 
     trial = trial_capture(GraphedDecode(model, attention, sorted(buckets), max_pages), _capture_measured)

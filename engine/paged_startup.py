@@ -1,13 +1,14 @@
 """Bringing a paged model up on its device: profile, measure graphs, size the KV pool, capture.
 
 On CUDA, in order: (0) the attention kernels are built (FlashInfer compiles on first use), with a
-progress bar; (1) a small KV pool and a profiling forward of the largest step (the token budget in
-one prefill, `max_num_seqs` rows sampled) measure the activation peak; (2) the decode graphs are
-captured once against that small pool to measure what they take, then dropped
-(`engine.cuda_graphs.trial_capture`); (3) with the profiling pool dropped, the memory then resident
-is read off the device, and the KV pool is sized from utilisation × device memory minus that,
-the activation peak and the graphs; (4) the graphs are captured again against the real pool, and
-the log compares the graph estimate with what they took. On CPU the pool gets a fixed allowance and nothing is captured.
+progress bar; (1) a small KV pool and two profiling steps (a decode-shaped one, then the token
+budget in one prefill) measure what a step's transient tensors take (`measure_activations`);
+(2) the decode graphs are captured once against that small pool to measure what they take, then
+dropped (`engine.cuda_graphs.trial_capture`); (3) with the profiling pool dropped, the memory then
+resident is read off the device, and the KV pool is sized from utilisation × device memory minus
+that, the activations and the graphs; (4) the graphs are captured again against the real pool, and
+the log compares the graph estimate with what they took. On CPU the pool gets a fixed allowance
+and nothing is captured.
 
 Each KV group gets its own page count (`split_kv_bytes`, `split_kv_pages`): a sliding group never
 holds more than `KVGroupSpec.max_live_pages` pages for one request, so it gets what
@@ -163,10 +164,13 @@ def _profile_pages(config: EngineConfig) -> int:
     return -(-config.max_num_batched_tokens // config.page_size) + 2
 
 
-def profile_step(model: PagedCausalLM, attention: AttentionBackend, config: EngineConfig) -> None:
-    """The largest eager step: the whole token budget as one prefill, every sampled row through the
-    most demanding sampler plan (filters and 20 log-probs)."""
-    tokens = config.max_num_batched_tokens
+def profile_step(
+    model: PagedCausalLM, attention: AttentionBackend, config: EngineConfig, tokens: int | None = None
+) -> None:
+    """An eager step of `tokens` tokens (default: the token budget) as one prefill, its last
+    min(tokens, max_num_seqs) positions sampled through the most demanding sampler plan (filters
+    and 20 log-probs)."""
+    tokens = config.max_num_batched_tokens if tokens is None else tokens
     pages = tuple(range(1, 1 + -(-tokens // config.page_size)))
     row = BatchRow(
         "profile",
@@ -188,6 +192,24 @@ def profile_step(model: PagedCausalLM, attention: AttentionBackend, config: Engi
         )
         sample(logits, params.to(model.device), SamplingPlan.for_graph(20))
     torch.cuda.synchronize()
+
+
+def measure_activations(model: PagedCausalLM, attention: AttentionBackend, config: EngineConfig) -> int:
+    """Bytes to reserve for a step's transient tensors: the larger of the allocated peak and what
+    the allocator still holds after a decode-shaped step (`max_num_seqs` rows sampled) and then the
+    largest prefill. Serving alternates those two shapes, and blocks cut for one need not fit the
+    other: on the H200 the cache grew to 3.58 GiB behind a 3.00 GiB peak on Gemma 4 12B
+    (docs/benchmarks/numerics.md). The allocator's cache is emptied first, so what it holds after
+    is these steps' own."""
+    device = model.device
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    allocated, reserved = torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)
+    profile_step(model, attention, config, tokens=min(config.max_num_seqs, config.max_num_batched_tokens))
+    profile_step(model, attention, config)
+    peak = torch.cuda.max_memory_allocated(device) - allocated
+    held = torch.cuda.memory_reserved(device) - reserved
+    return max(peak, held)
 
 
 def _capture(graphs: GraphedDecode, console: Console, label: str) -> None:
@@ -264,10 +286,7 @@ def start_paged_model(
 
     warm_up_attention(attention, model.attention_specs, model.page_size, console)
     model.allocate_kv([_profile_pages(config)] * len(groups))
-    torch.cuda.reset_peak_memory_stats(device)
-    before = torch.cuda.memory_allocated(device)
-    profile_step(model, attention, config)
-    activation_peak = torch.cuda.max_memory_allocated(device) - before
+    activation_peak = measure_activations(model, attention, config)
 
     trial: TrialCapture | None = None
     if use_graphs:
