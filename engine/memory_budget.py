@@ -4,8 +4,8 @@ activation peak − graphs.
 Every term is measured on the device: the weights as allocated before start-up; everything else
 resident when the pool is sized (device memory in use then, less the weights: the CUDA context,
 kernel modules, library workspaces, buffers start-up left behind, other processes); the activation
-peak by a profiling forward of the largest step; the graphs by a trial capture (engine.cuda_graphs
-records the free memory each bucket took). On CPU there is no device to measure and a fixed KV
+term by profiling steps of both shapes serving alternates (engine.paged_startup.measure_activations);
+the graphs by a trial capture (engine.cuda_graphs records the free memory each bucket took). On CPU there is no device to measure and a fixed KV
 allowance is used.
 """
 
