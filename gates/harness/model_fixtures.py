@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from gates.harness.hf_reference import hf_model
-from gates.harness.serving import gate_device, load_for_gate
-from gates.harness.tolerances import Tolerance, tolerance_for
+from gates.harness.serving import gate_device, load_for_gate, top_logit
+from gates.harness.tolerances import Tolerance, for_logits, tolerance_for
 from models.registry import LoadedModel
 
 
@@ -22,9 +22,25 @@ def serving_dtype() -> torch.dtype:
     return torch.bfloat16 if gate_device().type == "cuda" else torch.float32
 
 
+def checkpoint_tolerance(serving_dtype: torch.dtype, checkpoint: Path) -> Tolerance:
+    """The serving dtype's bounds; on bf16, scaled to the checkpoint's logits (tolerances.for_logits),
+    read from a throwaway eager load that shares the gate process's weights."""
+    base = tolerance_for(serving_dtype)
+    if serving_dtype == torch.float32:
+        return base
+    model = load_for_gate(checkpoint, enforce_eager=True)
+    top = top_logit(model)
+    del model
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    scaled = for_logits(base, top)
+    print(f"largest |logit| {top:.3g}: stream bound {scaled.stream_logprob:.3g}, tie {scaled.tie:.3g}")
+    return scaled
+
+
 @pytest.fixture(scope="session")
-def tol(serving_dtype: torch.dtype) -> Tolerance:
-    return tolerance_for(serving_dtype)
+def tol(serving_dtype: torch.dtype, checkpoint_path: Path) -> Tolerance:
+    return checkpoint_tolerance(serving_dtype, checkpoint_path)
 
 
 @pytest.fixture()

@@ -124,6 +124,21 @@ def random_prompt(length: int, seed: int, vocab_size: int, avoid: Iterable[int] 
     return tuple(ids)
 
 
+# Ids every vocabulary here holds (the tiny ones have 1,024), past the low special ids.
+_PROBE_IDS = range(16, 1000)
+
+
+def top_logit(model: LoadedModel, length: int = 64) -> float:
+    """The largest finite |logit| a fresh model produces over a random prompt's positions: what
+    sets the bf16 step its log-probs move by (tolerances.for_logits)."""
+    generator = torch.Generator().manual_seed(7)
+    picks = torch.randint(0, len(_PROBE_IDS), (length,), generator=generator).tolist()
+    runner = paged_runner(model)
+    pages = list(range(1, 1 + -(-length // 16)))
+    logits = runner.score([_PROBE_IDS[i] for i in picks], pages)
+    return float(logits[torch.isfinite(logits)].abs().max())
+
+
 def score(model: LoadedModel, token_ids: Sequence[int]) -> torch.Tensor:
     """infer's float32 log-probs at every position of `token_ids` ([n, vocab], on the host, as
     `hf_logprobs` gives them) from one prefill on a model that has served nothing yet (the pages
