@@ -4,6 +4,7 @@ gate, and transformers beside it at the serving dtype and in fp32. A suite's con
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ def checkpoint_tolerance(serving_dtype: torch.dtype, checkpoint: Path) -> Tolera
     model = load_for_gate(checkpoint, enforce_eager=True)
     top = top_logit(model)
     del model
+    gc.collect()  # its KV pool (gigabytes at real dimensions) must be gone before the gates load theirs
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     scaled = for_logits(base, top)
