@@ -124,25 +124,22 @@ def random_prompt(length: int, seed: int, vocab_size: int, avoid: Iterable[int] 
     return tuple(ids)
 
 
-# Ids every vocabulary here holds (the tiny ones have 1,024), past the low special ids.
-_PROBE_IDS = range(16, 1000)
+def _fresh_logits(model: LoadedModel, token_ids: Sequence[int]) -> torch.Tensor:
+    """infer's float32 logits at every position of `token_ids`, from one prefill on a model that has
+    served nothing yet (the pages used are 1..n/16, which nothing else holds)."""
+    pages = list(range(1, 1 + -(-len(token_ids) // 16)))
+    return paged_runner(model).score(token_ids, pages)
 
 
 def top_logit(model: LoadedModel, length: int = 64) -> float:
     """The largest finite |logit| a fresh model produces over a random prompt's positions: what
-    sets the bf16 step its log-probs move by (tolerances.for_logits)."""
-    generator = torch.Generator().manual_seed(7)
-    picks = torch.randint(0, len(_PROBE_IDS), (length,), generator=generator).tolist()
-    runner = paged_runner(model)
-    pages = list(range(1, 1 + -(-length // 16)))
-    logits = runner.score([_PROBE_IDS[i] for i in picks], pages)
+    sets the bf16 step its log-probs move by (tolerances.for_logits). The prompt's ids (16..999)
+    are in every vocabulary here and past the low special ids."""
+    logits = _fresh_logits(model, random_prompt(length, seed=7, vocab_size=1000, avoid=range(16)))
     return float(logits[torch.isfinite(logits)].abs().max())
 
 
 def score(model: LoadedModel, token_ids: Sequence[int]) -> torch.Tensor:
     """infer's float32 log-probs at every position of `token_ids` ([n, vocab], on the host, as
-    `hf_logprobs` gives them) from one prefill on a model that has served nothing yet (the pages
-    used are 1..n/16, which nothing else holds)."""
-    runner = paged_runner(model)
-    pages = list(range(1, 1 + -(-len(token_ids) // 16)))
-    return torch.log_softmax(runner.score(token_ids, pages), dim=-1).cpu()
+    `hf_logprobs` gives them), on a model that has served nothing yet (`_fresh_logits`)."""
+    return torch.log_softmax(_fresh_logits(model, token_ids), dim=-1).cpu()
