@@ -11,13 +11,25 @@ import torch
 
 
 def hf_model(checkpoint: Path, device: torch.device, dtype: torch.dtype) -> Any:
+    """transformers' model of the checkpoint at `dtype`, exactly as `from_pretrained(dtype=dtype)`
+    builds it: parameters in `dtype`, buffers as transformers makes them (RoPE's inv_freq stays
+    float32 in a bf16 model).
+
+    Only fp32 is reached another way: loaded as stored, moved, and widened on the device, so that a
+    bf16 checkpoint is not widened on the host first (48 GB of host work for a 12B model). Widening
+    is exact, so that gives the same model. Narrowing is not done so: `.to(bfloat16)` also rounds
+    the float32 buffers: with inv_freq in bf16, Qwen3-4B's RoPE angles are off by up to 0.8 rad at
+    position 700 (the H200 run at 3a1aa3d, where the Qwen3 greedy gate's transformers stream
+    parted from infer's at token 0 of its 700-token prompt, ran such a reference)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoModelForCausalLM
 
-    # Loaded as stored, moved, then cast on the device: a bf16 checkpoint wanted in fp32 is not
-    # widened on the host first (48 GB of host work for a 12B model; the values are the same).
-    model: Any = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype="auto")
-    return model.to(device).to(dtype).eval()
+    model: Any
+    if dtype == torch.float32:
+        model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype="auto").to(device).float()
+    else:
+        model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=dtype).to(device)
+    return model.eval()
 
 
 @torch.inference_mode()

@@ -1,5 +1,6 @@
-"""The batch-invariant Triton GEMM and RMSNorm (interpreter on CPU): a row's output does not depend
-on how many rows share the launch, bit for bit, and the result is the reference's."""
+"""The batch-invariant Triton GEMM and RMSNorm (interpreter on CPU, compiled on a GPU): a row's
+output does not depend on how many rows share the launch, bit for bit, and the result is the
+reference's."""
 
 from __future__ import annotations
 
@@ -15,13 +16,16 @@ from kernels.triton.invariant_rmsnorm import NormShapeError, invariant_rms_norm
 
 ROW_COUNTS = (1, 2, 3, 5, 8, 17)
 SMALL = GemmTiles(block_m=16, block_n=16, block_k=16)  # 17 rows span two M tiles; K=40 a masked tail
+# The small-shape tests run where the kernels do: under the interpreter without CUDA (conftest sets
+# TRITON_INTERPRET), compiled on a GPU, where a CPU tensor is refused.
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _operands(dtype: torch.dtype, k: int = 40, n: int = 48) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(7)
     x = torch.randn(max(ROW_COUNTS), k, generator=g).to(dtype)
     w = (torch.randn(n, k, generator=g) / k**0.5).to(dtype)
-    return x, w
+    return x.to(DEVICE), w.to(DEVICE)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -87,8 +91,8 @@ def test_refusals_name_the_shape() -> None:
 )
 def test_rmsnorm_rows_are_bit_identical_alone_and_batched(dtype: torch.dtype, spec: NormSpec) -> None:
     g = torch.Generator().manual_seed(11)
-    x = torch.randn(17, 48, generator=g).to(dtype)
-    weight = None if spec.weight is NormWeight.NONE else torch.randn(48, generator=g).to(dtype)
+    x = torch.randn(17, 48, generator=g).to(DEVICE, dtype)
+    weight = None if spec.weight is NormWeight.NONE else torch.randn(48, generator=g).to(DEVICE, dtype)
     full = invariant_rms_norm(x, spec, weight)
     for m in ROW_COUNTS:
         assert torch.equal(invariant_rms_norm(x[:m], spec, weight), full[:m]), f"first {m} rows"
@@ -103,7 +107,7 @@ def test_rmsnorm_rows_are_bit_identical_alone_and_batched(dtype: torch.dtype, sp
 def test_rmsnorm_refuses_a_weight_of_the_wrong_shape() -> None:
     spec = NormSpec(NormWeight.W, eps=1e-6)
     with pytest.raises(NormShapeError, match=r"\(40,\) does not match last dim 48"):
-        invariant_rms_norm(torch.zeros(2, 48), spec, torch.ones(40))
+        invariant_rms_norm(torch.zeros(2, 48, device=DEVICE), spec, torch.ones(40, device=DEVICE))
 
 
 # --- GPU only: serving-sized shapes, compiled kernels and graph capture ------------------------
