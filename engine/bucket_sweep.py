@@ -8,6 +8,10 @@ then, as start-up does (engine.paged_startup):
   2. the trial is dropped and every bucket captured again, the measured capture. Per bucket it
      records the drop in free device memory, the growth of the allocator's reserved memory (the
      shared pool), the graph's node count and its replay time.
+Each bucket also keeps its trial figures, the first capture: memory that the first capture takes
+outside torch's pool and that stays once its graphs are dropped (per-token's ~56k nodes at bucket
+256 took 1.4 GiB so on Qwen3-4B, 2026-12-02) is reused by the second capture, so only the first
+shows what a graph's nodes cost.
 The budget check compares the reserved figure with the measured one, and asks which buckets fit in
 what utilisation × device memory leaves after what is resident, the activation peak and the smallest KV
 pool.
@@ -55,9 +59,17 @@ class BucketMeasurement:
     nodes: int | None
     replay_ms: float
     capture_s: float
+    first_device_bytes: int  # the same two figures at the bucket's first capture (the trial)
+    first_pool_bytes: int
 
     def memory(self) -> BucketMemory:
         return BucketMemory(self.bucket, self.device_bytes, self.pool_bytes)
+
+    @property
+    def first_outside_pool_bytes(self) -> int:
+        """What the first capture took outside torch's pool: the instantiated graph's own memory
+        (its nodes), with any kernel module first loaded under capture."""
+        return self.first_device_bytes - self.first_pool_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,11 +78,15 @@ class PolicySweep:
     buckets: tuple[BucketMeasurement, ...]
     check: ReserveCheck
     fit: GraphFit
+    persisted_outside_bytes: int  # what the trial left resident outside torch once dropped
 
     def to_json(self) -> dict[str, Any]:
         return {
             "policy": self.policy,
-            "buckets": [asdict(m) for m in self.buckets],
+            "buckets": [
+                asdict(m) | {"first_outside_pool_bytes": m.first_outside_pool_bytes} for m in self.buckets
+            ],
+            "first_capture_persisted_outside_bytes": self.persisted_outside_bytes,
             "reserved_bytes": self.check.reserved,
             "measured_bytes": self.check.measured,
             "reserved_vs_measured_pct": self.check.diff_pct,
@@ -175,6 +191,7 @@ def sweep_policy(
     free, _ = torch.cuda.mem_get_info()
     resident = total - free - kv_now - trial.persisted_outside
 
+    first = {r.bucket: r for r in trial.records}
     graphs = GraphedDecode(model, attention, sorted(buckets), max_pages)
     measured: list[BucketMeasurement] = []
     for record in sorted(_capture_measured(graphs), key=lambda r: r.bucket):
@@ -189,6 +206,8 @@ def sweep_policy(
             nodes=count_graph_nodes(graph),
             replay_ms=replay_ms(graph),
             capture_s=record.seconds,
+            first_device_bytes=first[record.bucket].bytes_added,
+            first_pool_bytes=first[record.bucket].pool_bytes,
         )
         measured.append(m)
         if on_bucket is not None:
@@ -198,4 +217,4 @@ def sweep_policy(
     fit = fit_buckets([m.memory() for m in measured], available)
     del graphs, model, attention, scheduler, loaded
     _settle()
-    return PolicySweep(policy, tuple(measured), check, fit)
+    return PolicySweep(policy, tuple(measured), check, fit, trial.persisted_outside)

@@ -40,15 +40,26 @@ def parse_buckets(text: str) -> tuple[int, ...]:
 
 def bucket_table(result: dict[str, Any]) -> Table:
     table = Table(title=f"decode graphs · {result.get('model', '')} · {result.get('device', '')}")
-    for column in ("policy", "bucket", "free Δ MiB", "pool Δ MiB", "nodes", "replay ms"):
+    columns = (
+        "policy",
+        "bucket",
+        "free Δ MiB",
+        "pool Δ MiB",
+        "1st capture outside pool MiB",
+        "nodes",
+        "replay ms",
+    )
+    for column in columns:
         table.add_column(column, justify="right")
     for sweep in result["policies"]:
         for m in sweep["buckets"]:
+            first = m.get("first_outside_pool_bytes")  # absent from reports before 2026-12-02 evening
             table.add_row(
                 sweep["policy"],
                 str(m["bucket"]),
                 f"{m['device_bytes'] / MIB:,.1f}",
                 f"{m['pool_bytes'] / MIB:,.1f}",
+                "—" if first is None else f"{first / MIB:,.1f}",
                 "—" if m["nodes"] is None else str(m["nodes"]),
                 f"{m['replay_ms']:.3f}",
             )
@@ -80,27 +91,38 @@ def budget_table(result: dict[str, Any]) -> Table:
 
 
 def plot_sweeps(result: dict[str, Any], path: Path) -> None:
-    """PNG of cumulative graph memory (MiB) against bucket, one line per policy."""
+    """PNG, one line per policy: left, cumulative graph memory (MiB) against bucket, as the engine
+    reserves it; right, where the report has it, what each bucket's first capture took outside
+    torch's pool (its nodes' memory), the figure that grows with the bucket when GEMMs go row by row."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for sweep in result["policies"]:
-        rows = sorted(sweep["buckets"], key=lambda m: m["bucket"])
-        total = 0
-        xs, ys = [], []
+    sweeps = [(s["policy"], sorted(s["buckets"], key=lambda m: m["bucket"])) for s in result["policies"]]
+    with_first = all("first_outside_pool_bytes" in m for _, rows in sweeps for m in rows)
+    fig, axes = plt.subplots(1, 2 if with_first else 1, figsize=(14 if with_first else 8, 5), squeeze=False)
+    cumulative = axes[0][0]
+    for policy, rows in sweeps:
+        xs = [m["bucket"] for m in rows]
+        totals, total = [], 0
         for m in rows:
             total += m["device_bytes"]
-            xs.append(m["bucket"])
-            ys.append(total / MIB)
-        ax.plot(xs, ys, marker="o", markersize=3, label=sweep["policy"])
-    ax.set_xlabel("decode bucket (rows)")
-    ax.set_ylabel("graph memory, cumulative (MiB)")
-    ax.set_title(f"CUDA-graph memory per bucket · {Path(str(result.get('model', ''))).name}")
-    ax.grid(True, alpha=0.3)
-    ax.legend()
+            totals.append(total / MIB)
+        cumulative.plot(xs, totals, marker="o", markersize=3, label=policy)
+        if with_first:
+            first = [m["first_outside_pool_bytes"] / MIB for m in rows]
+            axes[0][1].plot(xs, first, marker="o", markersize=3, label=policy)
+    cumulative.set_ylabel("graph memory, cumulative (MiB)")
+    cumulative.set_title("what the KV budget reserves (second capture)")
+    if with_first:
+        axes[0][1].set_ylabel("first capture, outside the pool (MiB per bucket)")
+        axes[0][1].set_title("each graph's own memory (first capture)")
+    for ax in axes[0]:
+        ax.set_xlabel("decode bucket (rows)")
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    fig.suptitle(f"CUDA-graph memory per bucket · {Path(str(result.get('model', ''))).name}")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -137,6 +159,9 @@ def run_bucket_bench(
         raise typer.Exit(2)
     from engine.bucket_sweep import sweep_json, sweep_policy
 
+    # per-token's first capture leaves memory resident outside torch that later captures in this
+    # process reuse (engine.bucket_sweep); swept last, it hides no other policy's first-capture cost.
+    policies = tuple(sorted(policies, key=lambda p: p.value == "per-token"))
     sweeps = []
     with console.status("") as status:
         for policy in policies:

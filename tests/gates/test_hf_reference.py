@@ -29,7 +29,9 @@ def test_reference_is_what_from_pretrained_builds(bf16_checkpoint: Path, dtype: 
     got_tensors = dict(got.named_parameters()) | dict(got.named_buffers())
     assert got_tensors.keys() == want_tensors.keys()
     for name, tensor in want_tensors.items():
-        assert got_tensors[name].dtype == tensor.dtype, f"{name}: {got_tensors[name].dtype}, want {tensor.dtype}"
+        assert got_tensors[name].dtype == tensor.dtype, (
+            f"{name}: {got_tensors[name].dtype}, want {tensor.dtype}"
+        )
         assert torch.equal(got_tensors[name], tensor), f"{name}: values differ"
     rope = [name for name in want_tensors if name.endswith("inv_freq")]
     assert rope and all(got_tensors[name].dtype == torch.float32 for name in rope)
