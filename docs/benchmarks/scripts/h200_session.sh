@@ -8,10 +8,12 @@
 # Every call leaves $OUT/runs.tgz (every report, log and plot so far) and prints each step's end.
 # Copy what matters into docs/benchmarks/ with the date, commit, device and command.
 #
-# Order is priority, as the 2026-12-02 runs left it: Gemma 4's manifest (issue 6), then Qwen3's
-# numeric-policy gates, the bucket sweep and per-policy start-up on both models (issue 7), then the
-# Qwen3 manifest on the current code. Gemma 4's latency and the invariance run were measured at
-# 261eee0 and run only by name (STAGE=gemma4-latency, STAGE=invariance).
+# Order is priority, as the 2026-12-02 evening run (3a1aa3d) left it: both manifests again, because
+# their transformers bf16 reference had RoPE's inv_freq rounded to bf16 until d9fc22f (issue 6's
+# parity gates passed against that looser baseline; Qwen3's greedy gate failed on it), then the
+# bucket sweep with each bucket's first-capture figures and the GPU-only kernel tests (issue 7).
+# Per-policy start-up (STAGE=startup, STAGE=gemma4-startup), Gemma 4's latency and the invariance
+# run were measured at 3a1aa3d or 261eee0 and run only by name.
 # A step that fails does not stop the ones after it. Single steps can still be run by name
 # (STAGE=gemma4-gates, STAGE=buckets, ...), in the foreground.
 set -uo pipefail
@@ -46,12 +48,15 @@ invariance() {  # invariant against tuned (docs/benchmarks/invariance.md)
   infer bench latency --model $q3 --numeric-policy tuned,invariant --batch-sizes 1,8,64 \
     --prefill-lens 8192 --breakdown --save-result $work/invariance-qwen3-4b.json
 }
-buckets() {  # graph memory per bucket and policy, start-up under each policy, the GPU-only numerics tests
+buckets() {  # graph memory per bucket and policy, then the GPU-only numerics tests
   synth_q3
   infer bench --buckets all --model $q3 --numeric-policy tuned,pin,per-token,invariant \
     --save-result $work/buckets-qwen3-4b.json --plot
+  python3 -m pytest -q --tb=short tests/kernels/test_invariant_gemm.py tests/kernels/test_norm_dispatch.py tests/sampling
+}
+startup() {  # issue 7's start-up point on Qwen3-4B, every policy
+  synth_q3
   python3 docs/benchmarks/scripts/startup_per_policy.py $q3 --save $work/startup-per-policy-qwen3-4b.json
-  python3 -m pytest -q -x --tb=short tests/kernels/test_invariant_gemm.py tests/kernels/test_norm_dispatch.py tests/sampling
 }
 gemma4-startup() {  # issue 7's start-up point on the 12b, every policy
   synth_g4
@@ -70,7 +75,7 @@ kernels() {
   infer gates --manifest kernels --tier gpu --json $work/kernels-gates.json
   infer bench kernels --save-result $work/bench-kernels.json
 }
-PIPELINE="gemma4-gates numerics buckets gemma4-startup qwen3-gates"
+PIPELINE="gemma4-gates qwen3-gates buckets"
 
 # The pipeline, in its own session so it outlives the call; $work/STEP.log per step, and
 # $work/steps.txt a line as each step ends.
@@ -108,7 +113,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gemma4-latency | numerics | invariance | buckets | gemma4-startup | qwen3-gates | decode-paths | kernels)
+  gemma4-gates | gemma4-latency | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | decode-paths | kernels)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
