@@ -8,10 +8,10 @@ then, as start-up does (engine.paged_startup):
   2. the trial is dropped and every bucket captured again, the measured capture. Per bucket it
      records the drop in free device memory, the growth of the allocator's reserved memory (the
      shared pool), the graph's node count and its replay time.
-Each bucket also keeps its trial figures, the first capture: memory that the first capture takes
-outside torch's pool and that stays once its graphs are dropped (per-token's ~56k nodes at bucket
-256 took 1.4 GiB so on Qwen3-4B, 2026-12-02) is reused by the second capture, so only the first
-shows what a graph's nodes cost.
+Each bucket also keeps its trial figures, the first capture. What a first capture takes outside
+torch's pool stays resident once its graphs are dropped, and the second capture reuses it, so only
+the first shows what a graph's nodes cost (per-token's 21 buckets, up to 56k nodes each, took
+1.4 GiB so on Qwen3-4B on the H200, 2026-12-02).
 The budget check compares the reserved figure with the measured one, and asks which buckets fit in
 what utilisation × device memory leaves after what is resident, the activation peak and the smallest KV
 pool.

@@ -24,7 +24,6 @@ def hf_model(checkpoint: Path, device: torch.device, dtype: torch.dtype) -> Any:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoModelForCausalLM
 
-    # Widened on the device when fp32 is wanted; otherwise loaded at `dtype` as transformers does.
     stored_or_wanted: Any = "auto" if dtype == torch.float32 else dtype
     model: Any = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=stored_or_wanted)
     model = model.to(device)
