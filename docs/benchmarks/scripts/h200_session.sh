@@ -13,7 +13,8 @@
 # parity gates passed against that looser baseline; Qwen3's greedy gate failed on it), then the
 # bucket sweep with each bucket's first-capture figures and the GPU-only kernel tests (issue 7).
 # Per-policy start-up (STAGE=startup, STAGE=gemma4-startup), Gemma 4's latency and the invariance
-# run were measured at 3a1aa3d or 261eee0 and run only by name.
+# run were measured at 3a1aa3d or 261eee0 and run only by name. STAGE=norms-check is for the branch
+# tuned-fused-norms once merged: every policy on the fused Triton norms.
 # A step that fails does not stop the ones after it. Single steps can still be run by name
 # (STAGE=gemma4-gates, STAGE=buckets, ...), in the foreground.
 set -uo pipefail
@@ -37,6 +38,15 @@ gemma4-gates() {
 gemma4-latency() {
   synth_g4
   infer bench latency --model $g4 --batch-sizes 1,8,32,64,128 --breakdown --save-result $work/gemma4-12b-latency.json
+}
+norms-check() {  # after a change to the norms: the GPU norm tests, transformers parity, then latency
+  synth_g4
+  python3 -m pytest -q --tb=short tests/kernels/test_norm_dispatch.py
+  infer gates --manifest gemma4 --shared-process --checkpoint $g4 --gate gemma4.layers_match_hf_probes \
+    --gate gemma4.full_forward_matches_hf --gate gemma4.greedy_matches_hf_generate \
+    --gate gemma4.context_waypoints_match_hf --json $work/gemma4-parity-gates.json
+  infer bench latency --model $g4 --batch-sizes 1,64 --prefill-lens 1024 --breakdown \
+    --save-result $work/gemma4-12b-latency-norms.json
 }
 numerics() {  # issue 7's two gates on Qwen3 (Gemma 4's are in its manifest)
   synth_q3
@@ -113,7 +123,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gemma4-latency | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | decode-paths | kernels)
+  gemma4-gates | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | decode-paths | kernels)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
