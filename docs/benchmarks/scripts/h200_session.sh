@@ -35,6 +35,19 @@ gemma4-gates() {
   infer gates --manifest gemma4 --shared-process --checkpoint $g4 \
     --json $work/gemma4-gates.json --junit $work/gemma4-gates.xml
 }
+gemma4-rest() {  # the gates a machine give-back cut from the 61f079e run (2026-12-03): parity and tokenizer
+  synth_g4
+  infer gates --manifest gemma4 --shared-process --checkpoint $g4 --gate gemma4.layers_match_hf_probes \
+    --gate gemma4.full_forward_matches_hf --gate gemma4.greedy_matches_hf_generate \
+    --gate gemma4.context_waypoints_match_hf --gate gemma4.special_token_ids_match_hf \
+    --gate gemma4.chat_template_matches_hf --gate gemma4.raised_ceiling_serves_past_default \
+    --json $work/gemma4-rest-gates.json --junit $work/gemma4-rest-gates.xml
+}
+qwen3-greedy() {  # the Qwen3 gate that failed on the rounded reference at 3a1aa3d
+  synth_q3
+  infer gates --manifest qwen3 --checkpoint $q3 --gate qwen3.greedy_matches_hf_generate \
+    --gate qwen3.full_forward_matches_hf --json $work/qwen3-parity-gates.json
+}
 gemma4-latency() {
   synth_g4
   infer bench latency --model $g4 --batch-sizes 1,8,32,64,128 --breakdown --save-result $work/gemma4-12b-latency.json
@@ -85,7 +98,7 @@ kernels() {
   infer gates --manifest kernels --tier gpu --json $work/kernels-gates.json
   infer bench kernels --save-result $work/bench-kernels.json
 }
-PIPELINE="gemma4-gates qwen3-gates buckets"
+PIPELINE=${PIPELINE:-"gemma4-gates qwen3-gates buckets"}
 
 # The pipeline, in its own session so it outlives the call; $work/STEP.log per step, and
 # $work/steps.txt a line as each step ends.
@@ -123,7 +136,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | decode-paths | kernels)
+  gemma4-gates | gemma4-rest | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | decode-paths | kernels)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
