@@ -98,7 +98,7 @@ kernels() {
   infer gates --manifest kernels --tier gpu --json $work/kernels-gates.json
   infer bench kernels --save-result $work/bench-kernels.json
 }
-PIPELINE=${PIPELINE:-"gemma4-gates qwen3-gates buckets"}
+PIPELINE=${PIPELINE:-"gemma4-gates buckets qwen3-greedy"}
 
 # The pipeline, in its own session so it outlives the call; $work/STEP.log per step, and
 # $work/steps.txt a line as each step ends.
