@@ -43,6 +43,11 @@ gemma4-rest() {  # the gates a machine give-back cut from the 61f079e run (2026-
     --gate gemma4.chat_template_matches_hf --gate gemma4.raised_ceiling_serves_past_default \
     --json $work/gemma4-rest-gates.json --junit $work/gemma4-rest-gates.xml
 }
+gemma4-regret() {  # the two gates whose bound a4c6193 changed (max regret = 2 x p99 bound)
+  synth_g4
+  infer gates --manifest gemma4 --shared-process --checkpoint $g4 --gate gemma4.full_forward_matches_hf \
+    --gate gemma4.raised_ceiling_serves_past_default --json $work/gemma4-regret-gates.json
+}
 qwen3-greedy() {  # the Qwen3 gate that failed on the rounded reference at 3a1aa3d
   synth_q3
   infer gates --manifest qwen3 --checkpoint $q3 --gate qwen3.greedy_matches_hf_generate \
@@ -136,7 +141,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gemma4-rest | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | decode-paths | kernels)
+  gemma4-gates | gemma4-rest | gemma4-regret | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | decode-paths | kernels)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
