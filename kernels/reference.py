@@ -75,7 +75,11 @@ def round_to(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def inverse_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """``1 / sqrt(mean(x²) + eps)`` over the last dim, in fp32, keepdim."""
+    """``1 / sqrt(mean(x²) + eps)`` over the last dim, in fp32, keepdim.
+
+    The spec is this code run on the host. On CUDA, torch's mean multiplies the sum by a rounded
+    1/n rather than dividing by n, so there it may sit an fp32 ulp off the spec where n is not a
+    power of two (seen on the H200 at n = 96, 160) — a Triton kernel that divides is the spec."""
     xf = x.to(torch.float32)
     mean_square = xf.square().mean(dim=-1, keepdim=True)
     return 1.0 / torch.sqrt(mean_square + eps)
