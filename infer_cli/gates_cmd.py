@@ -64,8 +64,9 @@ class TierOption(StrEnum):
 class _ConsoleObserver:
     """Draws a run: stage lines, a progress bar over the gates, one line per finished gate."""
 
-    def __init__(self, console: Console) -> None:
+    def __init__(self, console: Console, json_path: Path | None) -> None:
         self._console = console
+        self._json_path = json_path
         self._progress: Progress | None = None
         self._task: TaskID | None = None
 
@@ -99,6 +100,10 @@ class _ConsoleObserver:
             self._console.print(f"        {outcome.message}", markup=False, highlight=False)
         if self._progress is not None and self._task is not None:
             self._progress.advance(self._task)
+
+    def report_so_far(self, report: RunReport) -> None:
+        if self._json_path is not None:
+            write_json(report, self._json_path)
 
     def close(self) -> None:
         if self._progress is not None:
@@ -265,7 +270,7 @@ def gates_command(
     console.print(
         f"[bold]infer gates[/bold] · suite {loaded.suite.name} · {len(loaded.gates)} gate(s) · {loaded.path}"
     )
-    observer = _ConsoleObserver(console)
+    observer = _ConsoleObserver(console, json_out)
     # A stopped run (`timeout`, a job killed) unwinds through run_pytest, which kills the running
     # gate's process group: a gate runs in its own session and would otherwise keep the GPU.
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)

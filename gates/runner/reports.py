@@ -1,7 +1,8 @@
 """The outcome of `infer gates` as data, and its JSON and JUnit XML files.
 
 Both files are written whatever happened: a run stopped by a manifest, membership or preflight
-problem reports those problems and marks every gate `not-run`, so CI shows why nothing ran.
+problem reports those problems and marks every gate `not-run`, so CI shows why nothing ran. The JSON file is also
+rewritten after each gate, with status `incomplete`, so a run killed part-way leaves its findings.
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ class RunReport:
     # The gates `--gate` picked (empty: the whole tier).
     only: tuple[str, ...] = ()
     shared_process: bool = False
+    # False for the report written after each gate while the run goes on: a run whose process is
+    # killed (a lent machine taken back) still leaves what its finished gates found.
+    finished: bool = True
 
     @property
     def ran(self) -> list[GateOutcome]:
@@ -57,6 +61,8 @@ class RunReport:
     def status(self) -> str:
         if self.problems:
             return f"{self.problems[0].stage}-failed"
+        if not self.finished:
+            return "incomplete"
         if self.mode == "check":
             return "checked"
         if not any(row.selected for row in self.rows):

@@ -40,6 +40,10 @@ class Observer(Protocol):
 
     def gate_done(self, outcome: GateOutcome) -> None: ...
 
+    def report_so_far(self, report: RunReport) -> None:
+        """After each gate: the run's report with the gates finished so far (`finished` False)."""
+        ...
+
 
 def run_manifest(manifest: Manifest, options: RunOptions, observer: Observer) -> RunReport:
     started = now()
@@ -51,7 +55,9 @@ def run_manifest(manifest: Manifest, options: RunOptions, observer: Observer) ->
         for gate in manifest.gates
     }
 
-    def report(problems: list[Problem], outcomes: list[GateOutcome] | None = None) -> RunReport:
+    def report(
+        problems: list[Problem], outcomes: list[GateOutcome] | None = None, finished: bool = True
+    ) -> RunReport:
         by_id = {outcome.gate.id: outcome for outcome in outcomes or []}
         rows = tuple(
             GateRow(gate, needs[gate.id], selected[gate.id], by_id.get(gate.id)) for gate in manifest.gates
@@ -67,6 +73,7 @@ def run_manifest(manifest: Manifest, options: RunOptions, observer: Observer) ->
             started=started,
             only=options.only,
             shared_process=options.shared_process,
+            finished=finished,
         )
 
     observer.stage(f"collecting {manifest.suite.gates_dir_shown} (imports every gate module)")
@@ -94,5 +101,12 @@ def run_manifest(manifest: Manifest, options: RunOptions, observer: Observer) ->
     observer.run_started(chosen)
     checkpoint = checked.checkpoint.path if checked.checkpoint is not None else options.checkpoint
     execute = run_gates_shared if options.shared_process else run_gates
-    outcomes = execute(manifest, chosen, checkpoint, observer.gate_started, observer.gate_done)
+    done: list[GateOutcome] = []
+
+    def gate_done(outcome: GateOutcome) -> None:
+        done.append(outcome)
+        observer.gate_done(outcome)
+        observer.report_so_far(report([], done, finished=False))
+
+    outcomes = execute(manifest, chosen, checkpoint, observer.gate_started, gate_done)
     return report([], outcomes)

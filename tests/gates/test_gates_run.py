@@ -342,9 +342,19 @@ def test_a_stopped_run_kills_the_running_gate_and_says_why_a_gate_failed(suite: 
         f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)",
     )
     suite.write_manifest([gate_entry("demo.bad", bad), gate_entry("demo.slow", slow)])
+    json_path = suite.root / "gates.json"
     env = {key: value for key, value in os.environ.items() if key != "INFER_TEST_CHECKPOINT"}
     runner = subprocess.Popen(
-        [sys.executable, "-m", "infer_cli.main", "gates", "--manifest", str(suite.manifest)],
+        [
+            sys.executable,
+            "-m",
+            "infer_cli.main",
+            "gates",
+            "--manifest",
+            str(suite.manifest),
+            "--json",
+            str(json_path),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -361,6 +371,11 @@ def test_a_stopped_run_kills_the_running_gate_and_says_why_a_gate_failed(suite: 
     assert "assert (2 + 2) == 5" in output, output
     with pytest.raises(ProcessLookupError):
         os.kill(gate_pid, 0)
+    # The JSON report was written when the first gate ended, and is what the stopped run leaves.
+    body = json.loads(json_path.read_text())
+    assert (body["status"], body["ok"]) == ("incomplete", False)
+    results = {gate["id"]: gate["result"] for gate in body["gates"]}
+    assert results == {"demo.bad": "failed", "demo.slow": "not-run"}
 
 
 def test_gate_option_runs_the_named_gates_and_the_reports_say_so(
