@@ -8,13 +8,17 @@
 # Every call leaves $OUT/runs.tgz (every report, log and plot so far) and prints each step's end.
 # Copy what matters into docs/benchmarks/ with the date, commit, device and command.
 #
-# Order is priority, as the 2026-12-02 evening run (3a1aa3d) left it: both manifests again, because
-# their transformers bf16 reference had RoPE's inv_freq rounded to bf16 until d9fc22f (issue 6's
-# parity gates passed against that looser baseline; Qwen3's greedy gate failed on it), then the
-# bucket sweep with each bucket's first-capture figures and the GPU-only kernel tests (issue 7).
-# Per-policy start-up (STAGE=startup, STAGE=gemma4-startup), Gemma 4's latency and the invariance
-# run were measured at 3a1aa3d or 261eee0 and run only by name. STAGE=norms-check is for the branch
-# tuned-fused-norms once merged: every policy on the fused Triton norms.
+# Order is priority, as the 2026-12-03 runs (61f079e, a4c6193) left it: the whole gemma4 manifest
+# in one run (every gate has passed against the corrected transformers reference, but across three
+# partial runs: two machines were taken back mid-run), then the GPU-only kernel tests (their norm
+# tests were fixed in dfe1b36 and not re-run), then Qwen3's greedy and full-forward gates (failed
+# at 3a1aa3d on the rounded reference, not run since d9fc22f fixed it). The gemma4 step takes
+# ~17 min on a fresh machine (synth ~45 s, FlashInfer JIT ~3 min): send each STAGE=wait call at
+# once, with WAIT_S near the 600 s limit, so the machine never idles 30 s. Its JSON report is
+# rewritten after every gate, so each call's runs.tgz carries what has passed so far.
+# The bucket sweep (STAGE=buckets), per-policy start-up (STAGE=startup, STAGE=gemma4-startup),
+# Gemma 4's latency and the invariance run were measured at a4c6193, 3a1aa3d or 261eee0 and run
+# only by name. STAGE=norms-check is for tuned on the fused Triton norms, once that change exists.
 # A step that fails does not stop the ones after it. Single steps can still be run by name
 # (STAGE=gemma4-gates, STAGE=buckets, ...), in the foreground.
 set -uo pipefail
@@ -80,6 +84,9 @@ buckets() {  # graph memory per bucket and policy, then the GPU-only numerics te
   synth_q3
   infer bench --buckets all --model $q3 --numeric-policy tuned,pin,per-token,invariant \
     --save-result $work/buckets-qwen3-4b.json --plot
+  gpu-tests
+}
+gpu-tests() {  # the kernel and sampling tests that run on the GPU when there is one
   python3 -m pytest -q --tb=short tests/kernels/test_invariant_gemm.py tests/kernels/test_norm_dispatch.py tests/sampling
 }
 startup() {  # issue 7's start-up point on Qwen3-4B, every policy
@@ -103,7 +110,7 @@ kernels() {
   infer gates --manifest kernels --tier gpu --json $work/kernels-gates.json
   infer bench kernels --save-result $work/bench-kernels.json
 }
-PIPELINE=${PIPELINE:-"gemma4-gates buckets qwen3-greedy"}
+PIPELINE=${PIPELINE:-"gemma4-gates gpu-tests qwen3-greedy"}
 
 # The pipeline, in its own session so it outlives the call; $work/STEP.log per step, and
 # $work/steps.txt a line as each step ends.
@@ -141,7 +148,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gemma4-rest | gemma4-regret | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | decode-paths | kernels)
+  gemma4-gates | gemma4-rest | gemma4-regret | gpu-tests | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | decode-paths | kernels)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
