@@ -79,7 +79,7 @@ def inverse_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
 
     The spec is this code run on the host. On CUDA, torch's mean multiplies the sum by a rounded
     1/n rather than dividing by n, so there it may sit an fp32 ulp off the spec where n is not a
-    power of two (seen on the H200 at n = 96, 160) — a Triton kernel that divides is the spec."""
+    power of two (seen on the H200 at n = 96, 160). A kernel that divides matches the spec."""
     xf = x.to(torch.float32)
     mean_square = xf.square().mean(dim=-1, keepdim=True)
     return 1.0 / torch.sqrt(mean_square + eps)

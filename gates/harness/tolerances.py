@@ -21,6 +21,7 @@ docs/benchmarks/gemma4.md): infer mean 0.0317, p99 0.105, max regret 0.197; tran
 0.0320, p99 0.108, max regret 0.152 — infer no worse in mean or p99, yet 1.30× in max regret, which
 a 1.25× ratio on the maximum refused. The bound there is 2 × 1.25 × 0.108 = 0.27; a wrong mask or
 rope at even a few positions costs a nat or more.
+
 The scheduling tolerances (stream_logprob, tie) bound two infer runs that differ in batch shape:
 bf16 GEMMs of different row counts round differently, ~0.03 typical on these random-weight models.
 Gemma 4 12B synthetic on the H200 (2026-12-02, 261eee0, docs/benchmarks/gemma4.md): every

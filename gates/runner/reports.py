@@ -1,8 +1,9 @@
 """The outcome of `infer gates` as data, and its JSON and JUnit XML files.
 
 Both files are written whatever happened: a run stopped by a manifest, membership or preflight
-problem reports those problems and marks every gate `not-run`, so CI shows why nothing ran. The JSON file is also
-rewritten after each gate, with status `incomplete`, so a run killed part-way leaves its findings.
+problem reports those problems and marks every gate `not-run`, so CI shows why nothing ran. The
+JSON file is also rewritten after each gate, with status `incomplete`, so a run killed part-way
+leaves its findings.
 """
 
 from __future__ import annotations
