@@ -184,7 +184,9 @@ def sweep_policy(
     activation_peak = measure_activations(model, attention, engine)
     total = torch.cuda.get_device_properties(model.device).total_memory
 
-    trial = trial_capture(GraphedDecode(model, attention, sorted(buckets), max_pages), _capture_measured)
+    trial = trial_capture(
+        GraphedDecode(model, attention, sorted(buckets), max_pages), _capture_measured, policy
+    )
     _settle()
     # As start-up reads it: what stays resident, less the KV pool loaded for profiling (the
     # engine sizes its pool after dropping that one) and less what the trial left (in its records).

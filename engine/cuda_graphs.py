@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from engine.forward_batch import ForwardBatch, PagedCausalLM
+from engine.graph_budget import capture_out_of_memory
 from engine.runner import BatchRow
 from kernels.attention.base import AttentionBackend, GroupBatch
 from kernels.reference import PagedRows
@@ -97,11 +98,22 @@ class TrialCapture:
         return max(0, self.captured_bytes - self.persisted_outside)
 
 
-def trial_capture(graphs: GraphedDecode, capture: Callable[[GraphedDecode], object]) -> TrialCapture:
+def trial_capture(
+    graphs: GraphedDecode, capture: Callable[[GraphedDecode], object], policy: str
+) -> TrialCapture:
     """Capture `graphs` with `capture`, drop them, and say what they took and what stayed. The
-    caller must hold no other reference to `graphs`."""
+    caller must hold no other reference to `graphs`. Running out of device memory on the way is
+    refused with a `MemoryBudgetError` naming the bucket (graph_budget.capture_out_of_memory)."""
     outside_before = outside_torch_bytes()
-    capture(graphs)
+    try:
+        capture(graphs)
+    except torch.cuda.OutOfMemoryError as exc:
+        captured = [r.bucket for r in graphs.records]
+        failed = max((b for b in graphs.buckets if b not in captured), default=min(graphs.buckets))
+        del graphs
+        gc.collect()
+        torch.cuda.empty_cache()
+        raise capture_out_of_memory(failed, captured, policy) from exc
     records = tuple(graphs.records)
     del graphs
     gc.collect()

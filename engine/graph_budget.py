@@ -129,3 +129,16 @@ class ReserveCheck:
 
     def within(self, pct: float) -> bool:
         return abs(self.diff_pct) <= pct
+
+
+def capture_out_of_memory(failed: int, captured: Sequence[int], policy: str) -> MemoryBudgetError:
+    """The start-up refusal for a trial capture that ran out of device memory at bucket `failed`
+    (after `captured`, the larger buckets, in one pool): an error naming what to change, where the
+    trial would otherwise end start-up with a bare out-of-memory error."""
+    before = f" after buckets {', '.join(map(str, captured))} (captured largest first)" if captured else ""
+    return MemoryBudgetError(
+        f"decode graph capture under numeric policy {policy!r} ran out of device memory at bucket "
+        f"{failed}{before}, before the KV pool was sized: these graphs do not fit beside the "
+        f"weights. Capture fewer rows (a smaller --max-num-seqs; with bench --buckets, a shorter "
+        f"bucket list), use another numeric policy, or --enforce-eager"
+    )

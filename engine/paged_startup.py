@@ -293,6 +293,7 @@ def start_paged_model(
         trial = trial_capture(
             GraphedDecode(model, attention, buckets, max_pages_per_seq),
             lambda g: _capture(g, console, "measuring decode graphs"),
+            config.numeric_policy,
         )
     model.allocate_kv([2] * len(groups))  # drop the profiling pool before sizing the real one
     torch.cuda.empty_cache()

@@ -5,6 +5,7 @@ The measuring lives in engine.bucket_sweep; this module parses the options, prin
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from engine.cuda_graphs import MAX_GRAPH_BUCKET, decode_buckets
+from engine.memory_budget import MemoryBudgetError
 from kernels.gemm.names import UnknownPolicyError, parse_policies
 
 MIB = 1 << 20
@@ -163,12 +165,22 @@ def run_bucket_bench(
     # process reuse (engine.bucket_sweep); swept last, it hides no other policy's first-capture cost.
     policies = tuple(sorted(policies, key=lambda p: p.value == "per-token"))
     sweeps = []
+    # A policy whose graphs do not fit is refused by name (engine.graph_budget) and the others go on.
+    refused: dict[str, str] = {}
     with console.status("") as status:
         for policy in policies:
             status.update(f"{policy.value}: loading and capturing {len(buckets)} buckets twice")
-            sweeps.append(
-                sweep_policy(model, policy.value, buckets, gpu_memory_utilization, attention_backend)
-            )
+            try:
+                sweeps.append(
+                    sweep_policy(model, policy.value, buckets, gpu_memory_utilization, attention_backend)
+                )
+            except MemoryBudgetError as exc:
+                refused[policy.value] = str(exc)
+                console.print(f"[red]{policy.value}: refused: {exc}[/red]")
+                gc.collect()
+                torch.cuda.empty_cache()
+    if not sweeps:
+        raise typer.Exit(2)
     result = sweep_json(
         sweeps,
         {
@@ -176,6 +188,7 @@ def run_bucket_bench(
             "device": torch.cuda.get_device_name(),
             "gpu_memory_utilization": gpu_memory_utilization,
             "bucket_list": list(buckets),
+            "refused": refused,
         },
     )
     _report(result, console, save_result, plot)

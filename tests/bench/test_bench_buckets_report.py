@@ -1,15 +1,18 @@
 """`infer bench --buckets`' report on the CPU: the first-capture figure each bucket carries, the
-table, and the plot (the measuring itself needs a GPU)."""
+table, the plot, and a policy refused by name (the measuring itself needs a GPU)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import pytest
+import typer
 from rich.console import Console
 
 from engine.bucket_sweep import BucketMeasurement, PolicySweep, sweep_json
-from engine.graph_budget import GraphFit, ReserveCheck
-from infer_cli.bench_buckets import MIB, bucket_table, plot_sweeps
+from engine.graph_budget import GraphFit, ReserveCheck, capture_out_of_memory
+from infer_cli.bench_buckets import MIB, bucket_table, plot_sweeps, run_bucket_bench
 
 
 def _sweep(policy: str, node_mib_per_row: int) -> PolicySweep:
@@ -58,3 +61,39 @@ def test_reports_without_first_capture_figures_still_print_and_plot(tmp_path: Pa
     assert "—" in console.export_text()
     plot_sweeps(result, tmp_path / "old.png")
     assert (tmp_path / "old.png").stat().st_size > 0
+
+
+def _fake_gpu_sweeps(monkeypatch: pytest.MonkeyPatch, refuse: set[str]) -> None:
+    import torch
+
+    import engine.bucket_sweep as bucket_sweep
+
+    def sweep_policy(model: Path, policy: str, *args: object) -> PolicySweep:
+        if policy in refuse:
+            raise capture_out_of_memory(64, [], policy)
+        return _sweep(policy, 0)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "fake GPU")
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(bucket_sweep, "sweep_policy", sweep_policy)
+
+
+def test_a_policy_whose_graphs_do_not_fit_is_refused_and_the_rest_are_measured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fake_gpu_sweeps(monkeypatch, refuse={"per-token"})
+    console = Console(width=300, record=True)
+    out = tmp_path / "sweep.json"
+    run_bucket_bench("1,8,64", tmp_path, "tuned,per-token", 0.9, out, False, None, console)
+    result = json.loads(out.read_text())
+    assert [p["policy"] for p in result["policies"]] == ["tuned"]
+    assert list(result["refused"]) == ["per-token"] and "at bucket 64" in result["refused"]["per-token"]
+    assert "per-token: refused" in console.export_text()
+
+
+def test_every_policy_refused_exits_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_gpu_sweeps(monkeypatch, refuse={"per-token"})
+    with pytest.raises(typer.Exit) as stopped:
+        run_bucket_bench("1,8", tmp_path, "per-token", 0.9, None, False, None, Console(record=True))
+    assert stopped.value.exit_code == 2

@@ -16,6 +16,8 @@ import torch
 from engine import cuda_graphs, paged_startup
 from engine.config import EngineConfig
 from engine.cuda_graphs import CaptureRecord, trial_capture
+from engine.graph_budget import capture_out_of_memory
+from engine.memory_budget import MemoryBudgetError
 from engine.model_runner import PagedModelRunner
 from engine.scheduler import BatchScheduler
 from models.registry import ModelOptions, load_model
@@ -84,6 +86,7 @@ def test_activations_are_the_peak_or_what_the_cache_holds_after_both_shapes(
 
 class _Graphs:
     def __init__(self) -> None:
+        self.buckets = (128, 160, 256)
         self.records: list[CaptureRecord] = []
 
 
@@ -100,7 +103,7 @@ def test_trial_capture_reports_what_stayed_and_keeps_no_graph(monkeypatch: pytes
             for b, added, pool in ((256, 828, 752), (160, 170, 160), (128, 18, 8))
         )
 
-    trial = trial_capture(_Graphs(), capture)  # type: ignore[arg-type]
+    trial = trial_capture(_Graphs(), capture, "tuned")  # type: ignore[arg-type]
     gc.collect()
     assert alive[0]() is None, "the trial's graphs must be gone when the pool is sized"
     assert [r.bucket for r in trial.records] == [256, 160, 128]
@@ -116,5 +119,31 @@ def test_memory_that_left_with_the_trial_is_not_taken_off(monkeypatch: pytest.Mo
     def capture(graphs: cuda_graphs.GraphedDecode) -> None:
         graphs.records.append(CaptureRecord(8, 1000 * MIB, 900 * MIB, 0, 60 * MIB, 0.1))
 
-    trial = trial_capture(_Graphs(), capture)  # type: ignore[arg-type]
+    trial = trial_capture(_Graphs(), capture, "tuned")  # type: ignore[arg-type]
     assert trial.persisted_outside == 0 and trial.reserve_bytes == 100 * MIB
+
+
+def test_a_trial_out_of_memory_is_refused_naming_the_bucket(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cuda_graphs, "outside_torch_bytes", lambda: 700 * MIB)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    alive: list[weakref.ref[_Graphs]] = []
+
+    def capture(graphs: cuda_graphs.GraphedDecode) -> None:
+        alive.append(weakref.ref(graphs))  # type: ignore[arg-type]
+        graphs.records.append(CaptureRecord(256, 10_000 * MIB, 9_000 * MIB, 0, 900 * MIB, 0.1))
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    with pytest.raises(MemoryBudgetError) as refused:
+        trial_capture(_Graphs(), capture, "per-token")  # type: ignore[arg-type]
+    message = str(refused.value)
+    assert "'per-token'" in message and "at bucket 160 after buckets 256" in message, message
+    assert "--max-num-seqs" in message and "--enforce-eager" in message
+    assert isinstance(refused.value.__cause__, torch.cuda.OutOfMemoryError)
+    refused = None  # type: ignore[assignment]  # the traceback holds the frame that held the graphs
+    gc.collect()
+    assert alive[0]() is None, "the failed trial's graphs are dropped before the refusal"
+
+
+def test_an_out_of_memory_at_the_first_bucket_names_it_alone() -> None:
+    message = str(capture_out_of_memory(256, [], "tuned"))
+    assert "at bucket 256, before the KV pool" in message and "after buckets" not in message
