@@ -177,8 +177,10 @@ def run_bucket_bench(
             except MemoryBudgetError as exc:
                 refused[policy.value] = str(exc)
                 console.print(f"[red]{policy.value}: refused: {exc}[/red]")
-                gc.collect()
-                torch.cuda.empty_cache()
+            # A refused policy's model is unreachable only once its error is gone: free it here,
+            # before the next policy loads.
+            gc.collect()
+            torch.cuda.empty_cache()
     if not sweeps:
         raise typer.Exit(2)
     result = sweep_json(
