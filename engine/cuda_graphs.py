@@ -108,11 +108,9 @@ def trial_capture(
     try:
         capture(graphs)
     except torch.cuda.OutOfMemoryError as exc:
+        # The traceback holds the graphs until the caller lets go of the error; freeing is its job.
         captured = [r.bucket for r in graphs.records]
         failed = max((b for b in graphs.buckets if b not in captured), default=min(graphs.buckets))
-        del graphs
-        gc.collect()
-        torch.cuda.empty_cache()
         raise capture_out_of_memory(failed, captured, policy) from exc
     records = tuple(graphs.records)
     del graphs

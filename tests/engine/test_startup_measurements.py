@@ -125,11 +125,8 @@ def test_memory_that_left_with_the_trial_is_not_taken_off(monkeypatch: pytest.Mo
 
 def test_a_trial_out_of_memory_is_refused_naming_the_bucket(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cuda_graphs, "outside_torch_bytes", lambda: 700 * MIB)
-    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
-    alive: list[weakref.ref[_Graphs]] = []
 
     def capture(graphs: cuda_graphs.GraphedDecode) -> None:
-        alive.append(weakref.ref(graphs))  # type: ignore[arg-type]
         graphs.records.append(CaptureRecord(256, 10_000 * MIB, 9_000 * MIB, 0, 900 * MIB, 0.1))
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
@@ -139,9 +136,6 @@ def test_a_trial_out_of_memory_is_refused_naming_the_bucket(monkeypatch: pytest.
     assert "'per-token'" in message and "at bucket 160 after buckets 256" in message, message
     assert "--max-num-seqs" in message and "--enforce-eager" in message
     assert isinstance(refused.value.__cause__, torch.cuda.OutOfMemoryError)
-    refused = None  # type: ignore[assignment]  # the traceback holds the frame that held the graphs
-    gc.collect()
-    assert alive[0]() is None, "the failed trial's graphs are dropped before the refusal"
 
 
 def test_an_out_of_memory_at_the_first_bucket_names_it_alone() -> None:
