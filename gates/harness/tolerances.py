@@ -24,9 +24,15 @@ rope at even a few positions costs a nat or more.
 
 The scheduling tolerances (stream_logprob, tie) bound two infer runs that differ in batch shape:
 bf16 GEMMs of different row counts round differently, ~0.03 typical on these random-weight models.
-Gemma 4 12B synthetic on the H200 (2026-12-02, 261eee0, docs/benchmarks/gemma4.md): every
-scheduling gate's |Δ log-prob| was a multiple of 1/32 — its logits are soft-capped in bf16 and
-sit in [4, 8), where a bf16 step is 2^-5 — and the largest was 3 steps (0.094) across 13 gates.
+Gemma 4 12B synthetic on the H200: every scheduling gate's |Δ log-prob| is a multiple of 1/32 — its
+logits are soft-capped in bf16 and sit in [4, 8), where a bf16 step is 2^-5. At 261eee0 and
+3a1aa3d (2026-12-02) the largest was 3 steps (0.094), and 3 steps is where most gates' maxima sit
+(docs/benchmarks/gemma4.md): it is the noise's usual maximum, not its tail. At a2a17b6 (2026-12-03)
+the overlapped-prefill gate moved 5 steps (0.156) once, at token 13 of a 5-token prompt's stream
+after 13 equal tokens, every other of its 6 streams ≤ 3 steps; a decode row's context is its own
+earlier tokens, so two runs' rounding compounds along a stream, most where the context is short.
+So the bound is LOGIT_STEPS = 6 steps at the checkpoint's largest logit (`for_logits`, applied by
+the suites' `tol` fixture), and never under the 0.1 floor (logits under 4, finer steps).
 
 `tie` is not a second guess: if two runs' log-probs differ by at most δ = stream_logprob per
 token, two streams that part (A picks x, B picks y) have margins m_A + m_B ≤ 2δ, so a divergence
@@ -34,11 +40,13 @@ where both margins are ≤ 2δ is what that noise can do and nothing more. At ti
 refused such a part: Gemma's overlapped-prefill streams parted where one margin was 0.125 (4
 steps of 2^-5), which two 2-step moves produce.
 
-A real checkpoint's top logits sit in higher binades (Gemma's cap is 30, where a bf16 step is
-0.125, more than the whole 0.1 bound), and they move by those larger steps. So on bf16 the stream
-bound is also at least LOGIT_STEPS steps of bf16 at the checkpoint's own largest logit
-(`for_logits`, applied by the suites' `tol` fixture): 3 steps is what the Gemma run above moved.
-On the synthetic checkpoints, whose logits stay under 8, the 0.1 floor is the larger.
+What the wider bound gives up, and keeps: at 6 steps of 2^-5 the tie bound is 0.375. The one
+defect these bounds have caught so far, transformers' reference with RoPE's inv_freq rounded to
+bf16 (docs/benchmarks/qwen3.md), cost 0.391 at the part, so it is still refused, by a small
+margin. Scheduling defects (a wrong mask, position or page) are caught first by the same gates
+on the CPU in fp32, where the stream bound is 1e-4 (FP32 below). A real checkpoint's top logits
+sit in higher binades (Gemma's cap is 30, where a bf16 step is 0.125) and move by those larger
+steps, hence a bound in steps rather than in nats.
 """
 
 from __future__ import annotations
@@ -49,7 +57,7 @@ from dataclasses import dataclass, replace
 import torch
 
 # Steps of bf16 at the top logit that two runs' log-probs may differ by (module doc).
-LOGIT_STEPS = 3
+LOGIT_STEPS = 6
 
 
 @dataclass(frozen=True, slots=True)

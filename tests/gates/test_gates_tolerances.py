@@ -32,7 +32,8 @@ def test_tie_is_twice_the_stream_bound() -> None:
 
 
 def test_bf16_bounds_follow_the_logits_binade_and_fp32_stays() -> None:
-    assert for_logits(BF16, 5.0) == BF16  # 3 steps of 2^-5 are under the 0.1 floor
+    assert for_logits(BF16, 3.0) == BF16  # 6 steps of 2^-6 are under the 0.1 floor
+    assert for_logits(BF16, 5.0).stream_logprob == LOGIT_STEPS * 2**-5 > BF16.stream_logprob
     wide = for_logits(BF16, 20.0)
     assert wide.stream_logprob == LOGIT_STEPS * 2**-3 and wide.tie == 2 * LOGIT_STEPS * 2**-3
     assert (wide.mean_abs, wide.p99_abs) == (BF16.mean_abs, BF16.p99_abs)
