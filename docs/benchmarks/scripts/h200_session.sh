@@ -8,14 +8,13 @@
 # Every call leaves $OUT/runs.tgz (every report, log and plot so far) and prints each step's end.
 # Copy what matters into docs/benchmarks/ with the date, commit, device and command.
 #
-# Order is priority, as the 2026-12-03 runs (61f079e, a4c6193) left it: the whole gemma4 manifest
-# in one run (every gate has passed against the corrected transformers reference, but across three
-# partial runs: two machines were taken back mid-run), then the GPU-only kernel tests (their norm
-# tests were fixed in dfe1b36 and not re-run), then Qwen3's greedy and full-forward gates (failed
-# at 3a1aa3d on the rounded reference, not run since d9fc22f fixed it). The gemma4 step takes
-# ~17 min on a fresh machine (synth ~45 s, FlashInfer JIT ~3 min): send each STAGE=wait call at
-# once, with WAIT_S near the 600 s limit, so the machine never idles 30 s. Its JSON report is
-# rewritten after every gate, so each call's runs.tgz carries what has passed so far.
+# Order is priority. The default PIPELINE is what closed issue 6 on 2026-12-03: the whole gemma4
+# manifest in one run (25 of 25 at 94f9ecf), the GPU-only kernel tests and Qwen3's two parity gates
+# (all passed at a2a17b6). The gemma4 step takes ~12 min on a fresh machine (synth ~45 s, FlashInfer
+# JIT ~3 min): send each STAGE=wait call at once, with WAIT_S near the 600 s limit, so the machine
+# never idles 30 s. Its JSON report is rewritten after every gate, so each call's runs.tgz carries
+# what has passed so far. `git rev-parse` on the device can name an older commit than the tree it
+# runs (2026-12-03); record the commit you sent.
 # The bucket sweep (STAGE=buckets), per-policy start-up (STAGE=startup, STAGE=gemma4-startup),
 # Gemma 4's latency and the invariance run were measured at a4c6193, 3a1aa3d or 261eee0 and run
 # only by name. STAGE=norms-check is for tuned on the fused Triton norms, once that change exists.
