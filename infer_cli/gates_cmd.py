@@ -62,7 +62,8 @@ class TierOption(StrEnum):
 
 
 class _ConsoleObserver:
-    """Draws a run: stage lines, a progress bar over the gates, one line per finished gate."""
+    """Draws a run: stage lines, a progress bar over the gates, one line per finished gate; with
+    `--json`, also rewrites the report file after each gate (status `incomplete` until the end)."""
 
     def __init__(self, console: Console, json_path: Path | None) -> None:
         self._console = console
