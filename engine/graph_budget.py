@@ -1,6 +1,6 @@
 """Decode-graph memory in the KV budget: which buckets fit, and how the reserved figure compares.
 
-Pure arithmetic over measured per-bucket figures (engine.bucket_sweep and the start-up trial capture
+Pure arithmetic over measured per-bucket figures (infer_cli.bench.bucket_sweep and the start-up trial capture
 produce them); nothing here touches a device, so the start-up refusal is unit-tested on the CPU.
 
 A bucket's capture costs two kinds of memory, both seen as a drop in free device memory:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from infer_cli.bench_cmd import bench_app
+from infer_cli.bench.app import bench_app
 from infer_cli.gates_cmd import gates_command
 from infer_cli.serve_cmd import serve_command
 from infer_cli.synth_cmd import synth_command

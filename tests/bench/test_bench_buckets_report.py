@@ -10,9 +10,9 @@ import pytest
 import typer
 from rich.console import Console
 
-from engine.bucket_sweep import BucketMeasurement, PolicySweep, sweep_json
 from engine.graph_budget import GraphFit, ReserveCheck, capture_out_of_memory
-from infer_cli.bench_buckets import MIB, bucket_table, plot_sweeps, run_bucket_bench
+from infer_cli.bench.bucket_sweep import BucketMeasurement, PolicySweep, sweep_json
+from infer_cli.bench.buckets_cmd import MIB, bucket_table, plot_sweeps, run_bucket_bench
 
 
 def _sweep(policy: str, node_mib_per_row: int) -> PolicySweep:
@@ -66,7 +66,7 @@ def test_reports_without_first_capture_figures_still_print_and_plot(tmp_path: Pa
 def _fake_gpu_sweeps(monkeypatch: pytest.MonkeyPatch, refuse: set[str]) -> None:
     import torch
 
-    import engine.bucket_sweep as bucket_sweep
+    import infer_cli.bench.bucket_sweep as bucket_sweep
 
     def sweep_policy(model: Path, policy: str, *args: object) -> PolicySweep:
         if policy in refuse:

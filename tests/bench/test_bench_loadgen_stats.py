@@ -6,11 +6,11 @@ import random
 
 import pytest
 
-from infer_cli.loadgen.client import RequestRecord
-from infer_cli.loadgen.prompts import PromptSizeError, TokenRate, make_prompts, random_text
-from infer_cli.loadgen.server_metrics import ServerCost, parse_totals
-from infer_cli.loadgen.sim_steps import measure_decode_steps
-from infer_cli.loadgen.stats import Distribution, summarize
+from infer_cli.bench.loadgen.client import RequestRecord
+from infer_cli.bench.loadgen.prompts import PromptSizeError, TokenRate, make_prompts, random_text
+from infer_cli.bench.loadgen.server_metrics import ServerCost, parse_totals
+from infer_cli.bench.loadgen.sim_steps import measure_decode_steps
+from infer_cli.bench.loadgen.stats import Distribution, summarize
 
 
 def _record(

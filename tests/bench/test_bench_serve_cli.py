@@ -12,7 +12,7 @@ import pytest
 from bench_support import SimServer
 from typer.testing import CliRunner
 
-from infer_cli.loadgen.runner import arrival_delays
+from infer_cli.bench.loadgen.runner import arrival_delays
 from infer_cli.main import app
 
 RUNNER = CliRunner()

@@ -189,7 +189,7 @@ def test_the_reserve_leaves_out_what_the_trial_left_resident() -> None:
 
 
 def test_bench_buckets_parsing_and_the_no_cuda_error() -> None:
-    from infer_cli.bench_buckets import parse_buckets
+    from infer_cli.bench.buckets_cmd import parse_buckets
 
     assert parse_buckets("8,1,2,8") == (1, 2, 8)
     assert parse_buckets("all")[0] == 1 and parse_buckets("all")[-1] == 256
@@ -203,7 +203,7 @@ def test_bench_buckets_parsing_and_the_no_cuda_error() -> None:
 def test_bench_buckets_report_writes_json_and_plot(tmp_path: Path) -> None:
     from rich.console import Console
 
-    from infer_cli.bench_buckets import _report
+    from infer_cli.bench.buckets_cmd import _report
 
     def sweep(policy: str, per_row: int) -> dict[str, object]:
         rows = [

@@ -13,6 +13,14 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
+from gates.harness.prep_parity import EXACT, bit_identical, compare_heads, unaddressed_unchanged
+from gates.harness.prep_workload import (
+    PrepBatch,
+    addressed_slot_mask,
+    build_batch,
+    mixed_sequences,
+    with_row_offset,
+)
 from kernels.kv_layout import PADDING_PAGE, PAGE_SIZE
 from kernels.reference import (
     PagedRows,
@@ -30,14 +38,6 @@ from kernels.reference import (
     attention_prep as reference_prep,
 )
 from kernels.triton import PrepLaunchConfig, PrepLaunchError, attention_prep
-from kernels.triton.parity import EXACT, bit_identical, compare_heads, unaddressed_unchanged
-from kernels.triton.workload import (
-    PrepBatch,
-    addressed_slot_mask,
-    build_batch,
-    mixed_sequences,
-    with_row_offset,
-)
 
 ROWS = 12
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

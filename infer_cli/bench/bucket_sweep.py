@@ -44,10 +44,9 @@ from engine.graph_budget import (
     fit_buckets,
     graphs_available,
 )
+from infer_cli.bench.timing import device_ms
 
 NODE_COUNT_METHOD = "device activities of one profiled replay (torch.profiler/CUPTI)"
-_REPLAY_WARMUP = 3
-_REPLAY_TIMED = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,18 +123,6 @@ def count_graph_nodes(graph: torch.cuda.CUDAGraph) -> int:
     return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
 
 
-def replay_ms(graph: torch.cuda.CUDAGraph) -> float:
-    for _ in range(_REPLAY_WARMUP):
-        graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(_REPLAY_TIMED):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / _REPLAY_TIMED
-
-
 def sweep_policy(
     model_path: Path,
     policy: str,
@@ -206,7 +193,7 @@ def sweep_policy(
             device_bytes=record.bytes_added,
             pool_bytes=record.pool_bytes,
             nodes=count_graph_nodes(graph),
-            replay_ms=replay_ms(graph),
+            replay_ms=device_ms(graph.replay),
             capture_s=record.seconds,
             first_device_bytes=first[record.bucket].bytes_added,
             first_pool_bytes=first[record.bucket].pool_bytes,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import torch
@@ -23,8 +23,8 @@ from engine.contract import Request, SamplingParams
 from engine.forward_batch import RooflineFacts
 from engine.model_runner import PagedModelRunner
 from engine.scheduler import BatchScheduler
-from engine.step_profile import StepBreakdown, profile_steps
-from kernels.bench import measure_copy_gb_per_s
+from infer_cli.bench.step_profile import StepBreakdown, profile_steps
+from infer_cli.bench.timing import copy_gb_per_s, device_ms, matmul_tflops
 
 # Steps profiled for a breakdown (`breakdown=True`), after the timed ones.
 PROFILED_STEPS = 3
@@ -82,17 +82,8 @@ class Ceilings:
     matmul_tflops: float
 
 
-def measure_matmul_tflops(device: torch.device, n: int = 8192) -> float:
-    import triton.testing
-
-    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    ms = float(triton.testing.do_bench(lambda: a @ b, warmup=25, rep=200, return_mode="median"))
-    return 2 * n**3 / (ms * 1e-3) / 1e12
-
-
 def measure_ceilings(device: torch.device) -> Ceilings:
-    return Ceilings(copy_gb_per_s=measure_copy_gb_per_s(device), matmul_tflops=measure_matmul_tflops(device))
+    return Ceilings(copy_gb_per_s=copy_gb_per_s(device), matmul_tflops=matmul_tflops(device))
 
 
 def decode_floor_ms(facts: RooflineFacts, batch: int, context: int, ceilings: Ceilings) -> float:
@@ -174,21 +165,7 @@ def _replay_ms(runner: object, batch: int) -> float | None:
     graph = runner.graphs.graph_for(batch)
     if graph is None:
         return None
-    return _cuda_median_ms(graph.replay)
-
-
-def _cuda_median_ms(fn: Callable[[], object], reps: int = 50) -> float:
-    for _ in range(5):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps):
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return device_ms(graph.replay)
 
 
 def bench_prefill(

@@ -6,8 +6,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from infer_cli.bench.prep_timing import BENCH_VARIANTS, bench_plan, prep_bytes
 from infer_cli.main import app
-from kernels.bench import BENCH_VARIANTS, bench_plan, prep_bytes
 
 VARIANTS = {variant.label: variant for variant in BENCH_VARIANTS}
 

@@ -5,7 +5,7 @@ step at the same batch size leaves the frontend's cost. This runs the same sched
 server runs: `batch` requests of `input_len` prompt tokens, each generating `output_len` tokens
 (ignore_eos), all admitted together, and times every step once all of them are decoding.
 
-    python -m infer_cli.loadgen.sim_steps --batch 64 --input-len 128 --output-len 128
+    python -m infer_cli.bench.loadgen.sim_steps --batch 64 --input-len 128 --output-len 128
 """
 
 from __future__ import annotations

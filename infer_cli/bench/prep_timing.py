@@ -5,9 +5,9 @@ read once + every output written once (Q, K, V in; Q and the gate out; K and V i
 positions, page-table entries and rope rows), over the kernel's median time. The yardstick is a
 device-to-device copy measured in the same run, counting read + write.
 
-Each launch is captured in a CUDA graph and timed by replaying it under
-``triton.testing.do_bench``, which flushes the L2 cache before every replay. The graph keeps the
-Python launch overhead out of the GPU timeline, so decode sizes time the kernel, not the host.
+Each launch is captured in a CUDA graph and its replay timed (`timing.device_ms`, which flushes the
+L2 cache before every replay). The graph keeps the Python launch overhead out of the GPU timeline,
+so decode sizes time the kernel, not the host.
 """
 
 from __future__ import annotations
@@ -18,6 +18,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from gates.harness.prep_workload import PrepBatch, SequenceRows, build_batch
+from infer_cli.bench.timing import copy_gb_per_s as copy_bandwidth
+from infer_cli.bench.timing import device_ms
 from kernels.reference import (
     PrepSpec,
     gemma4_global_prep,
@@ -25,11 +28,9 @@ from kernels.reference import (
     qwen3_prep,
     qwen35_full_attention_prep,
 )
-from kernels.triton.workload import PrepBatch, SequenceRows, build_batch
 
 DECODE_ROWS = (1, 8, 64, 256)
 PREFILL_ROWS = (2048, 8192, 16384)
-COPY_BYTES = 1 << 30
 _INDEX_BYTES = 4  # int32 positions, sequence indices and page-table entries
 
 
@@ -116,20 +117,6 @@ def _require_cuda() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device())
 
 
-def _median_ms(fn: Callable[[], object]) -> float:
-    import triton.testing
-
-    return float(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"))
-
-
-def measure_copy_gb_per_s(device: torch.device, nbytes: int = COPY_BYTES) -> float:
-    """Device-to-device copy bandwidth in GB/s, counting both the read and the write."""
-    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    ms = _median_ms(lambda: dst.copy_(src))
-    return 2 * nbytes / (ms * 1e-3) / 1e9
-
-
 def _bench_batch(
     variant: BenchVariant, phase: str, rows: int, device: torch.device, dtype: torch.dtype
 ) -> PrepBatch:
@@ -176,7 +163,7 @@ def time_prep(
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         launch()
-    ms = _median_ms(graph.replay)
+    ms = device_ms(graph.replay)
     moved = prep_bytes(variant, rows, dtype)
     gb_per_s = moved / (ms * 1e-3) / 1e9
     return KernelTiming(
@@ -207,7 +194,7 @@ def run_kernel_bench(
 ) -> KernelBenchResult:
     """Measure the copy bandwidth, then time each planned launch; ``on_step`` hears each finish."""
     device = _require_cuda()
-    copy_gb_per_s = measure_copy_gb_per_s(device)
+    copy_gb_per_s = copy_bandwidth(device)
     if on_step is not None:
         on_step("copy bandwidth")
     timings = []

@@ -20,10 +20,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from infer_cli.loadgen.client import Endpoint, ProbeError, RequestRecord
-from infer_cli.loadgen.prompts import PromptSizeError
-from infer_cli.loadgen.runner import BenchConfig, BenchRun, run_benchmark
-from infer_cli.loadgen.stats import BenchSummary, Distribution, summarize
+from infer_cli.bench.loadgen.client import Endpoint, ProbeError, RequestRecord
+from infer_cli.bench.loadgen.prompts import PromptSizeError
+from infer_cli.bench.loadgen.runner import BenchConfig, BenchRun, run_benchmark
+from infer_cli.bench.loadgen.stats import BenchSummary, Distribution, summarize
 
 _console = Console()
 _errors = Console(stderr=True)

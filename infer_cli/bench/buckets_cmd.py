@@ -1,6 +1,6 @@
 """`infer bench --buckets`: the CUDA-graph memory sweep's options, table, JSON and plot.
 
-The measuring lives in engine.bucket_sweep; this module parses the options, prints, saves and plots.
+The measuring lives in infer_cli.bench.bucket_sweep; this module parses the options, prints, saves and plots.
 """
 
 from __future__ import annotations
@@ -159,10 +159,10 @@ def run_bucket_bench(
             "[red]infer bench --buckets captures CUDA graphs and needs a CUDA GPU; none is available on this machine.[/red]"
         )
         raise typer.Exit(2)
-    from engine.bucket_sweep import sweep_json, sweep_policy
+    from infer_cli.bench.bucket_sweep import sweep_json, sweep_policy
 
     # per-token's first capture leaves memory resident outside torch that later captures in this
-    # process reuse (engine.bucket_sweep); swept last, it hides no other policy's first-capture cost.
+    # process reuse (infer_cli.bench.bucket_sweep); swept last, it hides no other policy's first-capture cost.
     policies = tuple(sorted(policies, key=lambda p: p.value == "per-token"))
     sweeps = []
     # A policy whose graphs do not fit is refused by name (engine.graph_budget) and the others go on.

@@ -18,7 +18,7 @@ from kernels.gemm.names import UnknownPolicyError, parse_policies
 if TYPE_CHECKING:
     from engine.config import EngineConfig
     from engine.forward_batch import RooflineFacts
-    from engine.latency_bench import Ceilings, PolicyRun
+    from infer_cli.bench.latency import Ceilings, PolicyRun
 
 
 def _ints(text: str, option: str) -> list[int]:
@@ -68,7 +68,7 @@ def bench_latency_command(
         console.print("[red]infer bench latency needs a CUDA GPU; none is available on this machine.[/red]")
         raise typer.Exit(2)
     from engine.config import EngineConfig
-    from engine.latency_bench import measure_ceilings, results_json
+    from infer_cli.bench.latency import measure_ceilings, results_json
 
     ceilings = measure_ceilings(torch.device("cuda"))
     runs: list[PolicyRun] = []
@@ -120,9 +120,9 @@ def _bench_policy(
     return them with the model's roofline facts; the model is released when this returns."""
     import torch
 
-    from engine.latency_bench import PolicyRun, bench_decode, bench_prefill
     from engine.model_runner import PagedModelRunner
     from engine.scheduler import BatchScheduler
+    from infer_cli.bench.latency import PolicyRun, bench_decode, bench_prefill
     from models.registry import ModelOptions, load_model
 
     policy = engine.numeric_policy
@@ -183,7 +183,7 @@ def _print_tables(console: Console, runs: list[PolicyRun], context: int, title: 
 
 
 def _breakdown_table(runs: list[PolicyRun]) -> Table:
-    from engine.step_profile import CATEGORIES, OTHER
+    from infer_cli.bench.step_profile import CATEGORIES, OTHER
 
     categories = [name for name, _ in CATEGORIES] + [OTHER]
     table = Table(title="where a step goes (ms per step; device busy = union of kernel time)")

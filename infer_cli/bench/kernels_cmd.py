@@ -47,7 +47,13 @@ def bench_kernels_command(
         console.print("[red]infer bench kernels needs a CUDA GPU; none is available on this machine.[/red]")
         raise typer.Exit(2)
 
-    from kernels.bench import BENCH_VARIANTS, DECODE_ROWS, PREFILL_ROWS, bench_plan, run_kernel_bench
+    from infer_cli.bench.prep_timing import (
+        BENCH_VARIANTS,
+        DECODE_ROWS,
+        PREFILL_ROWS,
+        bench_plan,
+        run_kernel_bench,
+    )
 
     known = {v.label: v for v in BENCH_VARIANTS}
     unknown = sorted(set(variant or ()) - set(known))

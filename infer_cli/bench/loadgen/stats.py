@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from infer_cli.loadgen.client import RequestRecord
+from infer_cli.bench.loadgen.client import RequestRecord
 
 
 @dataclass(frozen=True, slots=True)

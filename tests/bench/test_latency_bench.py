@@ -8,9 +8,9 @@ import pytest
 
 from engine.config import EngineConfig
 from engine.forward_batch import RooflineFacts
-from engine.latency_bench import Ceilings, bench_decode, bench_prefill, decode_floor_ms, prefill_floor_ms
 from engine.model_runner import PagedModelRunner
 from engine.scheduler import BatchScheduler
+from infer_cli.bench.latency import Ceilings, bench_decode, bench_prefill, decode_floor_ms, prefill_floor_ms
 from models.registry import ModelOptions, load_model
 
 FACTS = RooflineFacts(
@@ -50,7 +50,7 @@ def test_bench_loops_run_and_leave_the_engine_idle(tiny_qwen3: Path) -> None:
 
 
 def test_results_json_tags_every_row_with_its_policy() -> None:
-    from engine.latency_bench import DecodeResult, PolicyRun, PrefillResult, results_json
+    from infer_cli.bench.latency import DecodeResult, PolicyRun, PrefillResult, results_json
 
     runs = [
         PolicyRun(

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from infer_cli.loadgen.client import (
+from infer_cli.bench.loadgen.client import (
     Endpoint,
     ProbeError,
     RequestRecord,
@@ -20,8 +20,8 @@ from infer_cli.loadgen.client import (
     request_body,
     stream_request,
 )
-from infer_cli.loadgen.prompts import TokenRate, make_prompts, random_text
-from infer_cli.loadgen.server_metrics import ServerCost, scrape
+from infer_cli.bench.loadgen.prompts import TokenRate, make_prompts, random_text
+from infer_cli.bench.loadgen.server_metrics import ServerCost, scrape
 
 # Probe prompt sizes in characters: long enough to average out, short enough for a small context.
 _PROBE_CHARS = (48, 144)

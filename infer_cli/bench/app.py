@@ -6,10 +6,10 @@ from pathlib import Path
 
 import typer
 
-from infer_cli.bench_buckets import run_bucket_bench
-from infer_cli.bench_kernels import bench_kernels_command
-from infer_cli.bench_latency import bench_latency_command
-from infer_cli.bench_serve import bench_serve_command
+from infer_cli.bench.buckets_cmd import run_bucket_bench
+from infer_cli.bench.kernels_cmd import bench_kernels_command
+from infer_cli.bench.latency_cmd import bench_latency_command
+from infer_cli.bench.serve_cmd import bench_serve_command
 
 bench_app = typer.Typer(
     help="Benchmarks: CUDA-graph bucket sweeps (--buckets), serving load, kernels, latency.",

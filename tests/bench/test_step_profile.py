@@ -10,10 +10,10 @@ import torch
 
 from engine.config import EngineConfig
 from engine.forward_batch import RooflineFacts
-from engine.latency_bench import Ceilings, PolicyRun, bench_decode, bench_prefill, results_json
 from engine.model_runner import PagedModelRunner
 from engine.scheduler import BatchScheduler
-from engine.step_profile import OTHER, Kernel, category_of, profile_steps, summarize, union_us
+from infer_cli.bench.latency import Ceilings, PolicyRun, bench_decode, bench_prefill, results_json
+from infer_cli.bench.step_profile import OTHER, Kernel, category_of, profile_steps, summarize, union_us
 from models.registry import ModelOptions, load_model
 
 # Kernel names as CUPTI reports them on an H100/H200 (cuBLAS, FlashInfer, torch, infer's Triton).
@@ -96,7 +96,7 @@ def test_a_profiler_that_fails_leaves_the_timings(
     def broken(*_: object, **__: object) -> None:
         raise RuntimeError("CUPTI_ERROR_NOT_INITIALIZED")
 
-    monkeypatch.setattr("engine.latency_bench.profile_steps", broken)
+    monkeypatch.setattr("infer_cli.bench.latency.profile_steps", broken)
     scheduler, facts = _tiny_scheduler(tiny_qwen3)
     ceilings = Ceilings(copy_gb_per_s=4000.0, matmul_tflops=800.0)
     decode = bench_decode(scheduler, facts, ceilings, batch=2, context=20, iters=2, breakdown=True)

@@ -1,0 +1,37 @@
+"""The one device timer every benchmark uses, and the two ceilings floors are built from.
+
+`device_ms` is the median of `triton.testing.do_bench`: CUDA events around each call after a
+warm-up, with the L2 cache flushed before every call, so a call is timed as it runs in a step, not
+on data a previous call left in cache. The ceilings are measured in the same run as what they
+judge, never taken from a data sheet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+COPY_BYTES = 1 << 30
+MATMUL_N = 8192
+
+
+def device_ms(fn: Callable[[], object]) -> float:
+    """Median milliseconds of one `fn()` on the current CUDA device (see the module doc)."""
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"))
+
+
+def copy_gb_per_s(device: torch.device, nbytes: int = COPY_BYTES) -> float:
+    """Device-to-device copy bandwidth in GB/s, counting both the read and the write."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    return 2 * nbytes / (device_ms(lambda: dst.copy_(src)) * 1e-3) / 1e9
+
+
+def matmul_tflops(device: torch.device, n: int = MATMUL_N) -> float:
+    """bf16 n×n×n matmul rate in TFLOP/s."""
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    return 2 * n**3 / (device_ms(lambda: a @ b) * 1e-3) / 1e12
