@@ -3,7 +3,7 @@
 The same comparisons as tests/kernels/ (which run the interpreter at toy sizes), on the GPU at
 the real head counts: against kernels.reference computed on the same device, bit-exact under a
 row offset, bit-exact across runs, and bit-exact when replayed from a CUDA graph. Tolerances and
-their derivation: kernels/triton/parity.py. Each comparison prints one line of figures.
+their derivation: gates/harness/prep_parity.py. Each comparison prints one line of figures.
 """
 
 from __future__ import annotations
