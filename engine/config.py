@@ -7,8 +7,6 @@ from dataclasses import dataclass
 from engine.contract import ContractError
 from kernels.gemm.names import POLICY_NAMES
 
-PAGE_SIZE = 16
-
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
@@ -23,7 +21,6 @@ class EngineConfig:
     # None: sized by the model line (measured memory on GPU, a default on CPU).
     num_kv_pages: int | None = None
     enable_prefix_caching: bool = True
-    page_size: int = PAGE_SIZE
     # Decode steps run eagerly instead of through captured CUDA graphs.
     enforce_eager: bool = False
     # Fraction of device memory the engine may take (weights, activations, graphs and KV).
@@ -37,7 +34,7 @@ class EngineConfig:
     async_prefill: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "max_num_batched_tokens", "page_size"):
+        for name in ("max_num_seqs", "max_num_batched_tokens"):
             value = getattr(self, name)
             if value < 1:
                 raise ContractError(name, value, "must be at least 1")

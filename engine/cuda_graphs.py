@@ -1,9 +1,9 @@
 """CUDA-graph decode: one captured forward per batch bucket, replayed for decode-only steps.
 
-A decode step of n rows runs in the smallest bucket B >= n. Rows n..B-1 are filler: token 0 at
-position 0, their page-table rows all padding page 0, so they write only the padding page and
-attend one token there. Every bucket reads the same static input buffers (their first B rows) and
-is captured largest first into one shared memory pool. The graph covers the model's forward and
+A decode step of n rows runs in the smallest bucket B >= n, rows n..B-1 filler rows
+(engine.step_packer says what they are). Every bucket reads the same static input buffers (their
+first B rows), loaded from the packed step, and is captured largest first into one shared memory
+pool. The graph covers the model's forward and
 its logits; sampling runs eagerly on the live rows, so the cheapest sampler plan serves each step.
 
 `replay=False` runs the same padded buffers eagerly instead of replaying: the graph gate compares
@@ -22,7 +22,8 @@ import torch
 from engine.forward_batch import ForwardBatch, PagedCausalLM
 from engine.graph_budget import capture_out_of_memory
 from engine.runner import BatchRow
-from kernels.attention.base import AttentionBackend, GroupBatch
+from engine.step_packer import PackedStep, pack_step
+from kernels.attention.base import AttentionBackend
 from kernels.reference import PagedRows
 
 MAX_GRAPH_BUCKET = 256
@@ -137,7 +138,7 @@ class GraphedDecode:
         self.max_pages = max_pages_per_seq
         device = self.model.device
         top = self.buckets[-1]
-        groups = len(self.model.attention_specs)
+        groups = len(self.model.kv.shapes)
         self.input_ids = torch.zeros(top, dtype=torch.long, device=device)
         self.positions = torch.zeros(top, dtype=torch.int32, device=device)
         self.seq_index = torch.arange(top, dtype=torch.int32, device=device)
@@ -182,6 +183,9 @@ class GraphedDecode:
         """Device memory the captures took: the sum of every bucket's free-memory drop."""
         return sum(r.bytes_added for r in self.records)
 
+    def bucket_for(self, rows: int) -> int | None:
+        return bucket_for(rows, self.buckets)
+
     def accepts(self, rows: Sequence[BatchRow]) -> bool:
         return (
             len(rows) <= self.max_bucket
@@ -189,38 +193,16 @@ class GraphedDecode:
             and all(len(t) <= self.max_pages for r in rows for t in r.page_tables)
         )
 
-    def _load_step(self, rows: Sequence[BatchRow], bucket: int) -> None:
-        n = len(rows)
-        specs = self.model.attention_specs
-        page_size = self.model.page_size
-        ids = torch.zeros(bucket, dtype=torch.long)
-        pos = torch.zeros(bucket, dtype=torch.int32)
-        ids[:n] = torch.tensor([r.token_ids[0] for r in rows], dtype=torch.long)
-        pos[:n] = torch.tensor([r.start_pos for r in rows], dtype=torch.int32)
-        self.input_ids[:bucket].copy_(ids, non_blocking=True)
-        self.positions[:bucket].copy_(pos, non_blocking=True)
-        filler = bucket - n
-        for g, spec in enumerate(specs):
-            # Only the columns some row uses are written: entries past a row's last page are never
-            # read (the prep kernel reads page pos // 16 for pos < kv_len; FlashInfer reads the
-            # indices it was planned with), and filler rows read column 0, which is written as 0.
-            width = max((len(r.page_tables[g]) for r in rows), default=1)
-            padded = [list(r.page_tables[g]) + [0] * (width - len(r.page_tables[g])) for r in rows]
-            padded.extend([[0] * width] * filler)
-            self.page_tables[g][:bucket, :width].copy_(
-                torch.tensor(padded, dtype=torch.int32), non_blocking=True
-            )
-            self.attention.plan(
-                g,
-                GroupBatch(
-                    q_lens=(1,) * bucket,
-                    kv_lens=tuple(r.end_pos for r in rows) + (1,) * filler,
-                    page_tables=tuple(r.page_tables[g] for r in rows) + ((0,),) * filler,
-                    page_size=page_size,
-                ),
-                spec,
-                graph_bucket=bucket,
-            )
+    def _load(self, step: PackedStep) -> None:
+        """Copy a packed step (padded to its bucket, planned into the bucket's buffers) into the
+        static inputs. Only the page-table columns some row uses are written: entries past a row's
+        last page are never read (the prep kernel reads page pos // 16 for pos < kv_len; FlashInfer
+        reads the indices it was planned with)."""
+        bucket = step.num_rows
+        self.input_ids[:bucket].copy_(step.input_ids, non_blocking=True)
+        self.positions[:bucket].copy_(step.positions, non_blocking=True)
+        for static, table in zip(self.page_tables, step.page_tables, strict=True):
+            static[:bucket, : table.shape[1]].copy_(table, non_blocking=True)
 
     def _forward(self, bucket: int) -> torch.Tensor:
         return self.model.logits(self.model.forward(self._batches[bucket]))
@@ -229,8 +211,9 @@ class GraphedDecode:
         """Warm up, then capture every bucket, largest first, into one memory pool."""
         import time
 
+        specs = self.model.kv.attention_specs
         for bucket in sorted(self.buckets, reverse=True):
-            self._load_step([], bucket)
+            self._load(pack_step([], specs, self.attention, bucket=bucket))
             start = time.perf_counter()
             with torch.inference_mode():
                 # Compile kernels and settle the allocator outside the capture, so the free-memory
@@ -267,16 +250,16 @@ class GraphedDecode:
         bucket = bucket_for(rows, self.buckets)
         return None if bucket is None else self._graphs.get(bucket)
 
-    def logits(self, rows: Sequence[BatchRow], replay: bool = True) -> torch.Tensor:
-        """Float32 logits [len(rows), vocab] of a decode step."""
-        bucket = bucket_for(len(rows), self.buckets)
-        if bucket is None:
-            raise ValueError(f"{len(rows)} rows exceed the largest graph bucket {self.max_bucket}")
-        self._load_step(rows, bucket)
+    def logits(self, step: PackedStep, live_rows: int, replay: bool = True) -> torch.Tensor:
+        """Float32 logits [live_rows, vocab] of a decode step packed into its bucket."""
+        bucket = step.num_rows
+        if bucket not in self._graphs:
+            raise ValueError(f"no graph was captured for bucket {bucket} (buckets {self.buckets})")
+        self._load(step)
         self.steps_per_bucket[bucket] += 1
         if replay:
             self.replays_per_bucket[bucket] += 1
             self._graphs[bucket].replay()
-            return self._logits[bucket][: len(rows)]
+            return self._logits[bucket][:live_rows]
         with torch.inference_mode():
-            return self._forward(bucket)[: len(rows)]
+            return self._forward(bucket)[:live_rows]

@@ -1,19 +1,20 @@
-"""The model side of a step: the device inputs one forward reads, and the protocol a paged causal
-LM implements so the generic runner and the CUDA-graph decoder can drive it."""
+"""The model side of a step: the device inputs one forward reads (built by engine.step_packer), and
+the protocol a paged causal LM implements so the generic runner and the CUDA-graph decoder can
+drive it."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
-from kernels.attention.base import AttentionBackend, AttentionLayerSpec
+from engine.kv.pools import KVPools
+from kernels.attention.base import AttentionBackend
 from kernels.reference import PagedRows
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class ForwardBatch:
     """One step's device inputs. `rows[g]` says where each token's KV lives in group g;
     `sample_index` picks the tokens whose logits are needed."""
@@ -41,9 +42,8 @@ class RooflineFacts:
 
 class PagedCausalLM(Protocol):
     device: torch.device
-    page_size: int
-    # One per KV group: the geometry every layer of that group shares.
-    attention_specs: tuple[AttentionLayerSpec, ...]
+    # The model's KV groups, declared once, and their device pools (sized by start-up).
+    kv: KVPools
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Hidden states of the tokens at `batch.sample_index`: [len(sample_index), hidden]."""
@@ -51,15 +51,6 @@ class PagedCausalLM(Protocol):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[rows, vocab] in float32."""
-        ...
-
-    def kv_group_bytes_per_page(self) -> tuple[int, ...]:
-        """Per KV group (in `attention_specs` order), the bytes one page id costs across every
-        layer of that group. Groups are sized separately: a sliding group needs far fewer pages."""
-        ...
-
-    def allocate_kv(self, pages: Sequence[int]) -> None:
-        """(Re)allocate each KV group's pool, group g with `pages[g]` pages (page 0 included)."""
         ...
 
     def roofline(self) -> RooflineFacts: ...

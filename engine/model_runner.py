@@ -1,15 +1,9 @@
-"""PagedModelRunner: turns a scheduler's `StepBatch` into one forward of a paged causal LM.
+"""PagedModelRunner: one forward of a paged causal LM per `StepBatch`, then sampling on its device.
 
-It owns the step's tensors (token ids, positions, each KV group's page table), plans the attention
-backend for every KV group, asks the model for the hidden states of the rows that sample, and
-samples on the model's device. The model owns its weights and KV pools; the runner owns no policy.
-
-Overlapped prefill (`launch_prefill`): the forward runs on a side CUDA stream with its own attention
-backend instance (`AttentionBackend.sibling`: its own plan state and scratch workspace), so it never
-shares a FlashInfer wrapper or workspace with a decode step running on the main stream at the same
-time; a CUDA event marks its end. Tensors it allocates belong to the side stream's pool and are
-only read there, except the logits, which `collect` hands to the main stream (`record_stream`)
-once the event has completed. On CPU there is no second stream: the forward runs at launch.
+Rows become tensors in engine.step_packer; decode-only steps that fit a bucket replay a captured
+graph (engine.cuda_graphs). The model owns its weights and KV pools; the runner owns no policy.
+Overlapped prefill runs its forward on a side CUDA stream with its own attention instance
+(`AttentionBackend.sibling`) and hands only the logits to the main stream (docs/engine.md).
 """
 
 from __future__ import annotations
@@ -18,62 +12,13 @@ from collections.abc import Sequence
 
 import torch
 
-from engine.contract import SamplingParams
 from engine.cuda_graphs import GraphedDecode
-from engine.forward_batch import ForwardBatch, PagedCausalLM
+from engine.forward_batch import PagedCausalLM
 from engine.runner import BatchRow, PrefillHandle, ReadyPrefill, SampledToken, StepBatch
 from engine.sampling import sample
 from engine.sampling_batch import RowSampling, SamplingBatch, SeedSource
-from kernels.attention.base import AttentionBackend, AttentionLayerSpec, GroupBatch
-from kernels.reference import PagedRows
-
-
-def build_forward_batch(
-    rows: Sequence[BatchRow],
-    page_size: int,
-    specs: Sequence[AttentionLayerSpec],
-    device: torch.device,
-    attention: AttentionBackend,
-) -> ForwardBatch:
-    input_ids: list[int] = []
-    positions: list[int] = []
-    seq_index: list[int] = []
-    sample_index: list[int] = []
-    for i, row in enumerate(rows):
-        input_ids.extend(row.token_ids)
-        positions.extend(range(row.start_pos, row.end_pos))
-        seq_index.extend([i] * len(row.token_ids))
-        if row.sample:
-            sample_index.append(len(input_ids) - 1)
-
-    def on_device(values: list[int] | list[list[int]], dtype: torch.dtype) -> torch.Tensor:
-        return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
-
-    positions_t = on_device(positions, torch.int32)
-    seq_index_t = on_device(seq_index, torch.int32)
-    paged: list[PagedRows] = []
-    for g, spec in enumerate(specs):
-        tables = tuple(r.page_tables[g] for r in rows)
-        width = max(len(t) for t in tables)
-        padded = [list(t) + [0] * (width - len(t)) for t in tables]
-        paged.append(PagedRows(positions_t, seq_index_t, on_device(padded, torch.int32)))
-        attention.plan(
-            g,
-            GroupBatch(
-                q_lens=tuple(len(r.token_ids) for r in rows),
-                kv_lens=tuple(r.end_pos for r in rows),
-                page_tables=tables,
-                page_size=page_size,
-            ),
-            spec,
-        )
-    return ForwardBatch(
-        input_ids=on_device(input_ids, torch.long),
-        positions=positions_t,
-        rows=tuple(paged),
-        sample_index=on_device(sample_index, torch.long),
-        attention=attention,
-    )
+from engine.step_packer import pack_step
+from kernels.attention.base import AttentionBackend
 
 
 def sample_rows(
@@ -119,8 +64,12 @@ class PagedModelRunner:
     @torch.inference_mode()
     def execute(self, batch: StepBatch) -> list[SampledToken | None]:
         rows = batch.rows
-        if self.graphs is not None and self.graphs.accepts(rows):
-            logits: torch.Tensor | None = self.graphs.logits(rows, replay=self.replay_graphs)
+        graphs = self.graphs
+        if graphs is not None and graphs.accepts(rows):
+            step = pack_step(
+                rows, self.model.kv.attention_specs, self.attention, bucket=graphs.bucket_for(len(rows))
+            )
+            logits: torch.Tensor | None = graphs.logits(step, len(rows), replay=self.replay_graphs)
         else:
             logits = self._eager_logits(rows, self.attention)
         return sample_rows(rows, logits, self.seeds)
@@ -160,10 +109,8 @@ class PagedModelRunner:
 
     def _eager_logits(self, rows: Sequence[BatchRow], attention: AttentionBackend) -> torch.Tensor | None:
         """One forward over `rows` through `attention`; None when no row samples."""
-        fb = build_forward_batch(
-            rows, self.model.page_size, self.model.attention_specs, self.model.device, attention
-        )
-        hidden = self.model.forward(fb)
+        step = pack_step(rows, self.model.kv.attention_specs, attention)
+        hidden = self.model.forward(step.to_device(self.model.device))
         if not any(r.sample for r in rows):
             return None
         return self.model.logits(hidden)
@@ -173,21 +120,10 @@ class PagedModelRunner:
         """Float32 logits [len(token_ids), vocab] at every position of one sequence, computed by a
         single prefill into `page_table` (one table for every KV group). A diagnostic for parity
         gates: the caller owns those pages, so it must not run while the scheduler holds them."""
-        row = BatchRow(
-            request_id="score",
-            token_ids=tuple(token_ids),
-            start_pos=0,
-            page_tables=(tuple(page_table),) * len(self.model.attention_specs),
-            sample=True,
-            sampling=SamplingParams(),
-            context=list(token_ids),
-            num_generated=0,
-        )
-        fb = build_forward_batch(
-            [row], self.model.page_size, self.model.attention_specs, self.model.device, self.attention
-        )
-        fb.sample_index = torch.arange(len(token_ids), device=self.model.device)
-        return self.model.logits(self.model.forward(fb))
+        specs = self.model.kv.attention_specs
+        row = BatchRow.whole_prompt("score", token_ids, (tuple(page_table),) * len(specs))
+        step = pack_step([row], specs, self.attention, logits_last=len(row.token_ids))
+        return self.model.logits(self.model.forward(step.to_device(self.model.device)))
 
 
 class _StreamedPrefill:

@@ -41,6 +41,14 @@ class BatchRow:
     def end_pos(self) -> int:
         return self.start_pos + len(self.token_ids)
 
+    @classmethod
+    def whole_prompt(
+        cls, request_id: str, token_ids: Sequence[int], page_tables: tuple[tuple[int, ...], ...]
+    ) -> BatchRow:
+        """A prompt prefilled in one row from position 0, greedy (start-up profiling, scoring)."""
+        tokens = tuple(token_ids)
+        return cls(request_id, tokens, 0, page_tables, True, SamplingParams(), tokens, 0)
+
 
 @dataclass(frozen=True, slots=True)
 class StepBatch:

@@ -14,6 +14,9 @@ One pool tensor per KV group (one group per attention family) holds every layer 
   and nothing ever reads it. Its contents are undefined (several filler rows may race on one slot).
 - A token's flat slot is ``page * 16 + offset``; ``kernels.reference.paged_slots`` is its one
   definition.
+
+This module is the one home of the page size, the padding page and page arithmetic for every layer
+above it (engine, models, gates).
 """
 
 from __future__ import annotations
@@ -26,6 +29,16 @@ PAGE_SIZE = 16
 PADDING_PAGE = 0
 K_INDEX = 0
 V_INDEX = 1
+
+
+def ceil_div(numerator: int, denominator: int) -> int:
+    """The smallest integer n with n · denominator ≥ numerator (both positive)."""
+    return -(-numerator // denominator)
+
+
+def pages_for(num_positions: int) -> int:
+    """Pages a page table needs to cover positions [0, num_positions)."""
+    return ceil_div(num_positions, PAGE_SIZE)
 
 
 class KVLayoutError(ValueError):
@@ -57,29 +70,16 @@ class KVPoolLayout:
     def shape(self) -> tuple[int, int, int, int, int, int]:
         return (self.layers, self.pages, 2, self.page_size, self.kv_heads, self.head_dim)
 
-    @property
-    def layer_shape(self) -> tuple[int, int, int, int, int]:
-        return self.shape[1:]
-
-    @property
-    def usable_pages(self) -> int:
-        return self.pages - 1
-
     def bytes(self, dtype: torch.dtype) -> int:
         elements = 1
         for extent in self.shape:
             elements *= extent
-        return elements * torch.empty((), dtype=dtype).element_size()
+        return elements * dtype.itemsize
 
     def allocate(self, dtype: torch.dtype, device: torch.device | str | None = None) -> torch.Tensor:
-        """An uninitialised pool; callers that need known contents fill it themselves."""
-        return torch.empty(self.shape, dtype=dtype, device=device)
-
-    def check_pool(self, pool: torch.Tensor) -> None:
-        if tuple(pool.shape) != self.shape:
-            raise KVLayoutError(f"pool shape {tuple(pool.shape)} is not {self.shape}")
-        if not pool.is_contiguous():
-            raise KVLayoutError(f"pool must be contiguous, got strides {pool.stride()}")
+        """A zero-filled pool. Zeros, not garbage: the torch backend gathers (masked) slots of the
+        padding page and of released sliding pages, and a NaN there survives a zero weight."""
+        return torch.zeros(self.shape, dtype=dtype, device=device)
 
 
 def check_pool_layer(pool_layer: torch.Tensor, kv_heads: int, head_dim: int) -> None:

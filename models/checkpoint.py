@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from rich.progress import Progress
 from safetensors import safe_open
+
+from engine.progress import SILENT, ProgressSink, task
 
 _DTYPES: dict[str, torch.dtype] = {
     "F32": torch.float32,
@@ -169,10 +170,10 @@ def load_checked(
     device: torch.device,
     dtype: torch.dtype,
     ignore: Callable[[str], bool] = lambda _name: False,
-    quiet: bool = False,
+    progress: ProgressSink = SILENT,
 ) -> dict[str, torch.Tensor]:
     """Check every tensor (naming all faults at once), then load the expected ones onto `device` in
-    `dtype` with a progress bar. Tensors `ignore` accepts stay on disk."""
+    `dtype`, one `progress` unit per tensor read. Tensors `ignore` accepts stay on disk."""
     check_tensors(checkpoint, expected, stored, ignore=ignore)
     cache = _ACTIVE_CACHE.get()
     names = list(expected)
@@ -183,12 +184,11 @@ def load_checked(
         weights = {name: cache.tensors[key_of[name]] for name in names if key_of[name] in cache.tensors}
         cache.hits += len(weights)
     missing = [name for name in names if name not in weights]
-    with Progress(disable=quiet or not missing, transient=True) as progress:
-        task = progress.add_task(f"loading {checkpoint.name}", total=len(missing))
+    with task(progress, f"loading {checkpoint.name}", len(missing)):
         for name, tensor in iter_tensors(stored, missing, device, dtype):
             weights[name] = tensor
             if cache is not None:
                 cache.reads += 1
                 cache.tensors[key_of[name]] = tensor
-            progress.advance(task)
+            progress.advance(name)
     return {name: weights[name] for name in names}

@@ -14,6 +14,7 @@ from typing import Protocol
 
 from engine.config import EngineConfig
 from engine.contract import Scheduler
+from engine.progress import SILENT, ProgressSink
 
 
 class ModelLoadError(ValueError):
@@ -49,6 +50,8 @@ class ModelOptions:
     attention_backend: str | None = None
     # sim only: seconds each step sleeps, standing in for a forward's cost.
     sim_step_delay_s: float = 0.0
+    # Where loading and start-up report what the user waits for (weights, kernels, graphs).
+    progress: ProgressSink = SILENT
 
 
 @dataclass(slots=True)

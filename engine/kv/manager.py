@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 
 from engine.contract import GroupLoad
 from engine.kv.group import KVGroup
-from engine.kv.page_pool import PADDING_PAGE
 from engine.kv.prefix_cache import PageHash, PageHasher
 from engine.kv.spec import KVGroupSpec
+from kernels.kv_layout import PADDING_PAGE, PAGE_SIZE, pages_for
 
 
 class KVConfigError(ValueError):
@@ -62,10 +62,6 @@ class KVManager:
         names = [s.name for s in specs]
         if len(set(names)) != len(names):
             raise KVConfigError("kv_groups", names, "group names must be distinct")
-        sizes = {s.page_size for s in specs}
-        if len(sizes) != 1:
-            raise KVConfigError("page_size", sorted(sizes), "every group must use the same page size")
-        self.page_size = sizes.pop()
         self.groups = [KVGroup(s) for s in specs]
         self.prefix_caching = enable_prefix_caching
         self._hasher = PageHasher(model_id)
@@ -99,7 +95,7 @@ class KVManager:
     def page_tables(self, request_id: str, end_pos: int) -> tuple[tuple[int, ...], ...]:
         """Per group, the page ids covering positions [0, end_pos)."""
         state = self._requests[request_id]
-        count = -(-end_pos // self.page_size)
+        count = pages_for(end_pos)
         out: list[tuple[int, ...]] = []
         for gi, table in enumerate(state.tables):
             frozen = state.frozen[gi]
@@ -119,7 +115,7 @@ class KVManager:
             raise RuntimeError(f"request {request_id!r}: prefix lookup while holding pages")
         if not self.prefix_caching:
             return 0
-        ps = self.page_size
+        ps = PAGE_SIZE
         limit = (len(token_ids) - 1) // ps
         self._hasher.extend(state.hashes, token_ids, limit, ps)
         found = [[g.index.find(state.hashes[i]) for i in range(limit)] for g in self.groups]
@@ -153,7 +149,7 @@ class KVManager:
         window = self.groups[group].spec.sliding_window
         if window is None or num_pages == 0:
             return 0
-        return max(0, num_pages * self.page_size - window + 1) // self.page_size
+        return max(0, num_pages * PAGE_SIZE - window + 1) // PAGE_SIZE
 
     def release_window(self, request_id: str, frontier: int) -> None:
         """Sliding groups: release pages wholly before the window of the token at `frontier`
@@ -168,7 +164,7 @@ class KVManager:
             assert window is not None
             first_needed = frontier - window + 1
             table = state.tables[gi]
-            stop = min(len(table), max(0, first_needed) // self.page_size)
+            stop = min(len(table), max(0, first_needed) // PAGE_SIZE)
             start = state.released[gi]
             if stop <= start:
                 continue
@@ -184,7 +180,7 @@ class KVManager:
     def fit(self, request_id: str, start: int, want: int) -> int:
         """How many of the `want` tokens from position `start` could get pages right now."""
         state = self._state(request_id)
-        ps = self.page_size
+        ps = PAGE_SIZE
         best = want
         for g, table in zip(self.groups, state.tables, strict=True):
             best = min(best, (len(table) + g.pool.available) * ps - start)
@@ -193,7 +189,7 @@ class KVManager:
     def allocate(self, request_id: str, end_pos: int) -> bool:
         """Give the request pages up to position `end_pos` in every group, or in none."""
         state = self._state(request_id)
-        pages = -(-end_pos // self.page_size)
+        pages = pages_for(end_pos)
         if all(len(t) >= pages for t in state.tables):
             return True
         needs = [pages - len(t) for t in state.tables]
@@ -211,10 +207,10 @@ class KVManager:
         if not self.prefix_caching:
             return
         state = self._requests[request_id]
-        full = num_computed // self.page_size
+        full = num_computed // PAGE_SIZE
         if full <= state.num_indexed:
             return
-        self._hasher.extend(state.hashes, token_ids, full, self.page_size)
+        self._hasher.extend(state.hashes, token_ids, full, PAGE_SIZE)
         for i in range(state.num_indexed, full):
             page_hash = state.hashes[i]
             for g, table in zip(self.groups, state.tables, strict=True):

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 
+from kernels.kv_layout import PADDING_PAGE
+
 
 class OutOfPagesError(RuntimeError):
     def __init__(self, wanted: int, available: int) -> None:
@@ -23,9 +25,6 @@ class PageRefError(RuntimeError):
     def __init__(self, page: int, why: str) -> None:
         super().__init__(f"page {page}: {why}")
         self.page = page
-
-
-PADDING_PAGE = 0
 
 
 class PagePool:

@@ -1,11 +1,11 @@
-"""What one KV group is: how many pages, how big, and whether it keeps only a window."""
+"""The scheduler's view of one KV group: how many pages, and whether it keeps only a window."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.config import PAGE_SIZE
 from engine.contract import ContractError
+from kernels.kv_layout import PAGE_SIZE, pages_for
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,7 +17,6 @@ class KVGroupSpec:
 
     name: str
     num_pages: int
-    page_size: int = PAGE_SIZE
     sliding_window: int | None = None
 
     def __post_init__(self) -> None:
@@ -25,8 +24,6 @@ class KVGroupSpec:
             raise ContractError("name", self.name, "a KV group needs a name")
         if self.num_pages < 2:
             raise ContractError("num_pages", self.num_pages, "must be at least 2 (page 0 is padding)")
-        if self.page_size < 1:
-            raise ContractError("page_size", self.page_size, "must be at least 1")
         if self.sliding_window is not None and self.sliding_window < 1:
             raise ContractError("sliding_window", self.sliding_window, "must be at least 1 or None")
 
@@ -34,18 +31,14 @@ class KVGroupSpec:
     def allocatable_pages(self) -> int:
         return self.num_pages - 1
 
-    def pages_for(self, num_positions: int) -> int:
-        """Pages a page table needs to cover positions [0, num_positions)."""
-        return -(-num_positions // self.page_size)
-
     def max_live_pages(self, num_positions: int, max_chunk: int) -> int:
         """The most pages one request can hold at once when its KV spans `num_positions` and it
         is computed in chunks of at most `max_chunk` tokens: everything for a full group; for a
         sliding group, the pages touched by a window plus one chunk."""
-        full = self.pages_for(num_positions)
+        full = pages_for(num_positions)
         if self.sliding_window is None:
             return full
         # A chunk starting at s needs positions [s - W + 1, s + C - 1]: W + C - 1 positions, which
-        # straddle at most (W + C - 2) // page_size + 2 pages.
-        span = (self.sliding_window + max_chunk - 2) // self.page_size + 2
+        # straddle at most (W + C - 2) // PAGE_SIZE + 2 pages.
+        span = (self.sliding_window + max_chunk - 2) // PAGE_SIZE + 2
         return min(full, span)

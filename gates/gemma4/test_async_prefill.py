@@ -15,6 +15,7 @@ from engine.contract import Request
 from gates.gemma4.conftest import NEW_TOKENS, agree, prompt_lengths, request
 from gates.harness.serving import Completion, batch_scheduler, drive, load_for_gate
 from gates.harness.tolerances import Tolerance
+from kernels.kv_layout import ceil_div
 from models.gemma4.config import Gemma4Config
 from models.registry import LoadedModel
 
@@ -78,7 +79,7 @@ def test_overlapped_prefill_matches_sync(
     assert beside, f"no decode advanced while a prefill was in flight ({stats})"
     assert stats.overlapped_decode_steps > 0 and stats.launches == stats.joins > 0, stats
     # The longest prompt alone takes this many side forwards, one chunk each.
-    chunks = -(-max(len(r.prompt_token_ids) for r in everyone) // budget)
+    chunks = ceil_div(max(len(r.prompt_token_ids) for r in everyone), budget)
     assert stats.launches >= chunks, f"{stats.launches} side forwards, fewer than {chunks} chunks"
     assert all(n == 0 for n in _pages_used(overlapped).values()), _pages_used(overlapped)
 

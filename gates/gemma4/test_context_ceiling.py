@@ -22,10 +22,11 @@ from gates.harness.compare import assert_parity, assert_streams_agree, logprob_d
 from gates.harness.hf_reference import hf_logprobs
 from gates.harness.serving import Completion, drive, greedy, load_for_gate, score
 from gates.harness.tolerances import Tolerance
+from kernels.kv_layout import PAGE_SIZE, pages_for
 from models.gemma4.config import Gemma4Config, parse_gemma4_config
 from models.registry import ModelLoadError
 
-PAGE = 16
+PAGE = PAGE_SIZE
 # How far past D the ceiling is raised, and how far the served request reaches across D.
 EXTRA_PAGES = 4
 BEFORE_DEFAULT = 8
@@ -54,7 +55,7 @@ def _raised(config: Gemma4Config) -> int:
 def _kv_pages(max_model_len: int) -> int:
     """Enough global pages for one request at the raised ceiling (plus page 0 and slack), whatever
     D is: the gates' fixed pool (512 pages on CPU) would not hold a real checkpoint's D."""
-    return -(-max_model_len // PAGE) + 8
+    return pages_for(max_model_len) + 8
 
 
 def _greedy_pick(row: torch.Tensor) -> TokenLogprob:
@@ -132,8 +133,8 @@ def test_raised_ceiling_refuses_without_prerequisites(
     def too_late(*args: object, **kwargs: object) -> None:
         raise AssertionError("the load got past the context-ceiling check")
 
-    monkeypatch.setattr("models.gemma4.line.load_weights", too_late)
-    monkeypatch.setattr("models.gemma4.line.start_paged_model", too_late)
+    monkeypatch.setattr("models.paged_line.load_checked", too_late)
+    monkeypatch.setattr("models.paged_line.start_paged_model", too_late)
     before = torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
     with pytest.raises(ModelLoadError) as info:
         load_for_gate(checkpoint_path, max_model_len=raised, num_kv_pages=_kv_pages(raised))

@@ -10,6 +10,7 @@ from engine.kv import KVManager
 from gates.gemma4.conftest import NEW_TOKENS, agree, prompt
 from gates.harness.serving import Completion, batch_scheduler, drive, greedy, load_for_gate
 from gates.harness.tolerances import Tolerance
+from kernels.kv_layout import PAGE_SIZE, pages_for
 from models.gemma4.config import Gemma4Config
 from models.gemma4.model import GROUP_KINDS
 
@@ -72,9 +73,7 @@ def test_chunked_prefill_leaves_headroom(checkpoint_path: Path, gemma4_config: G
     drive(served, [Request("r", prompt(gemma4_config, length, seed=111), greedy(4))], after_step=watch)
     worst = max(s for s, _ in seen)
     assert worst <= bound, f"the sliding group held {worst} pages, over window + chunk = {bound}"
-    assert max(g for _, g in seen) >= -(-length // spec.page_size), (
-        f"global pages never covered the prompt: {seen}"
-    )
+    assert max(g for _, g in seen) >= pages_for(length), f"global pages never covered the prompt: {seen}"
     assert worst < max(g for _, g in seen), "the sliding group released nothing"
 
 
@@ -85,7 +84,7 @@ def test_prefix_restore_matches_cold(
     sliding group restores only the pages its window still reads) and computes the cold path's
     tokens and log-probs."""
     w = gemma4_config.sliding_window
-    page = 16
+    page = PAGE_SIZE
     shared = prompt(gemma4_config, 3 * w + 20, seed=51)
     first = Request("first", shared + prompt(gemma4_config, 7, seed=52), greedy(4))
     second = Request("second", shared + prompt(gemma4_config, 9, seed=53), greedy(NEW_TOKENS))

@@ -8,6 +8,7 @@ from engine.contract import Finished, FinishReason, Rejected, RejectReason, Requ
 from gates.gemma4.conftest import agree, prompt, request
 from gates.harness.serving import Completion, drive, greedy, load_for_gate
 from gates.harness.tolerances import Tolerance
+from kernels.kv_layout import PAGE_SIZE, pages_for
 from models.gemma4.config import Gemma4Config
 
 
@@ -74,8 +75,8 @@ def test_slots_hold_at_capacity_edge(
     """A pool of exactly P pages per group: a request spanning exactly P global pages is served (and
     computes what it computes with room to spare), one position more is refused as kv_budget, and a
     second request that does not fit beside the first waits for it instead of failing."""
-    page = 16
-    pages = max(4, -(-3 * gemma4_config.sliding_window // page))
+    page = PAGE_SIZE
+    pages = max(4, pages_for(3 * gemma4_config.sliding_window))
     new_tokens = 8
     # prompt + new_tokens - 1 positions are written: exactly `pages` full pages.
     exact = request(gemma4_config, "exact", pages * page - new_tokens + 1, seed=301, new_tokens=new_tokens)

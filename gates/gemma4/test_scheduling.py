@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.config import PAGE_SIZE
 from engine.contract import Request
 from gates.gemma4.conftest import NEW_TOKENS, agree, prompt, prompt_lengths, request
 from gates.harness.serving import Completion, batch_scheduler, drive, greedy, load_for_gate, score
 from gates.harness.tolerances import Tolerance
+from kernels.kv_layout import PAGE_SIZE, ceil_div, pages_for
 from models.gemma4.config import Gemma4Config
 
 
@@ -126,16 +126,15 @@ def test_segmented_admission_matches_whole(
     preempted and re-admitted) segment by segment as a neighbour's decode competes for pages, and
     computes what one whole admission into a roomy pool computes."""
     w = gemma4_config.sliding_window
-    page = 16
     budget = max(2, w // 2)
     target = request(gemma4_config, "target", 5 * w + 3, seed=121)
-    whole_pages = -(-len(target.prompt_token_ids) // page)
+    whole_pages = pages_for(len(target.prompt_token_ids))
     neighbour = request(gemma4_config, "n", 6 * w + 40, seed=122, new_tokens=2 * w)
-    prefilled = -(-len(neighbour.prompt_token_ids) // page)
+    prefilled = pages_for(len(neighbour.prompt_token_ids))
     # Once the neighbour's prompt is in, fewer pages are free than the target's prompt needs; the
     # neighbour's decode then needs more, which it may take back from the (newer) target.
     pool = prefilled + whole_pages - 1
-    arrival = -(-len(neighbour.prompt_token_ids) // budget) + 2
+    arrival = ceil_div(len(neighbour.prompt_token_ids), budget) + 2
     whole = drive(
         load_for_gate(checkpoint_path, max_num_batched_tokens=4 * len(target.prompt_token_ids)), [target]
     )

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from kernels.kv_layout import PADDING_PAGE, PAGE_SIZE, KVPoolLayout
+from kernels.kv_layout import PADDING_PAGE, PAGE_SIZE, KVPoolLayout, pages_for
 from kernels.reference import NormWeight, PagedRows, PrepSpec, rope_table
 
 
@@ -99,7 +99,7 @@ def build_batch(
     # Only the pages a sequence's rows touch get their own ids; the entries in front of them are
     # junk ids of other pages, which a correct kernel never reads (a wrong one would write there).
     first_pages = [seq.start_position // PAGE_SIZE for seq in sequences]
-    end_pages = [-(-seq.end_position // PAGE_SIZE) for seq in sequences]
+    end_pages = [pages_for(seq.end_position) for seq in sequences]
     touched = [end - first for first, end in zip(first_pages, end_pages, strict=True)]
     total_pages = 1 + sum(touched) + spare_pages
     page_ids = (torch.randperm(total_pages - 1, generator=generator) + 1).to(torch.int32)

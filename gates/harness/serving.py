@@ -12,6 +12,7 @@ from engine.config import EngineConfig
 from engine.contract import Admission, Request, SamplingParams, Terminal, TokenLogprob
 from engine.model_runner import PagedModelRunner
 from engine.scheduler import BatchScheduler
+from kernels.kv_layout import pages_for
 from models.checkpoint import WeightCache, reusing_weights
 from models.registry import LoadedModel, ModelOptions, load_model
 
@@ -127,7 +128,7 @@ def random_prompt(length: int, seed: int, vocab_size: int, avoid: Iterable[int] 
 def _fresh_logits(model: LoadedModel, token_ids: Sequence[int]) -> torch.Tensor:
     """infer's float32 logits at every position of `token_ids`, from one prefill on a model that has
     served nothing yet (the pages used are 1..n/16, which nothing else holds)."""
-    pages = list(range(1, 1 + -(-len(token_ids) // 16)))
+    pages = list(range(1, 1 + pages_for(len(token_ids))))
     return paged_runner(model).score(token_ids, pages)
 
 

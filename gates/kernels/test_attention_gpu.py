@@ -23,7 +23,7 @@ import torch
 
 from kernels.attention.base import AttentionBackend, AttentionLayerSpec, GroupBatch
 from kernels.attention.torch_backend import TorchAttention
-from kernels.kv_layout import PADDING_PAGE, PAGE_SIZE
+from kernels.kv_layout import PADDING_PAGE, PAGE_SIZE, pages_for
 
 # bf16 inputs, fp32 reference: FlashInfer rounds P to bf16 before P·V, so outputs carry ~2^-8
 # relative error; 2 % of the output's scale leaves room for that and nothing a wrong mask,
@@ -57,7 +57,7 @@ def _tables(
     random.Random(seed).shuffle(free)
     tables = []
     for kv, q in zip(kv_lens, q_lens, strict=True):
-        n = -(-kv // PAGE_SIZE)
+        n = pages_for(kv)
         pages = [free.pop() for _ in range(n)]
         if window is not None:
             first_visible = max(0, kv - q - window + 1)  # the earliest query's window start

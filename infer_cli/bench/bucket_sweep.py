@@ -45,6 +45,7 @@ from engine.graph_budget import (
     graphs_available,
 )
 from infer_cli.bench.timing import device_ms
+from kernels.kv_layout import pages_for
 
 NODE_COUNT_METHOD = "device activities of one profiled replay (torch.profiler/CUPTI)"
 
@@ -144,7 +145,7 @@ def sweep_policy(
         max_num_seqs=top,
         max_num_batched_tokens=tokens,
         enforce_eager=True,  # the sweep captures itself
-        num_kv_pages=-(-tokens // defaults.page_size) + 2,  # room for the profiling step only
+        num_kv_pages=pages_for(tokens) + 2,  # room for the profiling step only
         enable_prefix_caching=False,
         gpu_memory_utilization=utilization,
         numeric_policy=policy,
@@ -161,11 +162,11 @@ def sweep_policy(
         raise ValueError(
             f"{model_path}: its model line does not take a numeric policy (asked for {policy!r})"
         )
-    max_pages = -(-loaded.max_model_len // model.page_size)
-    per_page = model.kv_group_bytes_per_page()
+    max_pages = pages_for(loaded.max_model_len)
+    per_page = model.kv.bytes_per_page()
     kv_min = 2 * sum(per_page)
     # What the loaded pools hold, each group at its own count, so `weights` excludes all of it.
-    kv_now = sum(g.spec.num_pages * size for g, size in zip(scheduler.kv.groups, per_page, strict=True))
+    kv_now = sum(n * size for n, size in zip(model.kv.num_pages, per_page, strict=True))
 
     _settle()
     activation_peak = measure_activations(model, attention, engine)

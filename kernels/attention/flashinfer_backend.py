@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from kernels.attention.base import AttentionBackend, AttentionLayerSpec, GroupBatch, WarmUpStep
+from kernels.kv_layout import ceil_div
 
 WORKSPACE_BYTES = 256 << 20
 
@@ -112,7 +113,7 @@ class FlashInferAttention(AttentionBackend):
         self, group: int, batch: GroupBatch, layer: AttentionLayerSpec, graph_bucket: int | None = None
     ) -> None:
         ps = batch.page_size
-        pages_per_seq = [-(-kv // ps) for kv in batch.kv_lens]
+        pages_per_seq = [ceil_div(kv, ps) for kv in batch.kv_lens]
         indices = [p for table, n in zip(batch.page_tables, pages_per_seq, strict=True) for p in table[:n]]
         kv_indptr = _indptr(pages_per_seq)
         kv_indices = torch.tensor(indices, dtype=torch.int32)

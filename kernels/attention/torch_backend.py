@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from kernels.attention.base import AttentionBackend, AttentionLayerSpec, GroupBatch
+from kernels.kv_layout import ceil_div
 
 
 def attend_one_sequence(
@@ -58,7 +59,9 @@ class TorchAttention(AttentionBackend):
         out = torch.empty_like(q)
         row = 0
         for q_len, kv_len, table in zip(batch.q_lens, batch.kv_lens, batch.page_tables, strict=True):
-            pages = torch.tensor(table[: -(-kv_len // batch.page_size)], device=q.device, dtype=torch.long)
+            pages = torch.tensor(
+                table[: ceil_div(kv_len, batch.page_size)], device=q.device, dtype=torch.long
+            )
             kv = pool_layer.index_select(0, pages)  # [p, 2, page_size, Hkv, D]
             k = kv[:, 0].reshape(-1, layer.num_kv_heads, layer.head_dim)[:kv_len]
             v = kv[:, 1].reshape(-1, layer.num_kv_heads, layer.head_dim)[:kv_len]

@@ -1,7 +1,16 @@
 """Gemma 4 model line (text tower)."""
 
-from models.gemma4.config import MODEL_TYPES
-from models.gemma4.line import load_gemma4
-from models.registry import register_model_types
+from models.gemma4.config import MODEL_TYPES, parse_gemma4_config
+from models.gemma4.model import Gemma4Model
+from models.gemma4.weights import weight_map
+from models.paged_line import PagedLine, register_paged_line
 
-register_model_types(MODEL_TYPES, load_gemma4)
+GEMMA4 = PagedLine(
+    family="gemma4",
+    model_types=MODEL_TYPES,
+    parse_config=parse_gemma4_config,
+    context_field="max_position_embeddings (text config)",
+    weight_map=weight_map,
+    build_model=Gemma4Model,
+)
+register_paged_line(GEMMA4)

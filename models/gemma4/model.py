@@ -7,36 +7,32 @@ paged attention with scale 1.0 (sliding layers see the last W positions, their o
 projection → RMSNorm → residual add; RMSNorm → gelu_tanh(gate)·up → down → RMSNorm → residual add;
 then the layer's scalar. Final RMSNorm, tied LM head, logits soft-capped `c·tanh(x/c)`.
 
-The numeric policy arrives as two injected ops (docs/numerics.md): `linear` for every projection
-and the LM head, `norms` for the four per-layer norms and the final one. The post-attention norm's
-sum feeds the pre-feedforward norm, so that add and norm are one `norms.add_rms_norm` step (on the
-reference norms exactly the add then the norm: `tuned` and `pin` compute what they always did).
-Q, K and V norms live inside attention prep, whose kernel is row-independent under every policy.
-
-Two KV groups, each with its own pool: group 0 holds the sliding layers, group 1 the global ones.
-Both pools have the same number of pages (the engine hands out one page count to the model).
+The numeric policy arrives as two injected ops, `linear` and `norms` (docs/numerics.md); the
+post-attention norm's sum feeds the pre-feedforward norm, so that add and norm are one
+`norms.add_rms_norm` step. Two KV groups, each with its own pool and page count: the sliding
+layers', and the global layers'.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from engine.forward_batch import ForwardBatch, RooflineFacts
+from engine.kv.pools import KVGroupShape, KVPools
 from kernels import reference
 from kernels.attention.base import AttentionLayerSpec
-from kernels.kv_layout import PAGE_SIZE, KVPoolLayout
+from kernels.gemm.dispatch import Linear
 from kernels.norm_dispatch import REFERENCE_NORMS, NormOps
 from kernels.prep_dispatch import run_attention_prep
 from kernels.reference import NormSpec, NormWeight, PrepSpec
 from models.gemma4.config import GLOBAL, SLIDING, Gemma4Config
+from models.gemma4.weights import text_prefix
 
-Linear = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
-# KV group order: the engine's KVGroupSpec list and `attention_specs` follow it.
+# The KV groups, in the order the model declares them: one per attention family.
 GROUP_KINDS = (SLIDING, GLOBAL)
 
 
@@ -63,18 +59,17 @@ class Gemma4Model:
         self,
         config: Gemma4Config,
         weights: Mapping[str, torch.Tensor],
-        prefix: str,
         device: torch.device,
         max_positions: int,
         linear: Linear = F.linear,
         norms: NormOps = REFERENCE_NORMS,
     ) -> None:
         self.config = config
-        self.page_size = PAGE_SIZE
         self.linear = linear
         self.norms = norms
         self.device = device
         c = config
+        prefix = text_prefix(weights)
         self.embed = weights[prefix + "embed_tokens.weight"]
         self.dtype = self.embed.dtype
         # √hidden is stored in the weight dtype before it multiplies (bf16: √3840 → 62.0).
@@ -91,22 +86,29 @@ class Gemma4Model:
             kind: reference.rope_table(prep.rope, max_positions, self.dtype, device)
             for kind, prep in self.preps.items()
         }
-        self.attention_specs: tuple[AttentionLayerSpec, ...] = tuple(
-            AttentionLayerSpec(
-                num_heads=c.num_heads,
-                num_kv_heads=c.geometry(kind).num_kv_heads,
-                head_dim=c.geometry(kind).head_dim,
-                scale=1.0,
-                window=c.sliding_window if kind == SLIDING else None,
-            )
-            for kind in GROUP_KINDS
+        self.kv = KVPools(
+            [
+                KVGroupShape(
+                    kind,
+                    AttentionLayerSpec(
+                        num_heads=c.num_heads,
+                        num_kv_heads=c.geometry(kind).num_kv_heads,
+                        head_dim=c.geometry(kind).head_dim,
+                        scale=1.0,
+                        window=c.sliding_window if kind == SLIDING else None,
+                    ),
+                    len(c.layers_of(kind)),
+                )
+                for kind in GROUP_KINDS
+            ],
+            self.dtype,
+            device,
         )
         slots = {kind: 0 for kind in GROUP_KINDS}
         self.layers: list[_Layer] = []
         for i, kind in enumerate(c.layer_types):
             self.layers.append(self._layer(weights, f"{prefix}layers.{i}.", kind, slots[kind]))
             slots[kind] += 1
-        self.kv_pools: list[torch.Tensor] = [torch.empty(0, device=device) for _ in GROUP_KINDS]
         self.suppress = (
             torch.tensor(sorted(c.suppress_token_ids), dtype=torch.long, device=device)
             if c.suppress_token_ids
@@ -134,36 +136,6 @@ class Gemma4Model:
             gate_up=torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]]),
             down=w[p + "mlp.down_proj.weight"],
         )
-
-    # -- KV pools ------------------------------------------------------------------------------
-
-    def kv_layouts(self, pages: Sequence[int]) -> tuple[KVPoolLayout, ...]:
-        """One layout per group of GROUP_KINDS, group g with `pages[g]` pages."""
-        c = self.config
-        if len(pages) != len(GROUP_KINDS):
-            raise ValueError(f"gemma4 has KV groups {GROUP_KINDS}, got page counts {tuple(pages)}")
-        return tuple(
-            KVPoolLayout(
-                len(c.layers_of(kind)),
-                count,
-                c.geometry(kind).num_kv_heads,
-                c.geometry(kind).head_dim,
-                self.page_size,
-            )
-            for kind, count in zip(GROUP_KINDS, pages, strict=True)
-        )
-
-    def kv_group_bytes_per_page(self) -> tuple[int, ...]:
-        return tuple(layout.bytes(self.dtype) // 2 for layout in self.kv_layouts((2,) * len(GROUP_KINDS)))
-
-    def allocate_kv(self, pages: Sequence[int]) -> None:
-        self.kv_pools = [torch.empty(0, device=self.device) for _ in GROUP_KINDS]
-        # Zero-filled: a released sliding slot points at the padding page, which the torch backend
-        # gathers (masked) — uninitialised NaNs there would survive a zero attention weight.
-        self.kv_pools = [
-            torch.zeros(layout.shape, dtype=self.dtype, device=self.device)
-            for layout in self.kv_layouts(pages)
-        ]
 
     def roofline(self) -> RooflineFacts:
         c = self.config
@@ -204,7 +176,7 @@ class Gemma4Model:
             else:
                 q, k = projected.split([q_size, kv_size], dim=-1)
                 v_heads = None
-            pool_layer = self.kv_pools[layer.group][layer.slot]
+            pool_layer = self.kv.layer(layer.group, layer.slot)
             q_rot, _ = run_attention_prep(
                 self.preps[layer.kind],
                 q.reshape(tokens, c.num_heads, g.head_dim),
@@ -216,7 +188,7 @@ class Gemma4Model:
                 self.rope_tables[layer.kind],
                 pool_layer,
             )
-            spec = self.attention_specs[layer.group]
+            spec = self.kv.shapes[layer.group].attention
             attn = batch.attention.run(layer.group, spec, q_rot, pool_layer)
             attn_out = self.linear(attn.reshape(tokens, q_size), layer.o)
             hidden, x = norms.add_rms_norm(

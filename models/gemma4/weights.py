@@ -7,10 +7,11 @@ layers have no `v_proj` (V is the raw K projection).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
-from models.checkpoint import TensorSpec
+from models.checkpoint import StoredTensor, TensorSpec
 from models.gemma4.config import SLIDING, Gemma4Config
+from models.paged_line import WeightMap
 
 TEXT_ONLY_PREFIX = "model."
 NESTED_PREFIX = "model.language_model."
@@ -66,3 +67,8 @@ def expected_tensors(config: Gemma4Config, prefix: str) -> dict[str, TensorSpec]
 def skipped_tensor(name: str) -> bool:
     """Vision and audio tensors (not served) and a stored copy of the tied head."""
     return name == _TIED_HEAD or name.startswith(_SKIPPED_PARTS)
+
+
+def weight_map(config: Gemma4Config, stored: Mapping[str, StoredTensor]) -> WeightMap:
+    """The text tower's tensors, under whichever prefix this checkpoint nests them."""
+    return WeightMap(expected_tensors(config, text_prefix(stored)), skipped_tensor)

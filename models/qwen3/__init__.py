@@ -1,7 +1,16 @@
 """Qwen3 dense model line."""
 
-from models.qwen3.config import MODEL_TYPES
-from models.qwen3.line import load_qwen3
-from models.registry import register_model_types
+from models.paged_line import PagedLine, register_paged_line
+from models.qwen3.config import MODEL_TYPES, parse_qwen3_config
+from models.qwen3.model import Qwen3Model
+from models.qwen3.weights import weight_map
 
-register_model_types(MODEL_TYPES, load_qwen3)
+QWEN3 = PagedLine(
+    family="qwen3",
+    model_types=MODEL_TYPES,
+    parse_config=parse_qwen3_config,
+    context_field="max_position_embeddings",
+    weight_map=weight_map,
+    build_model=Qwen3Model,
+)
+register_paged_line(QWEN3)

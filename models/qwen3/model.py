@@ -4,31 +4,27 @@ Per layer: RMSNorm → fused QKV projection → attention prep (per-head Q/K RMS
 full RoPE, K and V written to the pool) → paged attention → O projection → residual; RMSNorm →
 SwiGLU MLP (fused gate/up) → residual. Final RMSNorm, tied or untied LM head.
 
-The numeric policy arrives as two injected ops (docs/numerics.md): `linear` for every projection
-and the LM head, `norms` for every RMSNorm outside attention prep. Each residual add is fused with
-the norm that reads its sum (`norms.add_rms_norm`); on the reference norms that is exactly the
-add followed by the norm, so `tuned` and `pin` compute what they always did. The per-head Q/K norms
-live inside attention prep, whose kernel is row-independent under every policy.
+The numeric policy arrives as two injected ops, `linear` and `norms` (docs/numerics.md); each
+residual add goes with the norm that reads its sum (`norms.add_rms_norm`). One KV group.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from engine.forward_batch import ForwardBatch, RooflineFacts
+from engine.kv.pools import KVGroupShape, KVPools
 from kernels import reference
 from kernels.attention.base import AttentionLayerSpec
-from kernels.kv_layout import PAGE_SIZE, KVPoolLayout
+from kernels.gemm.dispatch import Linear
 from kernels.norm_dispatch import REFERENCE_NORMS, NormOps
 from kernels.prep_dispatch import run_attention_prep
 from kernels.reference import NormSpec, NormWeight
 from models.qwen3.config import Qwen3Config
-
-Linear = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass(slots=True)
@@ -54,11 +50,9 @@ class Qwen3Model:
         norms: NormOps = REFERENCE_NORMS,
     ) -> None:
         self.config = config
-        self.page_size = PAGE_SIZE
         self.linear = linear
         self.norms = norms
         self.device = device
-        self.kv_pool = torch.empty(0, device=device)  # [layers, pages, 2, page_size, kv_heads, head_dim]
         self.embed = weights["model.embed_tokens.weight"]
         self.final_norm = weights["model.norm.weight"]
         self.lm_head = self.embed if config.tie_word_embeddings else weights["lm_head.weight"]
@@ -72,21 +66,9 @@ class Qwen3Model:
             head_dim=config.head_dim,
             scale=config.head_dim**-0.5,
         )
-        self.attention_specs: tuple[AttentionLayerSpec, ...] = (self.attn_spec,)
-
-    def kv_layout(self, pages: int) -> KVPoolLayout:
-        c = self.config
-        return KVPoolLayout(c.num_layers, pages, c.num_kv_heads, c.head_dim, self.page_size)
-
-    def kv_group_bytes_per_page(self) -> tuple[int, ...]:
-        return (self.kv_layout(2).bytes(self.embed.dtype) // 2,)
-
-    def allocate_kv(self, pages: Sequence[int]) -> None:
-        if len(pages) != 1:
-            raise ValueError(f"qwen3 has one KV group, got page counts {tuple(pages)}")
-        # Drop the old pool first so the two never coexist on the device.
-        self.kv_pool = torch.empty(0, device=self.device)
-        self.kv_pool = self.kv_layout(pages[0]).allocate(self.embed.dtype, self.device)
+        self.kv = KVPools(
+            [KVGroupShape("full_attention", self.attn_spec, config.num_layers)], self.embed.dtype, device
+        )
 
     def roofline(self) -> RooflineFacts:
         c = self.config
@@ -124,7 +106,7 @@ class Qwen3Model:
         x = norms.rms_norm(hidden, self.norm, self.layers[0].input_norm)
         for index, layer in enumerate(self.layers):
             q, k, v = self.linear(x, layer.qkv).split([c.q_size, c.kv_size, c.kv_size], dim=-1)
-            pool_layer = self.kv_pool[index]
+            pool_layer = self.kv.layer(0, index)
             q_rot, _ = run_attention_prep(
                 self.prep,
                 q.view(tokens, c.num_heads, c.head_dim),

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from models.checkpoint import TensorSpec
+from collections.abc import Mapping
+
+from models.checkpoint import StoredTensor, TensorSpec
+from models.paged_line import WeightMap
 from models.qwen3.config import Qwen3Config
 
 
@@ -35,3 +38,7 @@ def expected_tensors(config: Qwen3Config) -> dict[str, TensorSpec]:
 def ignored_tensor(name: str) -> bool:
     """Tensors a tied checkpoint may still carry; everything else unexpected is a fault."""
     return name == "lm_head.weight"
+
+
+def weight_map(config: Qwen3Config, stored: Mapping[str, StoredTensor]) -> WeightMap:
+    return WeightMap(expected_tensors(config), ignored_tensor)

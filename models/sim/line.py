@@ -21,9 +21,9 @@ DEFAULT_MAX_MODEL_LEN = 4096
 @dataclass(frozen=True, slots=True)
 class SimOptions:
     """How to build a sim. `num_kv_pages` counts the padding page. `sliding_window` adds a
-    second KV group with that window beside the full one (it exercises window release and turns
-    prefix caching off, as any model with a sliding group does for now). The engine config's own
-    `num_kv_pages` and `max_model_len` are not read here: `sim_options` maps them."""
+    second KV group with that window beside the full one (window release and the sliding prefix
+    cache then run as they do for Gemma 4). The engine config's own `num_kv_pages` and
+    `max_model_len` are not read here: `sim_options` maps them."""
 
     engine: EngineConfig = field(default_factory=EngineConfig)
     step_delay_s: float = 0.0
@@ -39,10 +39,9 @@ class SimOptions:
             raise ContractError("max_model_len", self.max_model_len, "must be at least 1")
 
     def kv_groups(self) -> tuple[KVGroupSpec, ...]:
-        page_size = self.engine.page_size
-        groups = [KVGroupSpec("full", self.num_kv_pages, page_size)]
+        groups = [KVGroupSpec("full", self.num_kv_pages)]
         if self.sliding_window is not None:
-            groups.append(KVGroupSpec("sliding", self.num_kv_pages, page_size, self.sliding_window))
+            groups.append(KVGroupSpec("sliding", self.num_kv_pages, self.sliding_window))
         return tuple(groups)
 
 

@@ -13,8 +13,9 @@ import time
 from array import array
 from collections.abc import Callable, Sequence
 
-from engine.kv import PADDING_PAGE, KVGroupSpec
+from engine.kv import KVGroupSpec
 from engine.runner import BatchRow, SampledToken, StepBatch
+from kernels.kv_layout import PADDING_PAGE, PAGE_SIZE
 from models.sim.rule import INITIAL_STATE, advance, draw
 
 FaultHook = Callable[[StepBatch], None]
@@ -40,7 +41,7 @@ class SimRunner:
         if step_delay_s < 0:
             raise ValueError(f"step_delay_s={step_delay_s!r}: must be >= 0")
         self._groups = tuple(groups)
-        self._stores = [array("Q", bytes(8 * g.num_pages * g.page_size)) for g in self._groups]
+        self._stores = [array("Q", bytes(8 * g.num_pages * PAGE_SIZE)) for g in self._groups]
         full = [i for i, g in enumerate(self._groups) if g.sliding_window is None]
         # The group the history is read from: a full one when there is one.
         self._primary = full[0] if full else 0
@@ -72,13 +73,13 @@ class SimRunner:
     def _slot(self, row: BatchRow, group: int, position: int) -> int:
         spec = self._groups[group]
         table = row.page_tables[group]
-        index = position // spec.page_size
+        index = position // PAGE_SIZE
         if index >= len(table):
             raise SimKVError(row.request_id, spec.name, position, f"page table has only {len(table)} pages")
         page = table[index]
         if page == PADDING_PAGE:
             raise SimKVError(row.request_id, spec.name, position, "lies on the padding page")
-        return page * spec.page_size + position % spec.page_size
+        return page * PAGE_SIZE + position % PAGE_SIZE
 
     def _read(self, row: BatchRow, group: int, position: int) -> int:
         value = self._stores[group][self._slot(row, group, position)]

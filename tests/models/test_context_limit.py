@@ -55,7 +55,7 @@ def test_qwen3_line_refuses_before_loading_weights(tiny_qwen3: Path, monkeypatch
     def no_weights(*args: object, **kwargs: object) -> None:
         raise AssertionError("weights were loaded before the context ceiling was checked")
 
-    monkeypatch.setattr("models.qwen3.line.load_weights", no_weights)
+    monkeypatch.setattr("models.paged_line.load_checked", no_weights)
     default = _tiny_default(tiny_qwen3)
     engine = EngineConfig(max_model_len=default + 1, num_kv_pages=16)
     with pytest.raises(ModelLoadError, match=f"max_model_len = {default + 1} .* {FIELD} = {default}"):

@@ -22,7 +22,6 @@ def _load(path: Path) -> dict[str, torch.Tensor]:
         torch.device("cpu"),
         torch.float32,
         ignore=ignored_tensor,
-        quiet=True,
     )
 
 
@@ -72,7 +71,7 @@ def test_checks_still_run_on_a_cached_load(tiny_qwen3: Path, tmp_path: Path) -> 
         name = next(iter(expected))
         expected[name + ".extra"] = expected[name]
         try:
-            load_checked(path, expected, stored_tensors(path), torch.device("cpu"), torch.float32, quiet=True)
+            load_checked(path, expected, stored_tensors(path), torch.device("cpu"), torch.float32)
         except ValueError as error:
             assert name + ".extra: missing" in str(error)
         else:

@@ -1,4 +1,4 @@
-"""Each KV group's own page count (engine/paged_startup.py): the split arithmetic, the promise that a
+"""Each KV group's own page count (engine/kv/sizing.py): the split arithmetic, the promise that a
 sliding group sized this way never refuses a request the full group can hold, and the tiny Gemma 4
 served from two pools of different sizes with the greedy tokens transformers generates."""
 
@@ -14,7 +14,7 @@ import torch
 from engine.config import EngineConfig
 from engine.contract import Finished, Request
 from engine.kv import KVGroupSpec, KVManager
-from engine.paged_startup import (
+from engine.kv.sizing import (
     KVGroupCost,
     configured_kv_pages,
     sliding_need,
@@ -23,9 +23,10 @@ from engine.paged_startup import (
 )
 from gates.harness.hf_reference import hf_greedy, hf_model
 from gates.harness.serving import batch_scheduler, drive, greedy, load_for_gate, random_prompt
+from kernels.kv_layout import PAGE_SIZE, pages_for
 from models.gemma4.config import GLOBAL, SLIDING
 
-PAGE = 16
+PAGE = PAGE_SIZE
 
 # -- the arithmetic -------------------------------------------------------------------------------
 
@@ -33,9 +34,9 @@ PAGE = 16
 def test_sliding_need_is_every_sequence_at_its_most_live_pages_plus_padding() -> None:
     # Window 12, chunks of 32: a chunk reads 12 + 32 - 1 = 43 positions, which straddle at most
     # (12 + 32 - 2) // 16 + 2 = 4 pages; 3 sequences of 4 pages, plus page 0.
-    assert sliding_need(12, PAGE, 4096, 3, 32) == 3 * 4 + 1
+    assert sliding_need(12, 4096, 3, 32) == 3 * 4 + 1
     # A context shorter than the window plus a chunk never needs more than it covers: 2 pages.
-    assert sliding_need(12, PAGE, 20, 3, 32) == 3 * 2 + 1
+    assert sliding_need(12, 20, 3, 32) == 3 * 2 + 1
 
 
 def test_num_kv_pages_is_the_full_groups_count_and_caps_the_sliding_ones() -> None:
@@ -120,20 +121,18 @@ def test_the_sliding_group_never_refuses_what_the_full_group_holds() -> None:
         chunk = rng.randint(1, 300)
         max_len = rng.randint(1, 600)
         seqs = rng.randint(1, 8)
-        need = sliding_need(window, PAGE, max_len, seqs, chunk)
+        need = sliding_need(window, max_len, seqs, chunk)
         groups = (KVGroupCost(rng.randint(1, 900), need), KVGroupCost(rng.randint(1, 900)))
         pages = (
             split_kv_pages(rng.randint(2, 60), groups)
             if rng.random() < 0.5
             else split_kv_bytes(rng.randint(0, 60_000), groups)
         )
-        kv = KVManager(
-            [KVGroupSpec("sliding", pages[0], PAGE, window), KVGroupSpec("full", pages[1], PAGE)], "m"
-        )
+        kv = KVManager([KVGroupSpec("sliding", pages[0], window), KVGroupSpec("full", pages[1])], "m")
         full_spec = kv.groups[1].spec
         for positions in range(1, max_len + 1):
             short = kv.shortfall(positions, chunk)
-            if full_spec.pages_for(positions) <= full_spec.allocatable_pages:
+            if pages_for(positions) <= full_spec.allocatable_pages:
                 assert short is None, (window, chunk, max_len, seqs, pages, positions, short)
             else:
                 # Refused either way (the first short group is named; that may be the sliding one).
@@ -201,7 +200,7 @@ def test_gemma4_kv_bytes_split_reports_each_groups_own_total(tiny_gemma4: Path) 
     )
     runner = batch_scheduler(served).runner
     assert isinstance(runner, PagedModelRunner)
-    per_page = runner.model.kv_group_bytes_per_page()
+    per_page = runner.model.kv.bytes_per_page()
     window = json.loads((tiny_gemma4 / "config.json").read_text())["sliding_window"]
     need = 4 * ((window + 64 - 2) // PAGE + 2) + 1
     full = ((1 << 22) - need * per_page[0]) // per_page[1]
@@ -217,7 +216,7 @@ def test_qwen3_pool_is_sized_as_before(tiny_qwen3: Path) -> None:
     served = load_for_gate(tiny_qwen3, num_kv_pages=None, kv_cache_memory=1 << 22)
     runner = batch_scheduler(served).runner
     assert isinstance(runner, PagedModelRunner)
-    (per_page,) = runner.model.kv_group_bytes_per_page()
+    (per_page,) = runner.model.kv.bytes_per_page()
     assert [g.pages_total for g in served.scheduler.load().groups] == [(1 << 22) // per_page - 1]
     assert [g.pages_total for g in load_for_gate(tiny_qwen3, num_kv_pages=33).scheduler.load().groups] == [32]
 
