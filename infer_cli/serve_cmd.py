@@ -19,6 +19,7 @@ from engine.memory_budget import MemoryBudgetError
 from infer_cli.http.app import ServerSettings, create_app
 from infer_cli.http.body import DEFAULT_MAX_BODY_BYTES
 from infer_cli.http.server import ServerStartError, serve
+from infer_cli.progress import RichProgress
 from models.checkpoint import WeightsError
 from models.config_fields import ConfigError
 from models.context_limit import OPT_IN_ENV
@@ -153,9 +154,10 @@ def serve_command(
             device=device,
             attention_backend=attention_backend,
             sim_step_delay_s=sim_step_delay,
+            progress=RichProgress(_console),
         )
-        with _console.status(f"loading {model} ..."):
-            loaded = load_model(model, options)
+        _console.print(f"infer serve: loading {model}")
+        loaded = load_model(model, options)
     except (ContractError, ModelLoadError, ConfigError, WeightsError, MemoryBudgetError) as exc:
         _console.print(f"[red]infer serve:[/red] {exc}")
         raise typer.Exit(2) from None

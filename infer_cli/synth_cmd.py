@@ -8,17 +8,9 @@ from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
 from rich.table import Table
 
+from infer_cli.progress import RichProgress
 from models.synth import FAMILIES, SynthError
 
 if TYPE_CHECKING:
@@ -40,21 +32,6 @@ class TokenizerOption(StrEnum):
     auto = "auto"
     real = "real"
     trained = "trained"
-
-
-class _RichProgress:
-    """Bytes written over bytes planned, with the tensor being drawn."""
-
-    def __init__(self, progress: Progress) -> None:
-        self._progress = progress
-        self._task: TaskID | None = None
-
-    def start(self, total_bytes: int, num_tensors: int) -> None:
-        self._task = self._progress.add_task(f"{num_tensors} tensors", total=total_bytes)
-
-    def advance(self, tensor: str, nbytes: int) -> None:
-        if self._task is not None:
-            self._progress.update(self._task, advance=nbytes, description=tensor)
 
 
 def _presets_help() -> str:
@@ -122,18 +99,8 @@ def synth_command(
         overwrite=overwrite,
         shard_bytes=max(1, int(shard_gb * (1 << 30))),
     )
-    progress = Progress(
-        TextColumn("[bold]{task.description}", justify="left"),
-        BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        TimeRemainingColumn(),
-        console=console,
-        transient=False,
-    )
     try:
-        with progress:
-            result = synthesize(request, _RichProgress(progress))
+        result = synthesize(request, RichProgress(console, in_bytes=True, keep=True))
     except SynthError as exc:
         console.print(f"[red]infer synth: {exc}[/red]")
         raise typer.Exit(2) from exc

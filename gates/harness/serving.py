@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,27 @@ GATE_MAX_NUM_SEQS_GPU = 16
 _WEIGHTS = WeightCache()
 
 
+class _PrintedProgress:
+    """Start-up's notes and each finished task as plain lines: a gate's output tail then says what
+    loading took and how start-up sized the KV pools."""
+
+    def __init__(self) -> None:
+        self._label = ""
+        self._started = 0.0
+
+    def start(self, label: str, total: float) -> None:
+        self._label, self._started = label, time.monotonic()
+
+    def advance(self, detail: str = "", amount: float = 1) -> None:
+        pass
+
+    def finish(self) -> None:
+        print(f"{self._label}: {time.monotonic() - self._started:.1f} s")
+
+    def note(self, message: str) -> None:
+        print(message)
+
+
 def gate_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -40,7 +62,10 @@ def load_for_gate(checkpoint: Path, **engine: object) -> LoadedModel:
         engine.setdefault("max_num_seqs", GATE_MAX_NUM_SEQS_GPU)
     config = EngineConfig(**engine)  # type: ignore[arg-type]
     with reusing_weights(_WEIGHTS):
-        return load_model(str(checkpoint), ModelOptions(engine=config, device=str(gate_device())))
+        return load_model(
+            str(checkpoint),
+            ModelOptions(engine=config, device=str(gate_device()), progress=_PrintedProgress()),
+        )
 
 
 def batch_scheduler(model: LoadedModel) -> BatchScheduler:

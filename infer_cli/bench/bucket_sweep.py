@@ -28,7 +28,7 @@ Needs CUDA; the pure figures (engine.graph_budget) are unit-tested on the CPU.
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +44,7 @@ from engine.graph_budget import (
     fit_buckets,
     graphs_available,
 )
+from engine.progress import SILENT, ProgressSink, task
 from infer_cli.bench.timing import device_ms
 from kernels.kv_layout import pages_for
 
@@ -106,11 +107,17 @@ def _settle() -> None:
     torch.cuda.empty_cache()
 
 
-def _capture_measured(graphs: GraphedDecode) -> list[CaptureRecord]:
+def _capture_measured(graphs: GraphedDecode, progress: ProgressSink, label: str) -> list[CaptureRecord]:
     """Capture every bucket; each record carries its free-memory drop and its pool growth."""
     _settle()
     records: list[CaptureRecord] = []
-    graphs.capture(on_bucket=records.append)
+
+    def record(r: CaptureRecord) -> None:
+        records.append(r)
+        progress.advance(f"bucket {r.bucket}")
+
+    with task(progress, label, len(graphs.buckets)):
+        graphs.capture(on_bucket=record)
     return records
 
 
@@ -124,13 +131,32 @@ def count_graph_nodes(graph: torch.cuda.CUDAGraph) -> int:
     return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
 
 
+def _measure(
+    policy: str, graphs: GraphedDecode, record: CaptureRecord, first: CaptureRecord
+) -> BucketMeasurement:
+    graph = graphs.graph_for(record.bucket)
+    if graph is None:
+        raise RuntimeError(f"bucket {record.bucket} was captured but has no graph")
+    return BucketMeasurement(
+        policy=policy,
+        bucket=record.bucket,
+        device_bytes=record.bytes_added,
+        pool_bytes=record.pool_bytes,
+        nodes=count_graph_nodes(graph),
+        replay_ms=device_ms(graph.replay),
+        capture_s=record.seconds,
+        first_device_bytes=first.bytes_added,
+        first_pool_bytes=first.pool_bytes,
+    )
+
+
 def sweep_policy(
     model_path: Path,
     policy: str,
     buckets: Sequence[int],
     utilization: float,
     attention_backend: str | None = None,
-    on_bucket: Callable[[BucketMeasurement], None] | None = None,
+    progress: ProgressSink = SILENT,
 ) -> PolicySweep:
     """Load `model_path` under `policy` and measure every bucket's graph (see the module doc)."""
     from engine.model_runner import PagedModelRunner
@@ -151,7 +177,8 @@ def sweep_policy(
         numeric_policy=policy,
     )
     loaded = load_model(
-        str(model_path), ModelOptions(engine=engine, device="cuda", attention_backend=attention_backend)
+        str(model_path),
+        ModelOptions(engine=engine, device="cuda", attention_backend=attention_backend, progress=progress),
     )
     scheduler = loaded.scheduler
     if not isinstance(scheduler, BatchScheduler) or not isinstance(scheduler.runner, PagedModelRunner):
@@ -173,7 +200,9 @@ def sweep_policy(
     total = torch.cuda.get_device_properties(model.device).total_memory
 
     trial = trial_capture(
-        GraphedDecode(model, attention, sorted(buckets), max_pages), _capture_measured, policy
+        GraphedDecode(model, attention, sorted(buckets), max_pages),
+        lambda g: _capture_measured(g, progress, f"{policy}: first capture"),
+        policy,
     )
     _settle()
     # As start-up reads it: what stays resident, less the KV pool loaded for profiling (the
@@ -184,24 +213,12 @@ def sweep_policy(
     first = {r.bucket: r for r in trial.records}
     graphs = GraphedDecode(model, attention, sorted(buckets), max_pages)
     measured: list[BucketMeasurement] = []
-    for record in sorted(_capture_measured(graphs), key=lambda r: r.bucket):
-        graph = graphs.graph_for(record.bucket)
-        if graph is None:
-            raise RuntimeError(f"bucket {record.bucket} was captured but has no graph")
-        m = BucketMeasurement(
-            policy=policy,
-            bucket=record.bucket,
-            device_bytes=record.bytes_added,
-            pool_bytes=record.pool_bytes,
-            nodes=count_graph_nodes(graph),
-            replay_ms=device_ms(graph.replay),
-            capture_s=record.seconds,
-            first_device_bytes=first[record.bucket].bytes_added,
-            first_pool_bytes=first[record.bucket].pool_bytes,
-        )
-        measured.append(m)
-        if on_bucket is not None:
-            on_bucket(m)
+    records = sorted(_capture_measured(graphs, progress, f"{policy}: second capture"), key=lambda r: r.bucket)
+    with task(progress, f"{policy}: nodes and replay time", len(records)):
+        for record in records:
+            measured.append(_measure(policy, graphs, record, first[record.bucket]))
+            progress.advance(f"bucket {record.bucket}")
+
     check = ReserveCheck(trial.reserve_bytes, sum(m.device_bytes for m in measured))
     available = graphs_available(total, utilization, resident, activation_peak, kv_min)
     fit = fit_buckets([m.memory() for m in measured], available)

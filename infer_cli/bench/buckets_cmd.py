@@ -16,6 +16,7 @@ from rich.table import Table
 
 from engine.cuda_graphs import MAX_GRAPH_BUCKET, decode_buckets
 from engine.memory_budget import MemoryBudgetError
+from infer_cli.progress import RichProgress
 from kernels.gemm.names import UnknownPolicyError, parse_policies
 
 MIB = 1 << 20
@@ -167,20 +168,22 @@ def run_bucket_bench(
     sweeps = []
     # A policy whose graphs do not fit is refused by name (engine.graph_budget) and the others go on.
     refused: dict[str, str] = {}
-    with console.status("") as status:
-        for policy in policies:
-            status.update(f"{policy.value}: loading and capturing {len(buckets)} buckets twice")
-            try:
-                sweeps.append(
-                    sweep_policy(model, policy.value, buckets, gpu_memory_utilization, attention_backend)
+    progress = RichProgress(console)
+    for policy in policies:
+        console.print(f"{policy.value}: loading, then capturing {len(buckets)} buckets twice")
+        try:
+            sweeps.append(
+                sweep_policy(
+                    model, policy.value, buckets, gpu_memory_utilization, attention_backend, progress
                 )
-            except MemoryBudgetError as exc:
-                refused[policy.value] = str(exc)
-                console.print(f"[red]{policy.value}: refused: {exc}[/red]")
-            # A refused policy's model is unreachable only once its error is gone: free it here,
-            # before the next policy loads.
-            gc.collect()
-            torch.cuda.empty_cache()
+            )
+        except MemoryBudgetError as exc:
+            refused[policy.value] = str(exc)
+            console.print(f"[red]{policy.value}: refused: {exc}[/red]")
+        # A refused policy's model is unreachable only once its error is gone: free it here,
+        # before the next policy loads.
+        gc.collect()
+        torch.cuda.empty_cache()
     if not sweeps:
         raise typer.Exit(2)
     result = sweep_json(

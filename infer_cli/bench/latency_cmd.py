@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from infer_cli.progress import RichProgress
 from kernels.gemm.names import UnknownPolicyError, parse_policies
 
 if TYPE_CHECKING:
@@ -126,7 +127,9 @@ def _bench_policy(
     from models.registry import ModelOptions, load_model
 
     policy = engine.numeric_policy
-    loaded = load_model(str(model), ModelOptions(engine=engine, device="cuda"))
+    loaded = load_model(
+        str(model), ModelOptions(engine=engine, device="cuda", progress=RichProgress(console))
+    )
     scheduler = loaded.scheduler
     if not isinstance(scheduler, BatchScheduler) or not isinstance(scheduler.runner, PagedModelRunner):
         raise typer.BadParameter(f"{model}: not a paged model line", param_hint="--model")

@@ -13,10 +13,11 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 import torch
 
+from engine.progress import SILENT, ProgressSink, task
 from models.synth.config_build import config_body, generation_body
 from models.synth.errors import OutputDirError, SynthError
 from models.synth.families import get_family
@@ -83,20 +84,6 @@ class SynthResult:
     total_bytes: int
     weight_files: tuple[str, ...]
     seconds: float
-
-
-class ProgressSink(Protocol):
-    def start(self, total_bytes: int, num_tensors: int) -> None: ...
-
-    def advance(self, tensor: str, nbytes: int) -> None: ...
-
-
-class _NoProgress:
-    def start(self, total_bytes: int, num_tensors: int) -> None:
-        pass
-
-    def advance(self, tensor: str, nbytes: int) -> None:
-        pass
 
 
 def _resolve_device(choice: DeviceChoice, preset: Preset) -> torch.device:
@@ -193,9 +180,9 @@ def _write_json(path: Path, body: dict[str, Any]) -> None:
     path.write_text(json.dumps(body, indent=2, ensure_ascii=False) + "\n")
 
 
-def synthesize(request: SynthRequest, progress: ProgressSink | None = None) -> SynthResult:
+def synthesize(request: SynthRequest, progress: ProgressSink = SILENT) -> SynthResult:
+    """Write the checkpoint; `progress` hears one task whose units are bytes, one advance a tensor."""
     started = time.monotonic()
-    sink = progress or _NoProgress()
     transformers = import_transformers()
     decided = plan(request)
     family, preset = decided.family, decided.preset
@@ -218,7 +205,6 @@ def synthesize(request: SynthRequest, progress: ProgressSink | None = None) -> S
     std = float(preset.fields["initializer_range"])
     rules = {spec.name: rule_for(spec, family.init_rules, std) for spec in specs}
     total = sum(spec.nbytes for spec in specs)
-    sink.start(total, len(specs))
 
     shards = plan_shards(specs, request.shard_bytes)
     names = (
@@ -226,13 +212,14 @@ def synthesize(request: SynthRequest, progress: ProgressSink | None = None) -> S
         if len(shards) == 1
         else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
     )
-    for name, shard in zip(names, shards, strict=True):
-        write_safetensors(
-            out / name,
-            shard,
-            lambda spec: materialise(spec, rules[spec.name], request.seed, decided.device),
-            lambda spec: sink.advance(spec.name, spec.nbytes),
-        )
+    with task(progress, f"{len(specs)} tensors", total):
+        for name, shard in zip(names, shards, strict=True):
+            write_safetensors(
+                out / name,
+                shard,
+                lambda spec: materialise(spec, rules[spec.name], request.seed, decided.device),
+                lambda spec: progress.advance(spec.name, spec.nbytes),
+            )
     if len(shards) > 1:
         weight_map = {spec.name: name for name, shard in zip(names, shards, strict=True) for spec in shard}
         _write_json(
