@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -74,9 +74,6 @@ class RequestLedger:
 
     def is_open(self, request_id: str) -> bool:
         return request_id in self._open
-
-    def open_ids(self) -> list[str]:
-        return list(self._open)
 
     def completion_tokens(self, request_id: str) -> int:
         return self._entry(request_id, "completion_tokens").completion_tokens
@@ -184,10 +181,6 @@ class RequestLedger:
         )
         self._pending = {}
         return StepOutputs(updates)
-
-    def fail_all(self, message: str, request_ids: Iterable[str] | None = None) -> None:
-        for rid in list(self._open if request_ids is None else request_ids):
-            self.fail(rid, message)
 
     # -- internals -----------------------------------------------------------------------------
 

@@ -68,7 +68,7 @@ def profile_step(
         params = SamplingBatch.pack(
             [RowSampling(SamplingParams(top_p=0.9, top_k=50, logprobs=20), 0, 0)] * rows
         )
-        sample(logits, params.to(model.device), SamplingPlan.for_graph(20))
+        sample(logits, params.to(model.device), SamplingPlan.widest(20))
     torch.cuda.synchronize()
 
 

@@ -39,8 +39,7 @@ elementwise or reduces within one row, and no result depends on the order a kern
 
 What this module cannot fix: the logits themselves must be batch-invariant (the GEMM policy).
 
-Everything runs on the logits' device with fixed shapes and no host sync; with a fixed
-`SamplingPlan` and `SamplingBuffers` it can be captured in a CUDA graph.
+Everything runs on the logits' device with fixed shapes and no host sync.
 """
 
 from __future__ import annotations

@@ -3,8 +3,7 @@
 A step samples one token for each of `rows` logit rows. The host packs every row's parameters
 into one float32 [3, rows] tensor (temperature, top_p, min_p) and one int64 [4, rows] tensor
 (top_k, greedy flag, seed, step index), so the copy to the device is two transfers whatever the
-batch. `SamplingBuffers` preallocates both at a maximum row count for CUDA graphs: a step copies
-into them and the captured sampler reads views whose addresses never change.
+batch.
 
 Seeds. A request's seed is taken modulo 2**64. A request without a seed gets one drawn per
 request on the host (`SeedSource`): a keyed hash of its request id under a per-process random
@@ -33,11 +32,6 @@ from engine.runner import BatchRow
 GREEDY_TEMPERATURE = 1e-5
 
 _SEED_MODULUS = 2**64
-
-# What a padding row (a CUDA-graph bucket's filler) samples with: greedy, no filters. Layout as
-# `SamplingTensors.from_packed` reads it: (temperature, top_p, min_p), (top_k, greedy, seed, step).
-_PADDING_FLOATS = (1.0, 1.0, 0.0)
-_PADDING_INTS = (0, 1, 0, 0)
 
 
 def _as_int64_seed(seed: int) -> int:
@@ -88,7 +82,7 @@ class SamplingPlan:
     `sorted_filters`: run the top-k/top-p pass (a full sort per row). Rows with both filters off
     give bit-identical results either way, so eager steps skip the sort when no row needs it.
     `random_rows`: run the noise and filter path; when off every row is sampled greedily.
-    A CUDA graph must be captured with the plan of its most demanding step: `for_graph`.
+    `widest` serves every step (start-up profiles the sampler with it).
     """
 
     num_logprobs: int | None = None
@@ -100,19 +94,8 @@ class SamplingPlan:
             raise ValueError(f"num_logprobs={self.num_logprobs!r}: must be None or >= 0")
 
     @classmethod
-    def for_graph(cls, num_logprobs: int | None) -> SamplingPlan:
+    def widest(cls, num_logprobs: int | None) -> SamplingPlan:
         return cls(num_logprobs=num_logprobs, sorted_filters=True, random_rows=True)
-
-    def covers(self, other: SamplingPlan) -> bool:
-        """Whether a sampler traced with this plan serves a step that needs `other`."""
-        logprobs_ok = other.num_logprobs is None or (
-            self.num_logprobs is not None and self.num_logprobs >= other.num_logprobs
-        )
-        return (
-            logprobs_ok
-            and (self.sorted_filters or not other.sorted_filters)
-            and (self.random_rows or not other.random_rows)
-        )
 
 
 @dataclass(slots=True, frozen=True)
@@ -146,27 +129,6 @@ class SamplingTensors:
         return int(self.temperature.shape[0])
 
 
-class SamplingBuffers:
-    """Device buffers for up to `max_rows` rows, allocated once so CUDA graphs can read them."""
-
-    __slots__ = ("floats", "ints", "max_rows")
-
-    def __init__(self, max_rows: int, device: torch.device | str) -> None:
-        if max_rows < 1:
-            raise ValueError(f"max_rows={max_rows!r}: must be at least 1")
-        self.max_rows = max_rows
-        self.floats = torch.tensor(_PADDING_FLOATS, dtype=torch.float32, device=device)
-        self.floats = self.floats.unsqueeze(1).repeat(1, max_rows).contiguous()
-        self.ints = torch.tensor(_PADDING_INTS, dtype=torch.int64, device=device)
-        self.ints = self.ints.unsqueeze(1).repeat(1, max_rows).contiguous()
-
-    def view(self, num_rows: int) -> SamplingTensors:
-        """The first `num_rows` rows, e.g. a graph bucket; same storage on every call."""
-        if not 1 <= num_rows <= self.max_rows:
-            raise ValueError(f"num_rows={num_rows!r}: must be in [1, {self.max_rows}]")
-        return SamplingTensors.from_packed(self.floats, self.ints, num_rows)
-
-
 @dataclass(slots=True, frozen=True)
 class SamplingBatch:
     """One step's packed parameters on the host, plus what the host needs afterwards."""
@@ -179,7 +141,7 @@ class SamplingBatch:
     plan: SamplingPlan
 
     @classmethod
-    def pack(cls, rows: Sequence[RowSampling], *, pin_memory: bool = False) -> SamplingBatch:
+    def pack(cls, rows: Sequence[RowSampling]) -> SamplingBatch:
         if not rows:
             raise ValueError("rows=[]: a sampling batch needs at least one row")
         floats = torch.tensor(
@@ -199,8 +161,6 @@ class SamplingBatch:
             ],
             dtype=torch.int64,
         )
-        if pin_memory:
-            floats, ints = floats.pin_memory(), ints.pin_memory()
         requested = tuple(row.params.logprobs for row in rows)
         random_rows = [row for row in rows if not row.greedy]
         plan = SamplingPlan(
@@ -215,23 +175,7 @@ class SamplingBatch:
         return len(self.logprobs_requested)
 
     def to(self, device: torch.device | str) -> SamplingTensors:
-        """Eager use: copy to `device` (non-blocking when packed into pinned memory)."""
+        """The packed parameters on `device`."""
         floats = self.floats.to(device, non_blocking=True)
         ints = self.ints.to(device, non_blocking=True)
         return SamplingTensors.from_packed(floats, ints, self.num_rows)
-
-    def copy_into(self, buffers: SamplingBuffers, padded_rows: int | None = None) -> SamplingTensors:
-        """Graph use: write this batch into `buffers`, rows [num_rows, padded_rows) as greedy
-        padding, and return the view of `padded_rows` rows (the bucket a graph was captured at)."""
-        rows = self.num_rows if padded_rows is None else padded_rows
-        if not self.num_rows <= rows <= buffers.max_rows:
-            raise ValueError(f"padded_rows={padded_rows!r}: must be in [{self.num_rows}, {buffers.max_rows}]")
-        floats, ints = self.floats, self.ints
-        if rows > self.num_rows:
-            filler = rows - self.num_rows
-            float_pad = torch.tensor(_PADDING_FLOATS, dtype=torch.float32).unsqueeze(1).expand(-1, filler)
-            int_pad = torch.tensor(_PADDING_INTS, dtype=torch.int64).unsqueeze(1).expand(-1, filler)
-            floats, ints = torch.cat([floats, float_pad], dim=1), torch.cat([ints, int_pad], dim=1)
-        buffers.floats[:, :rows].copy_(floats, non_blocking=True)
-        buffers.ints[:, :rows].copy_(ints, non_blocking=True)
-        return buffers.view(rows)

@@ -112,9 +112,23 @@ class ConfigReader:
         return frozenset(values)
 
 
-def read_generation_eos(checkpoint: Path) -> frozenset[int]:
-    """EOS ids from generation_config.json, if the checkpoint ships one."""
+def generation_token_ids(checkpoint: Path, key: str) -> frozenset[int]:
+    """An id field of generation_config.json (`eos_token_id`, `suppress_tokens`); empty when the
+    checkpoint ships no such file or field."""
     path = checkpoint / "generation_config.json"
     if not path.is_file():
         return frozenset()
-    return ConfigReader.from_file(path).token_ids("eos_token_id")
+    return ConfigReader.from_file(path).token_ids(key)
+
+
+def eos_token_ids(checkpoint: Path, *configs: ConfigReader) -> frozenset[int]:
+    """The EOS set: generation_config.json's, else the first of `configs` that names one. A
+    checkpoint that names none is refused: the engine could never stop on its own."""
+    eos = generation_token_ids(checkpoint, "eos_token_id")
+    for config in configs:
+        eos = eos or config.token_ids("eos_token_id")
+    if not eos:
+        raise ConfigError(
+            str(checkpoint), "eos_token_id", None, "no EOS id in generation_config.json or config.json"
+        )
+    return eos

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from models.config_fields import ConfigError, ConfigReader
+from models.config_fields import ConfigReader, eos_token_ids, generation_token_ids
 
 OUTER_MODEL_TYPES = ("gemma4", "gemma4_unified")
 TEXT_MODEL_TYPES = ("gemma4_text", "gemma4_unified_text")
@@ -164,15 +164,6 @@ def _dtype(text: ConfigReader, outer: ConfigReader) -> str:
     return "bfloat16"
 
 
-def _generation(checkpoint: Path) -> tuple[frozenset[int], frozenset[int]]:
-    """(EOS ids, suppressed ids) from generation_config.json; empty when it is absent."""
-    path = checkpoint / "generation_config.json"
-    if not path.is_file():
-        return frozenset(), frozenset()
-    gen = ConfigReader.from_file(path)
-    return gen.token_ids("eos_token_id"), gen.token_ids("suppress_tokens")
-
-
 def parse_gemma4_config(checkpoint: Path) -> Gemma4Config:
     outer = ConfigReader.from_file(checkpoint / "config.json")
     cfg, top = _text_tower(outer)
@@ -197,12 +188,6 @@ def parse_gemma4_config(checkpoint: Path) -> Gemma4Config:
     softcap = cfg.get_float("final_logit_softcapping", 0.0) or None
     if not cfg.get_bool("tie_word_embeddings", True) or not top.get_bool("tie_word_embeddings", True):
         raise cfg.fail("tie_word_embeddings", "Gemma 4's LM head is the tied embedding")
-    gen_eos, suppress = _generation(checkpoint)
-    eos = gen_eos or top.token_ids("eos_token_id") or cfg.token_ids("eos_token_id")
-    if not eos:
-        raise ConfigError(
-            str(checkpoint), "eos_token_id", None, "no EOS id in generation_config.json or config.json"
-        )
     bos = cfg.get_int("bos_token_id", minimum=0) if cfg.has("bos_token_id") else None
     return Gemma4Config(
         vocab_size=cfg.get_int("vocab_size"),
@@ -216,8 +201,8 @@ def parse_gemma4_config(checkpoint: Path) -> Gemma4Config:
         rms_norm_eps=cfg.get_float("rms_norm_eps", 1e-6),
         final_logit_softcapping=softcap,
         max_position_embeddings=cfg.get_int("max_position_embeddings"),
-        eos_token_ids=eos,
-        suppress_token_ids=suppress,
+        eos_token_ids=eos_token_ids(checkpoint, top, cfg),
+        suppress_token_ids=generation_token_ids(checkpoint, "suppress_tokens"),
         bos_token_id=bos,
         dtype=_dtype(cfg, top),
     )

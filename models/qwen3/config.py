@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from models.config_fields import ConfigError, ConfigReader, read_generation_eos
+from models.config_fields import ConfigReader, eos_token_ids
 
 MODEL_TYPES = ("qwen3",)
 
@@ -74,11 +74,6 @@ def parse_qwen3_config(checkpoint: Path) -> Qwen3Config:
     dtype = str(cfg.raw("torch_dtype", cfg.raw("dtype", "bfloat16")))
     if dtype not in ("bfloat16", "float16", "float32"):
         raise cfg.fail("torch_dtype", "expected bfloat16, float16 or float32")
-    eos = read_generation_eos(checkpoint) or cfg.token_ids("eos_token_id")
-    if not eos:
-        raise ConfigError(
-            str(checkpoint), "eos_token_id", None, "no EOS id in generation_config.json or config.json"
-        )
     return Qwen3Config(
         vocab_size=cfg.get_int("vocab_size"),
         hidden_size=hidden_size,
@@ -91,6 +86,6 @@ def parse_qwen3_config(checkpoint: Path) -> Qwen3Config:
         rope_theta=_rope_theta(cfg),
         max_position_embeddings=cfg.get_int("max_position_embeddings"),
         tie_word_embeddings=cfg.get_bool("tie_word_embeddings", False),
-        eos_token_ids=eos,
+        eos_token_ids=eos_token_ids(checkpoint, cfg),
         dtype=dtype,
     )

@@ -12,7 +12,7 @@ from sampler_testkit import run_sampler, same_params_rows
 from engine.contract import SamplingParams
 from engine.runner import BatchRow
 from engine.sampling import SamplerOutput, sample
-from engine.sampling_batch import RowSampling, SamplingBatch, SamplingBuffers, SamplingPlan, SeedSource
+from engine.sampling_batch import RowSampling, SamplingBatch, SamplingPlan, SeedSource
 
 TARGETS = [
     SamplingParams(temperature=1.0, seed=1, logprobs=3),
@@ -119,7 +119,7 @@ def test_plan_shortcuts_do_not_change_results(device: str) -> None:
         RowSampling(SamplingParams(temperature=0.9, min_p=0.02, logprobs=4), i, i) for i in range(6)
     ]
     greedy = [RowSampling(SamplingParams(temperature=0.0, logprobs=4), i, i) for i in range(6)]
-    full = SamplingPlan.for_graph(num_logprobs=20)
+    full = SamplingPlan.widest(num_logprobs=20)
     for rows, shortcut in ((unfiltered, "sorted_filters"), (greedy, "random_rows")):
         batch = SamplingBatch.pack(rows)
         assert getattr(batch.plan, shortcut) is False
@@ -127,26 +127,6 @@ def test_plan_shortcuts_do_not_change_results(device: str) -> None:
         eager, graphed = sample(logits, params, batch.plan), sample(logits, params, full)
         for row in range(6):
             _assert_bitwise(_row_result(eager, row, 4), _row_result(graphed, row, 4))
-
-
-def test_graph_buffers_with_padding_match_the_unpadded_batch(device: str) -> None:
-    generator = torch.Generator().manual_seed(13)
-    vocab = 300
-    rows = [RowSampling(p, seed=i + 1, step=i) for i, p in enumerate(TARGETS[:5])]
-    buffers = SamplingBuffers(max_rows=16, device=device)
-    plan = SamplingPlan.for_graph(num_logprobs=5)
-    reference_logits = torch.randn(5, vocab, generator=generator).to(device)
-    expected = sample(reference_logits, SamplingBatch.pack(rows).to(device), plan)
-
-    # Dirty the buffers with a full batch first: padding must overwrite what was there.
-    SamplingBatch.pack(same_params_rows(SamplingParams(top_k=2, seed=9), 16)).copy_into(buffers)
-    bucket = SamplingBatch.pack(rows).copy_into(buffers, padded_rows=8)
-    padded_logits = torch.cat([reference_logits, torch.randn(3, vocab, generator=generator).to(device)])
-    padded = sample(padded_logits, bucket, plan)
-    for row in range(5):
-        _assert_bitwise(_row_result(padded, row, 5), _row_result(expected, row, 5))
-    # Padding rows are greedy.
-    assert torch.equal(padded.token_ids[5:], padded_logits[5:].argmax(dim=-1))
 
 
 def test_different_seeds_give_different_streams(device: str) -> None:
@@ -193,30 +173,3 @@ def test_seed_source_is_stable_per_request_and_random_across_sources() -> None:
         num_generated=3,
     )
     assert RowSampling.of(row, source) == RowSampling(unseeded, source.seed_for("req-1", unseeded), 3)
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
-def test_cuda_graph_replay_matches_eager() -> None:
-    vocab, bucket = 4096, 8
-    buffers = SamplingBuffers(max_rows=bucket, device="cuda")
-    logits_buffer = torch.zeros(bucket, vocab, device="cuda")
-    plan = SamplingPlan.for_graph(num_logprobs=5)
-    warmup = torch.cuda.Stream()
-    warmup.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(warmup):
-        sample(logits_buffer, buffers.view(bucket), plan)
-    torch.cuda.current_stream().wait_stream(warmup)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = sample(logits_buffer, buffers.view(bucket), plan)
-
-    generator = torch.Generator().manual_seed(14)
-    for live in (1, 5, 8):
-        rows = [RowSampling(TARGETS[i % len(TARGETS)], seed=i, step=3 * i) for i in range(live)]
-        logits = torch.randn(live, vocab, generator=generator).cuda()
-        expected = sample(logits, SamplingBatch.pack(rows).to("cuda"), plan)
-        SamplingBatch.pack(rows).copy_into(buffers, padded_rows=bucket)
-        logits_buffer[:live].copy_(logits)
-        graph.replay()
-        for row in range(live):
-            _assert_bitwise(_row_result(captured, row, 5), _row_result(expected, row, 5))
