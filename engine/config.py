@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine.contract import ContractError
 from kernels.gemm.names import POLICY_NAMES
@@ -10,28 +10,62 @@ from kernels.gemm.names import POLICY_NAMES
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
-    max_num_seqs: int = 256
-    # Token budget of one step: decode rows first, then prefill chunks.
-    max_num_batched_tokens: int = 2048
-    # None: the model's own limit (its config's max_position_embeddings).
-    max_model_len: int | None = None
-    # Lets max_model_len go above the model's own limit (vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN);
-    # without it a model line refuses to start there (models/context_limit.py).
-    allow_long_max_model_len: bool = False
-    # None: sized by the model line (measured memory on GPU, a default on CPU).
-    num_kv_pages: int | None = None
-    enable_prefix_caching: bool = True
-    # Decode steps run eagerly instead of through captured CUDA graphs.
-    enforce_eager: bool = False
-    # Fraction of device memory the engine may take (weights, activations, graphs and KV).
-    gpu_memory_utilization: float = 0.9
-    # Bytes of KV cache, overriding the measured budget (num_kv_pages, if set, wins over both).
-    kv_cache_memory: int | None = None
-    # GEMM numeric policy for every projection and the LM head (kernels.gemm; docs/numerics.md).
-    numeric_policy: str = "tuned"
-    # Overlapped prefill: newly admitted requests prefill on a second CUDA stream while decode steps
-    # go on, and join the decode rows at a later step (engine/scheduler.py; docs/engine.md).
-    async_prefill: bool = False
+    # A field's metadata "help" makes it an engine knob: an option of `infer serve` (and of the bench
+    # commands that take it) with this default and help (infer_cli/engine_options.py).
+    max_num_seqs: int = field(default=256, metadata={"help": "Most requests running at once."})
+    max_num_batched_tokens: int = field(
+        default=2048,
+        metadata={"help": "Token budget of one engine step: decode rows first, then prefill chunks."},
+    )
+    max_model_len: int | None = field(
+        default=None, metadata={"help": "Context length (default: the model's max_position_embeddings)."}
+    )
+    # Checked where a model line resolves its context ceiling (models/context_limit.py).
+    allow_long_max_model_len: bool = field(
+        default=False,
+        metadata={
+            "help": "Allow --max-model-len above the model's max_position_embeddings (vLLM's "
+            "VLLM_ALLOW_LONG_MAX_MODEL_LEN); without it the model refuses to start. Outputs past it "
+            "may degrade."
+        },
+    )
+    num_kv_pages: int | None = field(
+        default=None,
+        metadata={
+            "help": "KV pages (16 tokens) per full-attention group; sliding groups get what they need "
+            "(default: measured on GPU, a fixed count on CPU)."
+        },
+    )
+    enable_prefix_caching: bool = field(
+        default=True, metadata={"help": "Reuse KV of shared prompt prefixes."}
+    )
+    enforce_eager: bool = field(default=False, metadata={"help": "Decode without CUDA graphs."})
+    gpu_memory_utilization: float = field(
+        default=0.9, metadata={"help": "Fraction of GPU memory for weights, activations, graphs and KV."}
+    )
+    kv_cache_memory: int | None = field(
+        default=None,
+        metadata={
+            "help": "KV-cache size in bytes, overriding the measured budget (--num-kv-pages, if set, "
+            "wins over both)."
+        },
+    )
+    # kernels.gemm; docs/numerics.md.
+    numeric_policy: str = field(
+        default="tuned",
+        metadata={
+            "help": "GEMM numerics of every projection and the LM head: tuned (cuBLAS), pin, per-token "
+            "(diagnostic oracle) or invariant (batch-invariant)."
+        },
+    )
+    # Overlapped prefill (engine/scheduler.py; docs/engine.md).
+    async_prefill: bool = field(
+        default=False,
+        metadata={
+            "help": "Prefill new requests on a second CUDA stream while decode steps continue; they "
+            "join the decode rows at a later step."
+        },
+    )
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens"):

@@ -45,13 +45,20 @@ class Tokenizer(Protocol):
 @dataclass(frozen=True, slots=True)
 class ModelOptions:
     engine: EngineConfig = field(default_factory=EngineConfig)
-    dtype: str | None = None
-    device: str | None = None
-    attention_backend: str | None = None
-    # sim only: seconds each step sleeps, standing in for a forward's cost.
-    sim_step_delay_s: float = 0.0
-    # Where loading and start-up report what the user waits for (weights, kernels, graphs).
-    progress: ProgressSink = SILENT
+    # A field's metadata "help" makes it a knob of `infer serve` (infer_cli/engine_options.py).
+    dtype: str | None = field(default=None, metadata={"help": "Weight and activation dtype (model lines)."})
+    device: str | None = field(default=None, metadata={"help": "Device to run on, e.g. cuda or cpu."})
+    attention_backend: str | None = field(default=None, metadata={"help": "torch or flashinfer."})
+    sim_step_delay_s: float = field(
+        default=0.0,
+        metadata={
+            "help": "sim only: seconds each engine step sleeps, standing in for a forward.",
+            "flag": "--sim-step-delay",
+        },
+    )
+    # Where loading and start-up report what the user waits for (weights, kernels, graphs); not
+    # part of what the options ask for, so it takes no part in comparing them.
+    progress: ProgressSink = field(default=SILENT, compare=False)
 
 
 @dataclass(slots=True)

@@ -10,6 +10,7 @@ from infer_cli.bench.buckets_cmd import run_bucket_bench
 from infer_cli.bench.kernels_cmd import bench_kernels_command
 from infer_cli.bench.latency_cmd import bench_latency_command
 from infer_cli.bench.serve_cmd import bench_serve_command
+from infer_cli.engine_options import Knobs, knob_options
 
 bench_app = typer.Typer(
     help="Benchmarks: CUDA-graph bucket sweeps (--buckets), serving load, kernels, latency.",
@@ -19,22 +20,18 @@ bench_app = typer.Typer(
 
 
 @bench_app.callback()
+@knob_options("gpu_memory_utilization", "attention_backend", help_prefix="--buckets: ")
 def bench_callback(
     ctx: typer.Context,
     buckets: str | None = typer.Option(
         None, "--buckets", help="CUDA-graph memory sweep over decode batch buckets (e.g. 1,2,4,8 or 'all')."
     ),
     model: Path | None = typer.Option(None, "--model", help="--buckets: checkpoint directory."),
+    # Not the engine knob: a list of policies, each swept in turn.
     numeric_policy: str = typer.Option(
         "tuned",
         "--numeric-policy",
         help="--buckets: comma-separated policies (tuned,pin,per-token,invariant).",
-    ),
-    gpu_memory_utilization: float = typer.Option(
-        0.9, "--gpu-memory-utilization", help="--buckets: budget fraction."
-    ),
-    attention_backend: str | None = typer.Option(
-        None, "--attention-backend", help="--buckets: torch or flashinfer."
     ),
     save_result: Path | None = typer.Option(
         None, "--save-result", help="--buckets: write the results as JSON."
@@ -42,6 +39,8 @@ def bench_callback(
     plot: bool = typer.Option(
         False, "--plot", help="--buckets: PNG of memory against bucket (next to --save-result, .png)."
     ),
+    *,
+    knobs: Knobs,
 ) -> None:
     if ctx.invoked_subcommand is not None:
         return
@@ -49,7 +48,13 @@ def bench_callback(
         typer.echo(ctx.get_help())
         raise typer.Exit(0)
     run_bucket_bench(
-        buckets, model, numeric_policy, gpu_memory_utilization, save_result, plot, attention_backend
+        buckets,
+        model,
+        numeric_policy,
+        knobs["gpu_memory_utilization"],
+        save_result,
+        plot,
+        knobs["attention_backend"],
     )
 
 

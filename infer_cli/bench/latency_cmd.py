@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from infer_cli.engine_options import Knobs, knob_options
 from infer_cli.progress import RichProgress
 from kernels.gemm.names import UnknownPolicyError, parse_policies
 
@@ -32,6 +33,7 @@ def _ints(text: str, option: str) -> list[int]:
     return values
 
 
+@knob_options("enforce_eager", "gpu_memory_utilization")
 def bench_latency_command(
     model: Path = typer.Option(
         ..., "--model", help="Checkpoint directory (e.g. from `infer synth ... --device cuda`)."
@@ -41,8 +43,7 @@ def bench_latency_command(
     prefill_lens: str = typer.Option(
         "1024,8192", "--prefill-lens", help="Prompt lengths prefilled in one step."
     ),
-    enforce_eager: bool = typer.Option(False, "--enforce-eager", help="Decode without CUDA graphs."),
-    gpu_memory_utilization: float = typer.Option(0.9, "--gpu-memory-utilization"),
+    # Not the engine knob: a list of policies, one model load each.
     numeric_policy: str = typer.Option(
         "tuned",
         "--numeric-policy",
@@ -55,6 +56,8 @@ def bench_latency_command(
         help="Also profile a few steps of each measurement: device time per kernel category, and the "
         "host gap (the step's time the device spent idle).",
     ),
+    *,
+    knobs: Knobs,
 ) -> None:
     console = Console()
     try:
@@ -68,18 +71,15 @@ def bench_latency_command(
     if not torch.cuda.is_available():
         console.print("[red]infer bench latency needs a CUDA GPU; none is available on this machine.[/red]")
         raise typer.Exit(2)
-    from engine.config import EngineConfig
     from infer_cli.bench.latency import measure_ceilings, results_json
 
     ceilings = measure_ceilings(torch.device("cuda"))
     runs: list[PolicyRun] = []
     facts: RooflineFacts | None = None
     for policy in policies:
-        engine = EngineConfig(
+        engine = knobs.engine_config(
             max_num_seqs=max(batches),
             max_num_batched_tokens=max(*prompts, max(batches)),
-            enforce_eager=enforce_eager,
-            gpu_memory_utilization=gpu_memory_utilization,
             enable_prefix_caching=False,
             numeric_policy=policy,
         )
@@ -101,7 +101,7 @@ def bench_latency_command(
             "model": str(model),
             "device": torch.cuda.get_device_name(),
             "context": context,
-            "graphs": not enforce_eager,
+            "graphs": not knobs["enforce_eager"],
         }
         save_result.write_text(json.dumps(payload, indent=2))
         console.print(f"saved {save_result}")

@@ -23,8 +23,8 @@ from engine.graph_budget import (
     require_fit,
 )
 from engine.memory_budget import GIB, MemoryBudgetError
+from infer_cli.engine_options import Knobs
 from infer_cli.main import app
-from infer_cli.serve_cmd import _engine_config
 from kernels.gemm import NumericPolicy, UnknownPolicyError, parse_policies, parse_policy
 from kernels.gemm.dispatch import invariant_linear, policy_linear
 from kernels.gemm.per_token import per_token_linear
@@ -61,7 +61,7 @@ def test_engine_config_validates_the_policy_name() -> None:
 
 
 def test_serve_flag_reaches_the_engine_config_and_refuses_unknown_names() -> None:
-    config = _engine_config(None, None, None, None, True, numeric_policy="per-token")
+    config = Knobs({"numeric_policy": "per-token"}).engine_config()
     assert config.numeric_policy == "per-token"
     result = CliRunner().invoke(app, ["serve", "--model", "sim", "--numeric-policy", "fastest"])
     assert result.exit_code == 2
