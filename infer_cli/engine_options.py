@@ -4,7 +4,7 @@ A field of `EngineConfig` or `ModelOptions` whose metadata carries a "help" is a
 derived from the field: the flag is `--` and the name with dashes (or the metadata's "flag"), the
 type and the default are the field's, the help is the metadata's. A bool that defaults to False is a
 plain flag (`--enforce-eager`); one that defaults to True also gets its negation
-(`--enable-prefix-caching/--no-enable-prefix-caching`). Fields without a help (`engine`, `page_size`)
+(`--enable-prefix-caching/--no-enable-prefix-caching`). Fields without a help (`engine`, `progress`)
 are not knobs.
 
 `knob_options(...)` adds the knobs a command takes to its options and hands the command their values
@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import sys
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -60,18 +59,10 @@ class Knob:
         )
 
 
-def _field_type(owner: type, f: dataclasses.Field[Any]) -> Any:
-    # Only the knobs' annotations are resolved (not the whole class's, as get_type_hints would), so a
-    # field whose type is only imported for type checking can sit beside them; they are the owner's
-    # own annotations, evaluated in its module as Python would without `from __future__ import annotations`.
-    if not isinstance(f.type, str):
-        return f.type
-    return eval(f.type, dict(vars(sys.modules[owner.__module__])))
-
-
 def knobs_of(owner: type) -> dict[str, Knob]:
     """The knobs among `owner`'s fields (those whose metadata carries a help), in field order."""
     knobs = {}
+    types = typing.get_type_hints(owner)
     for f in dataclasses.fields(owner):
         if HELP not in f.metadata:
             continue
@@ -81,7 +72,7 @@ def knobs_of(owner: type) -> dict[str, Knob]:
         if f.default is dataclasses.MISSING:
             raise TypeError(f"{owner.__name__}.{f.name}: a knob needs a plain default")
         flag = f.metadata.get(FLAG, "--" + f.name.replace("_", "-"))
-        knobs[f.name] = Knob(f.name, owner, _field_type(owner, f), f.default, f.metadata[HELP], flag)
+        knobs[f.name] = Knob(f.name, owner, types[f.name], f.default, f.metadata[HELP], flag)
     return knobs
 
 
