@@ -2,12 +2,8 @@
 
 The scheduler decides which tokens of which requests run this step and where their KV lives; a
 `ModelRunner` runs the forward over exactly that and samples. It never sees queues or lifecycles.
-
-Overlapped prefill (`EngineConfig.async_prefill`) adds one more verb: `launch_prefill` starts a
-forward over prefill rows that runs beside later `execute` calls and hands back a `PrefillHandle`,
-which the scheduler polls (`done`, never blocking) and collects at a later step. A runner with no
-second stream to run on gets the same verb from `launch_prefill(runner, batch)`: the forward runs
-at once and the handle is already done, so the scheduling around it is the same everywhere.
+Overlapped prefill adds `launch_prefill` (docs/engine.md): a runner with no second stream gets it
+from `launch_prefill(runner, batch)`, which runs the forward at once and hands back a done handle.
 """
 
 from __future__ import annotations

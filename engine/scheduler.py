@@ -2,31 +2,16 @@
 
 Each step fills a token budget: decode rows first (oldest admission first), then the next chunks
 of partially prefilled requests, then new admissions (FCFS, while fewer than `max_num_seqs` run).
-Prefill chunks and decode rows share one `StepBatch`. A request is admitted only when every KV
-group can hold the pages of its first chunk. When a running request cannot get its next page, the
-most recently admitted request is preempted by recompute: its pages are dropped (full ones stay in
-the prefix cache) and it returns to the front of the waiting queue, to re-prefill prompt plus
-generated tokens later. Its admission facts and tokens are never emitted twice.
+A request is admitted only when every KV group can hold its first chunk. When a running request
+cannot get its next page, the most recently admitted request is preempted by recompute (its full
+pages stay in the prefix cache) and returns to the front of the queue; the oldest request always
+makes progress, and one that could never fit alone is rejected (`kv_budget`) before admission.
+Every fact goes through the `RequestLedger`; the `ModelRunner` only sees rows.
 
-A preempting request only takes pages from requests admitted after it and not already in this
-step, so the oldest request always makes progress; a request that could never fit alone is
-rejected (`kv_budget`) before admission. `fail_step` fails exactly the requests that had a row in
-the step that raised. Every fact goes through the `RequestLedger`; the `ModelRunner` only sees
-rows.
-
-Overlapped prefill (`EngineConfig.async_prefill`): the step's own forward carries decode rows only.
-Prefill work (the next chunks of partially prefilled requests, then admissions, under a token
-budget of its own, `max_num_batched_tokens`) goes into one side forward at a time, launched through
-`engine.runner.launch_prefill` just before the decode rows run, so the two overlap on the device.
-It is chunked, not whole-prompt: a prompt longer than the budget takes one side forward per chunk,
-each joined before the next is launched. A side forward launched in step k is joined in a later
-step: as soon as its handle is `done`, or by waiting for it when no decode row could run anyway
-(so the driver never spins). Only the join makes its facts: positions computed, pages indexed in
-the prefix cache, the first token. Until then its requests count as running and hold their pages:
-they get no row, are never preempted (a request that needs their pages waits), their sliding
-windows release nothing, and an abort (or a failed step) retires one at once — no terminal, nothing
-more emitted — but leaves its pages allocated until the join, when the forward can no longer touch
-them. `prefill_overlap` counts what happened, for gates and benchmarks.
+Overlapped prefill (`async_prefill`; docs/engine.md tells how and why): prefill work goes into one
+side forward at a time, joined at a later step. Until the join its requests hold their pages, get
+no row, are never preempted and release no window; an abort retires one at once but frees its
+pages only at the join, when the forward can no longer touch them.
 """
 
 from __future__ import annotations
