@@ -22,7 +22,7 @@ import torch
 from engine.forward_batch import ForwardBatch, PagedCausalLM
 from engine.graph_budget import capture_out_of_memory
 from engine.runner import BatchRow
-from engine.step_packer import PackedStep, pack_step
+from engine.step_packer import pack_step
 from kernels.attention.base import AttentionBackend
 from kernels.reference import PagedRows
 
@@ -193,16 +193,16 @@ class GraphedDecode:
             and all(len(t) <= self.max_pages for r in rows for t in r.page_tables)
         )
 
-    def _load(self, step: PackedStep) -> None:
+    def _load(self, step: ForwardBatch) -> None:
         """Copy a packed step (padded to its bucket, planned into the bucket's buffers) into the
         static inputs. Only the page-table columns some row uses are written: entries past a row's
         last page are never read (the prep kernel reads page pos // 16 for pos < kv_len; FlashInfer
         reads the indices it was planned with)."""
-        bucket = step.num_rows
+        bucket = step.num_tokens
         self.input_ids[:bucket].copy_(step.input_ids, non_blocking=True)
         self.positions[:bucket].copy_(step.positions, non_blocking=True)
-        for static, table in zip(self.page_tables, step.page_tables, strict=True):
-            static[:bucket, : table.shape[1]].copy_(table, non_blocking=True)
+        for static, rows in zip(self.page_tables, step.rows, strict=True):
+            static[:bucket, : rows.page_table.shape[1]].copy_(rows.page_table, non_blocking=True)
 
     def _forward(self, bucket: int) -> torch.Tensor:
         return self.model.logits(self.model.forward(self._batches[bucket]))
@@ -250,9 +250,9 @@ class GraphedDecode:
         bucket = bucket_for(rows, self.buckets)
         return None if bucket is None else self._graphs.get(bucket)
 
-    def logits(self, step: PackedStep, live_rows: int, replay: bool = True) -> torch.Tensor:
-        """Float32 logits [live_rows, vocab] of a decode step packed into its bucket."""
-        bucket = step.num_rows
+    def logits(self, step: ForwardBatch, live_rows: int, replay: bool = True) -> torch.Tensor:
+        """Float32 logits [live_rows, vocab] of a decode step packed into its bucket (on the host)."""
+        bucket = step.num_tokens
         if bucket not in self._graphs:
             raise ValueError(f"no graph was captured for bucket {bucket} (buckets {self.buckets})")
         self._load(step)

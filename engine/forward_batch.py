@@ -16,14 +16,33 @@ from kernels.reference import PagedRows
 
 @dataclass(frozen=True, slots=True)
 class ForwardBatch:
-    """One step's device inputs. `rows[g]` says where each token's KV lives in group g;
-    `sample_index` picks the tokens whose logits are needed."""
+    """One step's inputs (engine.step_packer builds them on the host; `to` moves them). `rows[g]`
+    says where each token's KV lives in group g: every group shares `positions` and the rows'
+    sequence index, only page tables differ. `sample_index` picks the tokens whose logits are
+    needed."""
 
     input_ids: torch.Tensor
     positions: torch.Tensor
     rows: tuple[PagedRows, ...]
     sample_index: torch.Tensor
     attention: AttentionBackend
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def to(self, device: torch.device) -> ForwardBatch:
+        def moved(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device, non_blocking=True)
+
+        positions, seq_index = moved(self.positions), moved(self.rows[0].seq_index)
+        return ForwardBatch(
+            input_ids=moved(self.input_ids),
+            positions=positions,
+            rows=tuple(PagedRows(positions, seq_index, moved(r.page_table)) for r in self.rows),
+            sample_index=moved(self.sample_index),
+            attention=self.attention,
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -110,7 +110,7 @@ class PagedModelRunner:
     def _eager_logits(self, rows: Sequence[BatchRow], attention: AttentionBackend) -> torch.Tensor | None:
         """One forward over `rows` through `attention`; None when no row samples."""
         step = pack_step(rows, self.model.kv.attention_specs, attention)
-        hidden = self.model.forward(step.to_device(self.model.device))
+        hidden = self.model.forward(step.to(self.model.device))
         if not any(r.sample for r in rows):
             return None
         return self.model.logits(hidden)
@@ -123,7 +123,7 @@ class PagedModelRunner:
         specs = self.model.kv.attention_specs
         row = BatchRow.whole_prompt("score", token_ids, (tuple(page_table),) * len(specs))
         step = pack_step([row], specs, self.attention, logits_last=len(row.token_ids))
-        return self.model.logits(self.model.forward(step.to_device(self.model.device)))
+        return self.model.logits(self.model.forward(step.to(self.model.device)))
 
 
 class _StreamedPrefill:

@@ -64,7 +64,7 @@ def profile_step(
     rows = min(tokens, config.max_num_seqs)
     with torch.inference_mode():
         step = pack_step([row], specs, attention, logits_last=rows)
-        logits = model.logits(model.forward(step.to_device(model.device)))
+        logits = model.logits(model.forward(step.to(model.device)))
         params = SamplingBatch.pack(
             [RowSampling(SamplingParams(top_p=0.9, top_k=50, logprobs=20), 0, 0)] * rows
         )

@@ -6,14 +6,13 @@ tables are padded and attention is planned one way.
 
 Filler rows (a CUDA-graph bucket's rows past the live ones) are token 0 at position 0 with every
 page-table entry the padding page: they write only page 0 and attend to one token there
-(kernels/kv_layout.py). A per-request state slot (recurrent models) is one more per-row field here,
-filler rows taking slot 0, the padding slot.
+(kernels/kv_layout.py). A per-request state slot (recurrent models) would be one more per-row field
+of `ForwardBatch`, filled here, filler rows taking slot 0, the padding slot.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
@@ -26,37 +25,6 @@ from kernels.reference import PagedRows
 _FILLER_TOKEN = 0
 
 
-@dataclass(frozen=True, slots=True)
-class PackedStep:
-    """One step on the host, padded to `num_rows` rows and planned on `attention`.
-
-    `page_tables[g]` is group g's int32 [num_rows, width] table, `width` the longest row's table;
-    `logit_index` the int64 token indices whose hidden states the step needs."""
-
-    input_ids: torch.Tensor
-    positions: torch.Tensor
-    seq_index: torch.Tensor
-    page_tables: tuple[torch.Tensor, ...]
-    logit_index: torch.Tensor
-    num_rows: int
-    attention: AttentionBackend
-
-    def to_device(self, device: torch.device) -> ForwardBatch:
-        """The step's `ForwardBatch` on `device` (an eager forward's inputs)."""
-
-        def on_device(t: torch.Tensor) -> torch.Tensor:
-            return t.to(device, non_blocking=True)
-
-        positions, seq_index = on_device(self.positions), on_device(self.seq_index)
-        return ForwardBatch(
-            input_ids=on_device(self.input_ids),
-            positions=positions,
-            rows=tuple(PagedRows(positions, seq_index, on_device(t)) for t in self.page_tables),
-            sample_index=on_device(self.logit_index),
-            attention=self.attention,
-        )
-
-
 def pack_step(
     rows: Sequence[BatchRow],
     specs: Sequence[AttentionLayerSpec],
@@ -64,8 +32,9 @@ def pack_step(
     *,
     bucket: int | None = None,
     logits_last: int | None = None,
-) -> PackedStep:
-    """Pack `rows` and plan `attention` for each KV group (`specs[g]` is group g's geometry).
+) -> ForwardBatch:
+    """The step's `ForwardBatch` on the host (`.to(device)` moves it), with `attention` planned for
+    each KV group (`specs[g]` is group g's geometry).
 
     `bucket`: a decode step padded with filler rows to exactly that many rows and planned into the
     bucket's graph buffers. `logits_last=n`: the step's last n tokens get logits (a whole-prompt
@@ -105,12 +74,12 @@ def pack_step(
             )
         )
         attention.plan(g, GroupBatch(q_lens, kv_lens, group_tables, PAGE_SIZE), spec, graph_bucket=bucket)
-    return PackedStep(
+    positions_t = torch.tensor(positions, dtype=torch.int32)
+    seq_index_t = torch.tensor(seq_index, dtype=torch.int32)
+    return ForwardBatch(
         input_ids=torch.tensor(input_ids, dtype=torch.long),
-        positions=torch.tensor(positions, dtype=torch.int32),
-        seq_index=torch.tensor(seq_index, dtype=torch.int32),
-        page_tables=tuple(tables),
-        logit_index=torch.tensor(logit_index, dtype=torch.long),
-        num_rows=num_rows,
+        positions=positions_t,
+        rows=tuple(PagedRows(positions_t, seq_index_t, table) for table in tables),
+        sample_index=torch.tensor(logit_index, dtype=torch.long),
         attention=attention,
     )
