@@ -8,11 +8,10 @@
 # Every call leaves $OUT/runs.tgz (every report, log and plot so far) and prints each step's end.
 # Copy what matters into docs/benchmarks/ with the date, commit, device and command.
 #
-# Order is priority. The default PIPELINE is what closed issue 6 on 2026-12-03: the whole gemma4
-# manifest in one run (25 of 25 at 94f9ecf), the GPU-only kernel tests and Qwen3's two parity gates
-# (all passed at a2a17b6). The gemma4 step takes ~12 min on a fresh machine (synth ~45 s, FlashInfer
-# JIT ~3 min): send each STAGE=wait call at once, with WAIT_S near the 600 s limit, so the machine
-# never idles 30 s. Its JSON report is rewritten after every gate, so each call's runs.tgz carries
+# Order is priority. The default PIPELINE: both manifests at the current commit (the structure
+# issue's GPU point), Qwen3-4B latency, then the GEMM bench. The gemma4 step takes ~12 min on a
+# fresh machine (synth ~45 s, FlashInfer JIT ~3 min): send each STAGE=wait call at once, with
+# WAIT_S near the 600 s limit, so the machine never idles 30 s. Its JSON report is rewritten after every gate, so each call's runs.tgz carries
 # what has passed so far. `git rev-parse` on the device can name an older commit than the tree it
 # runs (2026-12-03); record the commit you sent.
 # The bucket sweep (STAGE=buckets), per-policy start-up (STAGE=startup, STAGE=gemma4-startup),
@@ -37,19 +36,6 @@ gemma4-gates() {
   synth_g4
   infer gates --manifest gemma4 --shared-process --checkpoint $g4 \
     --json $work/gemma4-gates.json --junit $work/gemma4-gates.xml
-}
-gemma4-rest() {  # the gates a machine give-back cut from the 61f079e run (2026-12-03): parity and tokenizer
-  synth_g4
-  infer gates --manifest gemma4 --shared-process --checkpoint $g4 --gate gemma4.layers_match_hf_probes \
-    --gate gemma4.full_forward_matches_hf --gate gemma4.greedy_matches_hf_generate \
-    --gate gemma4.context_waypoints_match_hf --gate gemma4.special_token_ids_match_hf \
-    --gate gemma4.chat_template_matches_hf --gate gemma4.raised_ceiling_serves_past_default \
-    --json $work/gemma4-rest-gates.json --junit $work/gemma4-rest-gates.xml
-}
-gemma4-regret() {  # the two gates whose bound a4c6193 changed (max regret = 2 x p99 bound)
-  synth_g4
-  infer gates --manifest gemma4 --shared-process --checkpoint $g4 --gate gemma4.full_forward_matches_hf \
-    --gate gemma4.raised_ceiling_serves_past_default --json $work/gemma4-regret-gates.json
 }
 qwen3-greedy() {  # the Qwen3 gate that failed on the rounded reference at 3a1aa3d
   synth_q3
@@ -101,6 +87,14 @@ qwen3-gates() {
   infer gates --manifest qwen3 --shared-process --checkpoint $q3 \
     --json $work/qwen3-gates.json --junit $work/qwen3-gates.xml
 }
+qwen3-latency() {  # decode and prefill at the current commit, beside the 0e80bdd/2c80cbe figures
+  synth_q3
+  infer bench latency --model $q3 --batch-sizes 1,8,64 --prefill-lens 1024,8192 --breakdown \
+    --save-result $work/qwen3-4b-latency.json
+}
+gemm() {  # cuBLAS against the skinny Triton GEMM per projection shape and M (infer bench gemm)
+  infer bench gemm --model all --save-result $work/bench-gemm.json --save-dispatch $work/gemm-dispatch.json
+}
 decode-paths() {  # where a served decode parts from a teacher-forced prefill, per attention path
   synth_g4
   python3 docs/benchmarks/scripts/decode_paths.py $g4 --save $work/gemma4-decode-paths.json
@@ -109,7 +103,7 @@ kernels() {
   infer gates --manifest kernels --tier gpu --json $work/kernels-gates.json
   infer bench kernels --save-result $work/bench-kernels.json
 }
-PIPELINE=${PIPELINE:-"gemma4-gates gpu-tests qwen3-greedy"}
+PIPELINE=${PIPELINE:-"qwen3-gates gemma4-gates qwen3-latency gemm"}
 
 # The pipeline, in its own session so it outlives the call; $work/STEP.log per step, and
 # $work/steps.txt a line as each step ends.
@@ -147,7 +141,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gemma4-rest | gemma4-regret | gpu-tests | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | decode-paths | kernels)
+  gemma4-gates | gpu-tests | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | gemm | decode-paths | kernels)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
