@@ -3,8 +3,8 @@
 A decode step of n rows runs in the smallest bucket B >= n, rows n..B-1 filler rows
 (engine.step_packer says what they are). Every bucket reads the same static input buffers (their
 first B rows), loaded from the packed step, and is captured largest first into one shared memory
-pool. The graph covers the model's forward and
-its logits; sampling runs eagerly on the live rows, so the cheapest sampler plan serves each step.
+pool. The graph covers the model's forward and its logits; sampling runs eagerly on the live rows,
+so the cheapest sampler plan serves each step.
 
 `replay=False` runs the same padded buffers eagerly instead of replaying: the graph gate compares
 the two bit for bit.

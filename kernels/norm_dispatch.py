@@ -8,8 +8,7 @@ torch kernels.
 
 ``policy_norms(policy)`` is what a model line hands its model, the way ``policy_linear`` hands it a
 linear: under the end-to-end invariant policies (``invariant``, ``per-token``) these dispatching
-norms; under ``tuned`` and ``pin`` the spec's torch ops on every device, as before the policies
-covered norms, so their numerics do not move.
+norms; under ``tuned`` and ``pin`` the spec's torch ops on every device (docs/numerics.md).
 """
 
 from __future__ import annotations
@@ -77,7 +76,7 @@ class NormOps:
     add_rms_norm: AddRmsNorm
 
 
-# torch ops everywhere: what every model ran before norms followed the numeric policy.
+# The spec's torch ops on every device (tuned, pin).
 REFERENCE_NORMS = NormOps(reference.rms_norm, reference_add_rms_norm)
 # The batch-invariant Triton kernels on CUDA, the spec elsewhere.
 DISPATCHED_NORMS = NormOps(rms_norm, add_rms_norm)
