@@ -3,7 +3,7 @@
 Each row's noise is a pure function of its own seed and step index, so a seeded request draws the
 same tokens whatever batch it lands in, at whatever row, with whatever vocabulary padding. There is
 no `torch.Generator` and no host loop; every op is elementwise over fixed shapes, so the whole
-computation is CUDA-graph capturable (seed and step live in graph input buffers).
+computation could be captured in a CUDA graph.
 
 The hash works on 32-bit words held in int64 tensors. Multiplications are split into 16-bit
 halves so that no intermediate exceeds 2**48: signed int64 overflow is undefined in C++, and we
