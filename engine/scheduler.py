@@ -208,19 +208,30 @@ class BatchScheduler:
 
     def _schedule_decodes(self, rows: list[BatchRow], scheduled: set[int], budget: int) -> tuple[int, bool]:
         """Decode rows, oldest first. Returns (budget left, whether anything was preempted)."""
+        return self._schedule_running(rows, scheduled, budget, decodes=True)
+
+    def _schedule_running(
+        self, rows: list[BatchRow], scheduled: set[int], budget: int, *, decodes: bool
+    ) -> tuple[int, bool]:
+        """Rows for running requests, oldest first: their decode tokens (`decodes`) or their next
+        prefill chunks. Returns (budget left, whether anything was preempted)."""
         preempted = False
         # Iterate by index: preemption shortens the list's tail.
         i = 0
         while i < len(self._running) and budget > 0:
             seq = self._running[i]
             i += 1
-            if not seq.decoding or id(seq) in scheduled:
+            if seq.decoding != decodes or id(seq) in scheduled:
                 continue
-            granted, did_preempt = self._reserve(seq, 1, scheduled, may_preempt_self=True)
+            # A decode needs its one token and may preempt itself (it is then the newest). A
+            # prefill chunk shrinks to what fits, and one that finds no page waits instead of
+            # preempting itself: the rows already scheduled will free or give up pages.
+            want = 1 if decodes else min(len(seq.tokens) - seq.num_computed, budget)
+            granted, did_preempt = self._reserve(seq, want, scheduled, may_preempt_self=decodes)
             preempted |= did_preempt
             if granted == 0:
-                # Either seq was the newest and preempted itself (nothing after it remains), or
-                # the only pages to take are an in-flight prefill's: it waits for the join.
+                # A decode that preempted itself, or whose only pages to take are an in-flight
+                # prefill's (it waits for the join); a prefill with no page to take.
                 continue
             rows.append(self._row(seq, granted))
             scheduled.add(id(seq))
@@ -231,25 +242,10 @@ class BatchScheduler:
         self, rows: list[BatchRow], scheduled: set[int], budget: int, preempted: bool
     ) -> None:
         """Next chunks of partial prefills (oldest first), then admissions (FCFS), under `budget`."""
-        # 2. Continue partial prefills, oldest first.
-        i = 0
-        while i < len(self._running) and budget > 0:
-            seq = self._running[i]
-            i += 1
-            if seq.decoding or id(seq) in scheduled:
-                continue
-            want = min(len(seq.tokens) - seq.num_computed, budget)
-            # A prefill that finds no page waits instead of preempting itself: the rows already
-            # scheduled are making progress and will free or give up pages.
-            granted, did_preempt = self._reserve(seq, want, scheduled, may_preempt_self=False)
-            preempted |= did_preempt
-            if granted == 0:
-                continue
-            rows.append(self._row(seq, granted))
-            scheduled.add(id(seq))
-            budget -= granted
+        budget, chunks_preempted = self._schedule_running(rows, scheduled, budget, decodes=False)
+        preempted |= chunks_preempted
 
-        # 3. Admit from the waiting queue, FCFS. Not in a step that preempted: the pages just
+        # Admit from the waiting queue, FCFS. Not in a step that preempted: the pages just
         # taken back would be handed straight to a request that lost them a moment ago.
         while (
             not preempted and budget > 0 and self._waiting and len(self._running) < self._config.max_num_seqs
