@@ -1,12 +1,6 @@
 """How many KV pages fit: budget = utilisation × device memory − weights − other resident memory −
-activation peak − graphs.
-
-Every term is measured on the device: the weights as allocated before start-up; everything else
-resident when the pool is sized (device memory in use then, less the weights: the CUDA context,
-kernel modules, library workspaces, buffers start-up left behind, other processes); the activation
-term by profiling steps of both shapes serving alternates (engine.paged_startup.measure_activations);
-the graphs by a trial capture (engine.cuda_graphs records the free memory each bucket took). On CPU there is no device to measure and a fixed KV
-allowance is used.
+activation peak − graphs. Every term is measured on the device by start-up (engine.paged_startup;
+docs/engine.md says how); on CPU there is nothing to measure and a fixed KV allowance is used.
 """
 
 from __future__ import annotations
