@@ -2,7 +2,7 @@
 
 Every rule here reads the weight shape [N, K] only, never the row count, so whichever candidate the
 benchmark keeps for a shape serves every M with the same K partition (docs/kernels.md, "The skinny
-GEMM"). The sizes come from the H200 probes in /work/shared/perf-notes.md (2.1, 2.2, 7): about 8 K
+GEMM"). The sizes come from the H200 probes in shared/perf-notes.md (2.1, 2.2, 7): about 8 K
 weight elements (16 KB of bf16) in flight per program, enough programs for 132 SMs, and a fixed
 split-K where N alone gives too few programs (the O and down projections, N = 2560-3840).
 """

@@ -2,7 +2,7 @@
 
 At decode a projection reads its whole weight once for a handful of activation rows, so its time is
 the weight bytes over the memory bandwidth plus what each launch loses ramping up and draining
-(docs/kernels.md, "The skinny GEMM"; /work/shared/perf-notes.md 2.1, 2.2). The kernel is built to
+(docs/kernels.md, "The skinny GEMM"; shared/perf-notes.md 2.1, 2.2). The kernel is built to
 keep weight bytes in flight from its first instruction to its last:
 
 * Grid ``(row blocks, N blocks, K splits)``. A program owns ``block_n`` output columns of
