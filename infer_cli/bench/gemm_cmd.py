@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+
+if TYPE_CHECKING:  # the module imports torch and Triton; the command imports it only once it runs
+    from infer_cli.bench.gemm_timing import GemmBenchResult
 
 # The skinny kernel's row limit (kernels.triton.skinny_gemm.MAX_ROWS; a test holds them equal),
 # written here so that parsing the CLI does not import torch and Triton.
@@ -75,6 +79,14 @@ def bench_gemm_command(
     from infer_cli.bench.gemm_timing import gemm_bench_plan, run_gemm_bench
 
     plan = gemm_bench_plan(models, row_counts, chains=chain)
+
+    def save(result: GemmBenchResult) -> None:
+        # After every shape and chain: a run stopped early still leaves what it measured.
+        if save_result is not None:
+            save_result.write_text(json.dumps(result.to_json(), indent=2) + "\n")
+        if save_dispatch is not None:
+            result.dispatch_table().save(save_dispatch)
+
     progress = Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -88,13 +100,24 @@ def bench_gemm_command(
         def advance(done: str) -> None:
             progress.update(task, advance=1, description=done)
 
-        result = run_gemm_bench(plan, on_step=advance)
+        result = run_gemm_bench(plan, on_step=advance, on_partial=save)
+    save(result)
+    print_result(console, result)
+    for path in (save_result, save_dispatch):
+        if path is not None:
+            console.print(f"saved {path}")
 
+
+def _us(value: float | None, digits: int = 0) -> str:
+    return "—" if value is None else f"{value:,.{digits}f}"
+
+
+def print_result(console: Console, result: GemmBenchResult) -> None:
     shapes = Table(
         title=f"skinny GEMM vs cuBLAS · {result.device} · {result.dtype} · "
         f"copy {result.copy_gb_per_s:,.0f} GB/s (read+write)"
     )
-    for column in (
+    columns = (
         "model",
         "shape",
         "N × K",
@@ -105,7 +128,8 @@ def bench_gemm_command(
         "cuBLAS %",
         "ours %",
         "wins",
-    ):
+    )
+    for column in columns:
         shapes.add_column(column, justify="left" if column in ("model", "shape", "wins") else "right")
     for t in result.timings:
         shapes.add_row(
@@ -131,39 +155,20 @@ def bench_gemm_command(
 
     if result.chains:
         chains = Table(title="whole decode chain (every projection of every layer once, then the LM head)")
-        for column in (
-            "model",
-            "M",
-            "GEMMs",
-            "GB",
-            "floor µs",
-            "cuBLAS µs",
-            "ours µs",
-            "best µs",
-            "cuBLAS %",
-            "ours %",
-            "best %",
-        ):
+        figures = ("cuBLAS µs", "ours µs", "best µs", "cuBLAS %", "ours %", "best %")
+        for column in ("model", "M", "GEMMs", "GB", "floor µs", *figures):
             chains.add_column(column, justify="left" if column == "model" else "right")
         for c in result.chains:
+            times = (c.cublas_us, c.ours_us, c.best_us)
             chains.add_row(
                 c.model,
                 str(c.rows),
                 str(c.gemms),
                 f"{c.bytes_moved / 1e9:.2f}",
-                f"{c.floor_us:,.0f}",
-                f"{c.cublas_us:,.0f}",
-                f"{c.ours_us:,.0f}",
-                f"{c.best_us:,.0f}",
-                f"{c.floor_pct(c.cublas_us):.1f}",
-                f"{c.floor_pct(c.ours_us):.1f}",
-                f"{c.floor_pct(c.best_us):.1f}",
+                _us(c.floor_us),
+                *(_us(us) for us in times),
+                *(_us(c.floor_pct(us), 1) for us in times),
             )
         console.print(chains)
-
-    if save_result is not None:
-        save_result.write_text(json.dumps(result.to_json(), indent=2) + "\n")
-        console.print(f"saved {save_result}")
-    if save_dispatch is not None:
-        result.dispatch_table().save(save_dispatch)
-        console.print(f"saved {save_dispatch}")
+    for failure in result.failures:
+        console.print(f"[yellow]failed: {failure.what}: {failure.error}[/yellow]")

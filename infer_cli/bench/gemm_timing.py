@@ -25,6 +25,9 @@ one: the dispatch table (`kernels.gemm.skinny_dispatch`).
 Then, per model and row count, the whole decode chain (every projection of every layer once, in model
 order, then the LM head; each weight its own tensor) graphed three ways: all cuBLAS, all ours, and
 `SkinnyDispatch` over this run's table.
+
+A graph that fails (a setting Triton cannot build on this device, out of resources) is recorded as a
+`Failure` and the run goes on without it; a candidate that failed at any row count is not chosen.
 """
 
 from __future__ import annotations
@@ -47,7 +50,6 @@ from models.synth.families.gemma4 import GEMMA4
 from models.synth.families.qwen3 import QWEN3
 
 MODEL_NAMES: tuple[str, ...] = ("qwen3-4b", "gemma4-12b")
-ROWS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 MIN_COPIES = 8
 L2_MULTIPLE = 4
 
@@ -187,19 +189,27 @@ class CandidateTiming:
 
 @dataclass(frozen=True, slots=True)
 class ChainTiming:
-    """A model's whole decode chain of GEMMs at one row count."""
+    """A model's whole decode chain of GEMMs at one row count (None: that graph failed)."""
 
     model: str
     rows: int
     gemms: int
     bytes_moved: int
-    cublas_us: float
-    ours_us: float
-    best_us: float
+    cublas_us: float | None
+    ours_us: float | None
+    best_us: float | None
     floor_us: float
 
-    def floor_pct(self, us: float) -> float:
-        return 100 * self.floor_us / us
+    def floor_pct(self, us: float | None) -> float | None:
+        return None if us is None else 100 * self.floor_us / us
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A graph that could not be built or timed; the run goes on without it."""
+
+    what: str
+    error: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,7 +224,9 @@ class GemmBenchResult:
     timings: tuple[GemmTiming, ...]
     candidates: tuple[CandidateTiming, ...]
     chains: tuple[ChainTiming, ...]
+    failures: tuple[Failure, ...]
     measured_at: str
+    complete: bool = True
 
     def dispatch_table(self) -> ChoiceTable:
         return dispatch_table(self.chosen, self.timings, self.dtype, self.device, self.measured_at)
@@ -241,6 +253,8 @@ class GemmBenchResult:
             ],
             "candidates": [asdict(c) for c in self.candidates],
             "chains": [asdict(c) for c in self.chains],
+            "failures": [asdict(f) for f in self.failures],
+            "complete": self.complete,
         }
 
 
@@ -313,6 +327,22 @@ def _random(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, sc
     return torch.randn(shape, dtype=dtype, device=device) * scale
 
 
+def _timed(what: str, calls: Sequence[Callable[[], object]], failures: list[Failure]) -> float | None:
+    """``graph_us(calls)``, or None with the failure recorded (one bad setting must not end the run)."""
+    try:
+        return graph_us(calls)
+    except Exception as exc:  # a compile error, out of resources, or a refused shape: keep going
+        failures.append(Failure(what, f"{type(exc).__name__}: {exc}"))
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class ShapeResult:
+    chosen: SkinnySettings | None  # None: no candidate ran at every row count
+    timings: tuple[GemmTiming, ...]
+    candidates: tuple[CandidateTiming, ...]
+
+
 def time_projection(
     projection: Projection,
     rows: Sequence[int],
@@ -320,8 +350,10 @@ def time_projection(
     dtype: torch.dtype,
     copy_gb_per_s: float,
     l2_bytes: int,
+    failures: list[Failure],
     on_step: Callable[[str], None] | None = None,
-) -> tuple[SkinnySettings, list[GemmTiming], list[CandidateTiming]]:
+) -> ShapeResult:
+    """cuBLAS and every candidate at every row count; the candidate kept (module doc)."""
     from kernels.triton.skinny_gemm import skinny_gemm
 
     n, k = projection.shape
@@ -333,67 +365,69 @@ def time_projection(
     ours: dict[SkinnySettings, dict[int, float]] = {s: {} for s in candidate_settings(n, k)}
     for m in rows:
         x = _random((m, k), dtype, device, 1.0)
-        cublas[m] = graph_us([partial(F.linear, x, w) for w in weights]) / copies
-        for settings, per_row in ours.items():
-            per_row[m] = graph_us([partial(skinny_gemm, x, w, settings) for w in weights]) / copies
-            if on_step is not None:
-                on_step(f"{projection.model} {projection.name} M={m} {settings.label}")
+        what = f"[{n}, {k}] M={m}"
+        us = _timed(f"{what} cuBLAS", [partial(F.linear, x, w) for w in weights], failures)
+        if us is not None:
+            cublas[m] = us / copies
         if on_step is not None:
             on_step(f"{projection.model} {projection.name} M={m} cuBLAS")
+        for settings, per_row in ours.items():
+            calls = [partial(skinny_gemm, x, w, settings) for w in weights]
+            us = _timed(f"{what} {settings.label}", calls, failures)
+            if us is not None:
+                per_row[m] = us / copies
+            if on_step is not None:
+                on_step(f"{projection.model} {projection.name} M={m} {settings.label}")
     del weights
     torch.cuda.empty_cache()
-    chosen = choose_settings(ours, floors)
-    timings = [
+    candidates = tuple(
+        CandidateTiming(n, k, m, s.label, us) for s, per_row in ours.items() for m, us in per_row.items()
+    )
+    complete = {s: per_row for s, per_row in ours.items() if len(per_row) == len(rows)}
+    if not complete:
+        return ShapeResult(None, (), candidates)
+    chosen = choose_settings(complete, floors)
+    timings = tuple(
         GemmTiming(
-            projection.model,
-            projection.name,
-            n,
-            k,
-            m,
-            cublas[m],
-            ours[chosen][m],
-            floors[m],
-            chosen.label,
+            projection.model, projection.name, n, k, m, cublas[m], ours[chosen][m], floors[m], chosen.label
         )
         for m in rows
-    ]
-    candidates = [
-        CandidateTiming(n, k, m, s.label, us) for s, per_row in ours.items() for m, us in per_row.items()
-    ]
-    return chosen, timings, candidates
+        if m in cublas
+    )
+    return ShapeResult(chosen, timings, candidates)
 
 
 def time_decode_chain(
     model: str,
     chain: Sequence[Projection],
-    rows: Sequence[int],
+    m: int,
     chosen: Mapping[tuple[int, int], SkinnySettings],
-    table: ChoiceTable,
-    device: torch.device,
+    weights: Sequence[torch.Tensor],
+    dispatch: SkinnyDispatch,
     dtype: torch.dtype,
     copy_gb_per_s: float,
-    on_step: Callable[[str], None] | None = None,
-) -> list[ChainTiming]:
+    failures: list[Failure],
+) -> ChainTiming:
+    """One model's decode chain at ``m`` rows: all cuBLAS, all ours, and the dispatch."""
     from kernels.triton.skinny_gemm import skinny_gemm
 
-    weights = [(_random(p.shape, dtype, device, p.k**-0.5), chosen[p.shape]) for p in chain]
-    dispatch = SkinnyDispatch(table)
-    element = torch.empty((), dtype=dtype).element_size()
-    results = []
-    for m in rows:
-        xs = {k: _random((m, k), dtype, device, 1.0) for k in {p.k for p in chain}}
-        cublas = graph_us([partial(F.linear, xs[w.shape[1]], w) for w, _ in weights])
-        ours = graph_us([partial(skinny_gemm, xs[w.shape[1]], w, s) for w, s in weights])
-        best = graph_us([partial(dispatch, xs[w.shape[1]], w) for w, _ in weights])
-        moved = chain_bytes(chain, m, element)
-        results.append(
-            ChainTiming(model, m, len(chain), moved, cublas, ours, best, moved / (copy_gb_per_s * 1e3))
-        )
-        if on_step is not None:
-            on_step(f"{model} decode chain M={m}")
-    del weights
-    torch.cuda.empty_cache()
-    return results
+    device = weights[0].device
+    xs = {k: _random((m, k), dtype, device, 1.0) for k in {p.k for p in chain}}
+    what = f"{model} decode chain M={m}"
+    cublas = _timed(f"{what} cuBLAS", [partial(F.linear, xs[w.shape[1]], w) for w in weights], failures)
+    ours: float | None = None
+    missing = sorted({p.shape for p in chain} - set(chosen))
+    if missing:
+        failures.append(Failure(f"{what} ours", f"no skinny settings ran for {missing}"))
+    else:
+        calls = [
+            partial(skinny_gemm, xs[w.shape[1]], w, chosen[p.shape])
+            for p, w in zip(chain, weights, strict=True)
+        ]
+        ours = _timed(f"{what} ours", calls, failures)
+    best = _timed(f"{what} dispatch", [partial(dispatch, xs[w.shape[1]], w) for w in weights], failures)
+    moved = chain_bytes(chain, m, torch.empty((), dtype=dtype).element_size())
+    return ChainTiming(model, m, len(chain), moved, cublas, ours, best, moved / (copy_gb_per_s * 1e3))
 
 
 @dataclass(frozen=True, slots=True)
@@ -436,8 +470,12 @@ def run_gemm_bench(
     plan: GemmBenchPlan,
     dtype: torch.dtype = torch.bfloat16,
     on_step: Callable[[str], None] | None = None,
+    on_partial: Callable[[GemmBenchResult], None] | None = None,
 ) -> GemmBenchResult:
-    """Measure the copy bandwidth, every projection shape, then the decode chains (module doc)."""
+    """Measure the copy bandwidth, every projection shape, then the decode chains (module doc).
+
+    ``on_partial`` hears the result so far after each shape and each chain row count (the command
+    writes it out, so a run stopped early still leaves what it measured)."""
     device = _require_cuda()
     name, l2_bytes = device_facts(device)
     copy_gb_per_s = copy_bandwidth(device)
@@ -446,30 +484,48 @@ def run_gemm_bench(
     chosen: dict[tuple[int, int], SkinnySettings] = {}
     timings: list[GemmTiming] = []
     candidates: list[CandidateTiming] = []
-    for projection in plan.projections:
-        settings, shape_timings, shape_candidates = time_projection(
-            projection, plan.rows, device, dtype, copy_gb_per_s, l2_bytes, on_step
-        )
-        chosen[projection.shape] = settings
-        timings += shape_timings
-        candidates += shape_candidates
-    measured_at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    table = dispatch_table(tuple(chosen.items()), timings, dtype_name(dtype), name, measured_at)
     chains: list[ChainTiming] = []
-    for model, chain in plan.chains:
-        chains += time_decode_chain(
-            model, chain, plan.rows, chosen, table, device, dtype, copy_gb_per_s, on_step
+    failures: list[Failure] = []
+    started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+    def result(complete: bool) -> GemmBenchResult:
+        return GemmBenchResult(
+            device=name,
+            dtype=dtype_name(dtype),
+            copy_gb_per_s=copy_gb_per_s,
+            l2_bytes=l2_bytes,
+            rows=plan.rows,
+            projections=plan.projections,
+            chosen=tuple(chosen.items()),
+            timings=tuple(timings),
+            candidates=tuple(candidates),
+            chains=tuple(chains),
+            failures=tuple(failures),
+            measured_at=started,
+            complete=complete,
         )
-    return GemmBenchResult(
-        device=name,
-        dtype=dtype_name(dtype),
-        copy_gb_per_s=copy_gb_per_s,
-        l2_bytes=l2_bytes,
-        rows=plan.rows,
-        projections=plan.projections,
-        chosen=tuple(chosen.items()),
-        timings=tuple(timings),
-        candidates=tuple(candidates),
-        chains=tuple(chains),
-        measured_at=measured_at,
-    )
+
+    for projection in plan.projections:
+        shape = time_projection(
+            projection, plan.rows, device, dtype, copy_gb_per_s, l2_bytes, failures, on_step
+        )
+        if shape.chosen is not None:
+            chosen[projection.shape] = shape.chosen
+        timings += shape.timings
+        candidates += shape.candidates
+        if on_partial is not None:
+            on_partial(result(complete=False))
+    dispatch = SkinnyDispatch(result(complete=False).dispatch_table())
+    for model, chain in plan.chains:
+        weights = [_random(p.shape, dtype, device, p.k**-0.5) for p in chain]
+        for m in plan.rows:
+            chains.append(
+                time_decode_chain(model, chain, m, chosen, weights, dispatch, dtype, copy_gb_per_s, failures)
+            )
+            if on_step is not None:
+                on_step(f"{model} decode chain M={m}")
+            if on_partial is not None:
+                on_partial(result(complete=False))
+        del weights
+        torch.cuda.empty_cache()
+    return result(complete=True)

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from kernels.triton.skinny_gemm import MAX_ROWS, SkinnySettings, SkinnyShapeError, skinny_gemm
+from kernels.triton.skinny_gemm import MAX_ROWS, SkinnySettings, SkinnyShapeError, json_int, skinny_gemm
 
 log = logging.getLogger("infer.gemm")
 
@@ -83,21 +83,24 @@ class ShapeChoice:
 
     @classmethod
     def from_json(cls, data: Mapping[str, object]) -> ShapeChoice:
-        rows = data["rows"]
-        settings = data["settings"]
+        rows = data.get("rows")
+        settings = data.get("settings")
         if not isinstance(rows, dict) or not isinstance(settings, dict):
             raise DispatchTableError(f"dispatch entry {data}: 'rows' and 'settings' must be objects")
         try:
             parsed = tuple(sorted((int(m), Backend(b)) for m, b in rows.items()))
         except ValueError as exc:
             raise DispatchTableError(f"dispatch entry {data}: {exc}") from None
-        return cls(
-            n=int(data["n"]),  # type: ignore[call-overload]
-            k=int(data["k"]),  # type: ignore[call-overload]
-            dtype=str(data["dtype"]),
-            settings=SkinnySettings.from_json(settings),
-            rows=parsed,
-        )
+        try:
+            return cls(
+                n=json_int(data, "n", 0),
+                k=json_int(data, "k", 0),
+                dtype=str(data["dtype"]),
+                settings=SkinnySettings.from_json(settings),
+                rows=parsed,
+            )
+        except (KeyError, SkinnyShapeError) as exc:
+            raise DispatchTableError(f"dispatch entry {dict(data)}: {exc}") from None
 
 
 @dataclass(frozen=True, slots=True)

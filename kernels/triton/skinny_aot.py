@@ -91,12 +91,12 @@ def compile_gemm(
 
     part = settings.partition(k)
     split = part.split_k > 1
+    split_k_n = part.split_k * n
     constexprs = {
         "BLOCK_M": settings.block_m,
         "BLOCK_N": settings.block_n,
         "BLOCK_K": part.block_k,
         "K_TILES": part.tiles_per_split,
-        "EVEN_K": part.even_k,
         "WHOLE": settings.whole_slice,
         "STORAGE": tl.float32 if split else _STORAGE[dtype],
         "PDL": settings.pdl,
@@ -108,7 +108,13 @@ def compile_gemm(
     pointers = {"x_ptr": _POINTER_TYPES[dtype], "w_ptr": _POINTER_TYPES[dtype], "out_ptr": out_type}
     signature = {name: "constexpr" if name in constexprs else pointers.get(name, "i32") for name in names}
     # x [1, K] contiguous: the runtime sees these values at M = 1.
-    values = {"N": n, "K": k, "stride_xm": k, "stride_om": n, "stride_os": n if split else 0}
+    values = {
+        "N": n,
+        "K": k,
+        "stride_xm": k,
+        "stride_om": split_k_n if split else n,
+        "stride_os": n if split else 0,
+    }
     source = ASTSource(
         fn=_skinny_gemm_kernel,
         signature=signature,

@@ -29,7 +29,7 @@ keep weight bytes in flight from its first instruction to its last:
   a chain. Used only on CUDA, compute capability 9.0 or newer, with a Triton that has the ``gdc_*``
   ops and the ``launch_pdl`` option; never under the interpreter (``pdl_supported``).
 * Split-K (``split_k > 1``): each split writes its fp32 partial sums to a scratch buffer
-  ``[split_k, M, N]``; a second small kernel (PDL too) adds them in the fixed order 0, 1, …,
+  ``[M, split_k, N]``; a second small kernel (PDL too) adds them in the fixed order 0, 1, …,
   split_k − 1 and rounds once. No atomics, so two runs are bit-identical.
 
 Batch invariance by construction: the K partition (tile width, tiles per split, number of splits),
@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -68,7 +69,8 @@ MAX_ROWS = 64
 MAX_TILE_ELEMENTS = 16384
 # K must keep every weight row 16-byte aligned at every dtype (16 fp32 values are 64 bytes).
 K_ALIGN = 16
-REDUCE_BLOCK = 1024
+# Columns per reduce program: N = 2560 at M = 1 still spreads over 10 programs.
+REDUCE_BLOCK = 256
 _STORAGE = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
 
@@ -89,14 +91,17 @@ class KPartition:
     """How one weight shape's K axis is cut: tiles of ``block_k``, ``tiles_per_split`` per split.
 
     Split ``s`` covers columns ``[s · tiles_per_split · block_k, (s + 1) · tiles_per_split · block_k)``
-    clipped to K; the last tile is masked when ``even_k`` is False. A function of K and the settings
-    only: this is what makes the kernel batch-invariant.
+    clipped to K (the loads are masked past K). A function of K and the settings only: this is what
+    makes the kernel batch-invariant.
     """
 
     block_k: int
     tiles_per_split: int
     split_k: int
-    even_k: bool
+
+    def exact(self, k: int) -> bool:
+        """Whether the tiles end exactly at K (no masked tail)."""
+        return self.split_k * self.tiles_per_split * self.block_k == k
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +150,7 @@ class SkinnySettings:
         else:
             block_k = self.block_k
             tiles = triton.cdiv(triton.cdiv(k, block_k), self.split_k)
-        return KPartition(block_k, tiles, self.split_k, even_k=k == self.split_k * tiles * block_k)
+        return KPartition(block_k, tiles, self.split_k)
 
     def problem(self, n: int, k: int) -> str | None:
         """Why these settings cannot run an [n, k] weight; None when they can."""
@@ -166,7 +171,7 @@ class SkinnySettings:
 
     @property
     def label(self) -> str:
-        """Short name for tables: ``n16·whole·s5·w4·pdl``."""
+        """Short name for tables: ``n16·whole·s5·m16·w4·pdl``, ``n32·k256x4·s3·m16·w4·pdl``."""
         k = "whole" if self.block_k is None else f"k{self.block_k}x{self.num_stages}"
         pdl = "pdl" if self.pdl else "nopdl"
         return f"n{self.block_n}·{k}·s{self.split_k}·m{self.block_m}·w{self.num_warps}·{pdl}"
@@ -183,21 +188,28 @@ class SkinnySettings:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, object]) -> SkinnySettings:
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(data) - known)
+    def from_json(cls, data: Mapping[str, object]) -> SkinnySettings:
+        unknown = sorted(set(data) - set(cls.__dataclass_fields__))
         if unknown:
-            raise SkinnyShapeError(f"skinny settings {data}: unknown field(s) {unknown}")
+            raise SkinnyShapeError(f"skinny settings {dict(data)}: unknown field(s) {unknown}")
         block_k = data.get("block_k")
         return cls(
-            block_n=int(data.get("block_n", 16)),  # type: ignore[call-overload]
-            block_k=None if block_k is None else int(block_k),  # type: ignore[call-overload]
-            split_k=int(data.get("split_k", 1)),  # type: ignore[call-overload]
-            block_m=int(data.get("block_m", 16)),  # type: ignore[call-overload]
-            num_warps=int(data.get("num_warps", 4)),  # type: ignore[call-overload]
-            num_stages=int(data.get("num_stages", 1)),  # type: ignore[call-overload]
+            block_n=json_int(data, "block_n", 16),
+            block_k=None if block_k is None else json_int(data, "block_k", 0),
+            split_k=json_int(data, "split_k", 1),
+            block_m=json_int(data, "block_m", 16),
+            num_warps=json_int(data, "num_warps", 4),
+            num_stages=json_int(data, "num_stages", 1),
             pdl=bool(data.get("pdl", True)),
         )
+
+
+def json_int(data: Mapping[str, object], key: str, default: int) -> int:
+    """``data[key]`` (or ``default``) as an int; anything else is refused naming the key."""
+    value = data.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise SkinnyShapeError(f"{key}={value!r}: must be an integer")
+    return value
 
 
 # ------------------------------------------------------------------------------------------- PDL
@@ -230,6 +242,20 @@ def pdl_supported(device: torch.device) -> bool:
 # ---------------------------------------------------------------------------------------- kernels
 
 
+@triton.jit
+def _accumulate(acc, a, w, DOT_FP32: tl.constexpr, IEEE: tl.constexpr):
+    """``acc + a @ w.T`` for an activation tile a [rows, k] and a weight tile w [cols, k], in fp32."""
+    b = tl.trans(w)
+    if DOT_FP32:  # the interpreter's bf16 dot is wrong; fp32 products of bf16/fp16 are exact anyway
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    if IEEE:  # noqa: SIM108 (constexpr branch; each arm is its own tl.dot form)
+        acc = tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        acc = tl.dot(a, b, acc)
+    return acc
+
+
 # M is never specialised: one compiled kernel serves every row count (and no capture compiles).
 @triton.jit(do_not_specialize=["M"])
 def _skinny_gemm_kernel(
@@ -246,7 +272,6 @@ def _skinny_gemm_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     K_TILES: tl.constexpr,
-    EVEN_K: tl.constexpr,
     WHOLE: tl.constexpr,
     STORAGE: tl.constexpr,
     PDL: tl.constexpr,
@@ -260,41 +285,30 @@ def _skinny_gemm_kernel(
         tl.extra.cuda.gdc_launch_dependents()  # the next kernel may start its own weight loads
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    ks = pid_s * (K_TILES * BLOCK_K) + tl.arange(0, BLOCK_K)
+    ks = pid_s * (K_TILES * BLOCK_K) + tl.arange(0, BLOCK_K)  # this split's first tile
     row_ok = rows < M
     col_ok = cols < N
     # Weight offsets in int64: an LM head's N·K passes 2³¹ at larger vocabularies.
     w_tile = w_ptr + cols[:, None].to(tl.int64) * K + ks[None, :]
     x_tile = x_ptr + rows[:, None] * stride_xm + ks[None, :]
-    if WHOLE:  # the program's whole weight slice, requested before anything that waits
-        if EVEN_K:
-            w = tl.load(w_tile, mask=col_ok[:, None], other=0.0)
-        else:
-            w = tl.load(w_tile, mask=col_ok[:, None] & (ks < K)[None, :], other=0.0)
-    if PDL:
-        tl.extra.cuda.gdc_wait()  # x is the previous kernel's output: only now may we read it
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for t in range(K_TILES):  # one trip in whole-slice mode; tiles in a fixed order otherwise
-        k_ok = (ks + t * BLOCK_K) < K
-        if not WHOLE:
-            if EVEN_K:
-                w = tl.load(w_tile + t * BLOCK_K, mask=col_ok[:, None], other=0.0)
-            else:
-                w = tl.load(w_tile + t * BLOCK_K, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-        if EVEN_K:
-            a = tl.load(x_tile + t * BLOCK_K, mask=row_ok[:, None], other=0.0)
-        else:
+    if WHOLE:
+        # The program's whole weight slice, requested before anything that waits.
+        w = tl.load(w_tile, mask=col_ok[:, None] & (ks < K)[None, :], other=0.0)
+        if PDL:
+            tl.extra.cuda.gdc_wait()  # x is the previous kernel's output: only now may we read it
+        a = tl.load(x_tile, mask=row_ok[:, None] & (ks < K)[None, :], other=0.0)
+        acc = _accumulate(acc, a, w, DOT_FP32, IEEE)
+    else:
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+        for t in range(K_TILES):  # the split's tiles in one fixed order, pipelined by Triton
+            k_ok = (ks + t * BLOCK_K) < K
+            w = tl.load(w_tile + t * BLOCK_K, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
             a = tl.load(x_tile + t * BLOCK_K, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        b = tl.trans(w)
-        if DOT_FP32:
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
-        if IEEE:  # noqa: SIM108 (constexpr branch; each arm is its own tl.dot form)
-            acc = tl.dot(a, b, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a, b, acc)
-    # out is y [M, N] (split_k = 1; STORAGE its dtype) or this split's plane of the fp32 scratch
-    # [split_k, M, N] (STORAGE fp32: no rounding). The one rounding is nearest-even on every device.
+            acc = _accumulate(acc, a, w, DOT_FP32, IEEE)
+    # out is y [M, N] (split_k = 1; STORAGE its dtype) or this split's slice of the fp32 scratch
+    # [M, split_k, N] (STORAGE fp32: no rounding). The one rounding is nearest-even on every device.
     out = out_ptr + pid_s * stride_os + rows[:, None] * stride_om + cols[None, :]
     y = _round_to_storage(acc, STORAGE).to(out_ptr.dtype.element_ty)
     tl.store(out, y, mask=row_ok[:, None] & col_ok[None, :])
@@ -320,7 +334,7 @@ def _split_k_reduce_kernel(
         tl.extra.cuda.gdc_wait()  # the partials are the GEMM kernel's output
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
     for s in tl.static_range(SPLIT_K):  # fixed order 0, 1, …, SPLIT_K - 1: deterministic
-        acc += tl.load(partial_ptr + (s * M + row) * N + cols, mask=ok, other=0.0)
+        acc += tl.load(partial_ptr + (row * SPLIT_K + s) * N + cols, mask=ok, other=0.0)
     tl.store(
         y_ptr + row * stride_ym + cols, _round_to_storage(acc, STORAGE).to(y_ptr.dtype.element_ty), mask=ok
     )
@@ -402,7 +416,9 @@ def skinny_gemm(
     if pdl:
         launch["launch_pdl"] = True
     split = part.split_k > 1
-    target = torch.empty(part.split_k, m, n, dtype=torch.float32, device=x.device) if split else y
+    # Scratch [M, split_k, N]: its strides (split_k·N per row, N per split) do not depend on M, so
+    # Triton specialises the kernel the same way at every row count.
+    target = torch.empty(m, part.split_k, n, dtype=torch.float32, device=x.device) if split else y
     grid = (triton.cdiv(m, settings.block_m), triton.cdiv(n, settings.block_n), part.split_k)
     _skinny_gemm_kernel[grid](
         x,
@@ -412,13 +428,12 @@ def skinny_gemm(
         n,
         k,
         x.stride(0),
-        n if split else y.stride(0),
-        m * n if split else 0,
+        part.split_k * n if split else y.stride(0),
+        n if split else 0,
         BLOCK_M=settings.block_m,
         BLOCK_N=settings.block_n,
         BLOCK_K=part.block_k,
         K_TILES=part.tiles_per_split,
-        EVEN_K=part.even_k,
         WHOLE=settings.whole_slice,
         STORAGE=tl.float32 if split else _STORAGE[x.dtype],
         PDL=pdl,

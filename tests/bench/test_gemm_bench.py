@@ -118,6 +118,7 @@ def test_rows_option() -> None:
         with pytest.raises(typer.BadParameter):
             parse_gemm_rows(bad)
     assert gemm_cmd.MAX_ROWS == skinny_module.MAX_ROWS
+    assert gemm_cmd.MODEL_CHOICES == gemm_timing.MODEL_NAMES
 
 
 def test_bad_options_are_refused_before_looking_for_a_gpu() -> None:
@@ -189,6 +190,11 @@ def _fake_cost(call: Callable[[], object]) -> float:
 
 
 def _fake_graph_us(calls: Sequence[Callable[[], object]]) -> float:
+    first = calls[0]
+    assert isinstance(first, partial)
+    settings = first.args[2] if len(first.args) > 2 else None
+    if isinstance(settings, SkinnySettings) and not settings.pdl and first.args[1].shape == (40, 208):
+        raise RuntimeError("out of resources (a fake failure)")
     for call in (calls[0], calls[-1]):
         call()  # the real kernels, under the interpreter
     return sum(_fake_cost(call) for call in calls)
@@ -205,6 +211,14 @@ def test_a_whole_run_with_the_device_timer_replaced(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(gemm_timing, "graph_us", _fake_graph_us)
     monkeypatch.setattr(gemm_timing, "gemm_bench_plan", lambda models, rows, chains: plan)
     result_file, dispatch_file = tmp_path / "gemm.json", tmp_path / "dispatch.json"
+    partial_saves: list[bool] = []
+    save = gemm_timing.GemmBenchResult.to_json
+
+    def counting_save(self: gemm_timing.GemmBenchResult) -> dict[str, object]:
+        partial_saves.append(self.complete)
+        return save(self)
+
+    monkeypatch.setattr(gemm_timing.GemmBenchResult, "to_json", counting_save)
     run = CliRunner().invoke(
         app,
         [
@@ -223,13 +237,20 @@ def test_a_whole_run_with_the_device_timer_replaced(monkeypatch: pytest.MonkeyPa
     saved = json.loads(result_file.read_text())
     for key in ("measured_at", "device", "torch", "triton", "copy_gb_per_s", "timings", "chains"):
         assert key in saved
-    assert saved["device"] == "fake device" and saved["copy_gb_per_s"] == 1000.0
+    assert saved["device"] == "fake device" and saved["copy_gb_per_s"] == 1000.0 and saved["complete"]
+    # The candidate that failed on shape b is named, at both row counts, and the run went on.
+    assert [f["what"] for f in saved["failures"]] == [
+        f"[40, 208] M={m} n16·whole·s1·m16·w4·nopdl" for m in (1, 8)
+    ]
+    assert "failed: [40, 208] M=1" in run.output
     assert len(saved["timings"]) == 4 and all(t["winner"] == "ours" for t in saved["timings"])
     assert all(t["ours_us"] == 5.0 and t["cublas_us"] == 10.0 for t in saved["timings"])
     assert all(c["settings"]["pdl"] for c in saved["chosen"])  # the PDL candidates were cheaper
     chain = saved["chains"]
     assert [c["rows"] for c in chain] == [1, 8] and all(c["gemms"] == 3 for c in chain)
     assert all((c["cublas_us"], c["ours_us"], c["best_us"]) == (30.0, 15.0, 18.0) for c in chain)
+    # Written after each of the 2 shapes and the 2 chain rows (incomplete), then once complete.
+    assert partial_saves == [False] * 4 + [True]
     table = ChoiceTable.load(dispatch_file)
     assert {(c.n, c.k) for c in table.shapes} == {(48, 64), (40, 208)}
     assert all(c.rows == ((1, Backend.OURS), (8, Backend.OURS)) for c in table.shapes)

@@ -126,7 +126,7 @@ def test_matches_the_spec_within_the_reordering_bound(name: str, dtype: torch.dt
 def test_unmasked_k_and_a_full_tile_of_columns() -> None:
     x, w = _operands(17, torch.bfloat16, k=256, n=64)
     for settings in (SkinnySettings(block_k=None, split_k=4), SkinnySettings(block_n=32, block_k=64)):
-        assert settings.partition(256).even_k
+        assert settings.partition(256).exact(256)
         verdict = agreement(skinny_gemm(x, w, settings), reference.linear(x.cpu(), w.cpu()), x, w)
         assert verdict.ok, f"{settings.label}: {verdict}"
 
