@@ -115,7 +115,7 @@ def _us(value: float | None, digits: int = 0) -> str:
 def print_result(console: Console, result: GemmBenchResult) -> None:
     shapes = Table(
         title=f"skinny GEMM vs cuBLAS · {result.device} · {result.dtype} · "
-        f"copy {result.copy_gb_per_s:,.0f} GB/s (read+write)"
+        f"copy {result.copy_gb_per_s:,.0f} GB/s (read+write) · PDL {'on' if result.pdl else 'off'}"
     )
     columns = (
         "model",

@@ -45,7 +45,7 @@ from infer_cli.bench.timing import copy_gb_per_s as copy_bandwidth
 from infer_cli.bench.timing import device_ms
 from kernels.gemm.skinny_candidates import candidate_settings
 from kernels.gemm.skinny_dispatch import Backend, ChoiceTable, ShapeChoice, SkinnyDispatch, dtype_name
-from kernels.triton.skinny_gemm import MAX_ROWS, SkinnySettings
+from kernels.triton.skinny_gemm import MAX_ROWS, SkinnySettings, pdl_supported
 from models.synth.families.gemma4 import GEMMA4
 from models.synth.families.qwen3 import QWEN3
 
@@ -218,6 +218,7 @@ class GemmBenchResult:
     dtype: str
     copy_gb_per_s: float
     l2_bytes: int
+    pdl: bool  # whether launches asking for PDL got it on this device and Triton
     rows: tuple[int, ...]
     projections: tuple[Projection, ...]
     chosen: tuple[tuple[tuple[int, int], SkinnySettings], ...]
@@ -240,6 +241,7 @@ class GemmBenchResult:
             "dtype": self.dtype,
             "copy_gb_per_s": self.copy_gb_per_s,
             "l2_bytes": self.l2_bytes,
+            "pdl": self.pdl,
             "rows": list(self.rows),
             "projections": [asdict(p) for p in self.projections],
             "chosen": [
@@ -478,6 +480,7 @@ def run_gemm_bench(
     writes it out, so a run stopped early still leaves what it measured)."""
     device = _require_cuda()
     name, l2_bytes = device_facts(device)
+    pdl = pdl_supported(device)
     copy_gb_per_s = copy_bandwidth(device)
     if on_step is not None:
         on_step("copy bandwidth")
@@ -494,6 +497,7 @@ def run_gemm_bench(
             dtype=dtype_name(dtype),
             copy_gb_per_s=copy_gb_per_s,
             l2_bytes=l2_bytes,
+            pdl=pdl,
             rows=plan.rows,
             projections=plan.projections,
             chosen=tuple(chosen.items()),

@@ -237,6 +237,7 @@ def test_a_whole_run_with_the_device_timer_replaced(monkeypatch: pytest.MonkeyPa
     saved = json.loads(result_file.read_text())
     for key in ("measured_at", "device", "torch", "triton", "copy_gb_per_s", "timings", "chains"):
         assert key in saved
+    assert saved["pdl"] is False  # a CPU tensor never gets PDL
     assert saved["device"] == "fake device" and saved["copy_gb_per_s"] == 1000.0 and saved["complete"]
     # The candidate that failed on shape b is named, at both row counts, and the run went on.
     assert [f["what"] for f in saved["failures"]] == [

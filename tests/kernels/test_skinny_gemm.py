@@ -35,7 +35,7 @@ from linear_bounds import (
 from kernels import reference
 from kernels.gemm import skinny_dispatch
 from kernels.gemm.skinny_candidates import candidate_settings
-from kernels.gemm.skinny_dispatch import Backend, ChoiceTable, ShapeChoice, SkinnyDispatch
+from kernels.gemm.skinny_dispatch import Backend, ChoiceTable, DispatchTableError, ShapeChoice, SkinnyDispatch
 from kernels.reference import SpecError
 from kernels.triton.skinny_aot import SERVING_SHAPES
 from kernels.triton.skinny_gemm import MAX_ROWS, SkinnySettings, SkinnyShapeError, pdl_supported, skinny_gemm
@@ -304,6 +304,15 @@ def test_dispatch_table_round_trips_through_a_file(tmp_path: Path) -> None:
     assert loaded == table
     assert loaded.lookup(N, K, torch.bfloat16) == table.shapes[0]
     assert loaded.lookup(N, K, torch.float16) is None
+    other = ChoiceTable(shapes=(ShapeChoice(N, 256, "bfloat16", SETTINGS["whole-s1"], ((1, Backend.OURS),)),))
+    merged = ChoiceTable.merged([loaded, other])
+    assert merged.lookup(N, K, torch.bfloat16) == table.shapes[0]
+    assert merged.lookup(N, 256, torch.bfloat16) == other.shapes[0]
+    with pytest.raises(DispatchTableError, match=r"\[40, 208\] bfloat16 twice"):
+        ChoiceTable.merged([loaded, table])
+    path.write_text(path.read_text().replace('"ours"', '"triton"'))
+    with pytest.raises(DispatchTableError, match="triton"):
+        ChoiceTable.load(path)
 
 
 # ----------------------------------------------------------------------------- sm_90 compile check
