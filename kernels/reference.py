@@ -1,4 +1,4 @@
-"""The one host-side statement of the attention-prep ops, in plain torch.
+"""The one host-side statement of the attention-prep ops and of the projection GEMM, in plain torch.
 
 Fast kernels are tested against these functions and model code on the CPU calls them directly, so
 they are written for use, not only for reading: batched over rows, positions per row.
@@ -20,6 +20,9 @@ Rounding points (the storage dtype S is bf16, fp16 or fp32; ``R`` rounds fp32 to
 Kernels must follow exactly these points; they may differ from this file only in the order of the
 fp32 sum inside ``mean(x²)`` and in the last bit of fp32 transcendental functions (which the rope
 table below removes from the comparison altogether).
+
+Linear (the projections and the LM head, ``linear`` at the end): products and their sum in fp32,
+rounded once to the storage dtype.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import enum
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from kernels.kv_layout import K_INDEX, PAGE_SIZE, V_INDEX, check_pool_layer
 
@@ -470,3 +474,27 @@ def attention_prep(
     out = prep_rows(spec, q, k, v, q_norm_weight, k_norm_weight, cos, sin)
     write_kv(kv_pool_layer, paged_slots(rows), out.k, out.v)
     return out
+
+
+# -------------------------------------------------------------------------------------------- linear
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x @ weight.T`` for x [..., K] and weight [N, K]: ``F.linear`` with fp32 accumulation, rounded
+    once (nearest-even) to the storage dtype S of x.
+
+    Every product ``x_k · w_k`` and the whole sum over K are fp32; nothing is rounded to S before the
+    end. For bf16 and fp16 operands each product is exact in fp32 (8 + 8 and 11 + 11 significant bits
+    fit fp32's 24), so a kernel may differ from this function in one thing only: **the order of the
+    fp32 sum** (its K tiling, a split-K's partial sums and the order they are added in; tensor cores
+    add a group of products in one step, whose intermediate rounding is the hardware's). For fp32
+    operands the products round in fp32 too, so a kernel may
+    also differ in whether a product is rounded before it is added (FMA). This function's own order
+    is whatever torch's fp32 GEMM on the host picks; the skinny GEMM's tests hold kernels to what
+    reordering this sum costs, measured (tests/kernels/linear_bounds.py, docs/kernels.md).
+    """
+    if x.dtype != weight.dtype:
+        raise SpecError(f"linear: x dtype {x.dtype} differs from weight dtype {weight.dtype}")
+    if weight.dim() != 2 or x.shape[-1] != weight.shape[1]:
+        raise SpecError(f"linear: x {tuple(x.shape)} and weight {tuple(weight.shape)} do not share K")
+    return F.linear(x.to(torch.float32), weight.to(torch.float32)).to(x.dtype)

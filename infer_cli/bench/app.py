@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from infer_cli.bench.buckets_cmd import run_bucket_bench
+from infer_cli.bench.gemm_cmd import bench_gemm_command
 from infer_cli.bench.kernels_cmd import bench_kernels_command
 from infer_cli.bench.latency_cmd import bench_latency_command
 from infer_cli.bench.serve_cmd import bench_serve_command
@@ -64,4 +65,7 @@ bench_app.command("kernels", help="Time the attention-prep kernels against the c
 )
 bench_app.command("latency", help="Decode step time and prefill throughput against the roofline (GPU).")(
     bench_latency_command
+)
+bench_app.command("gemm", help="Time the skinny Triton GEMM against cuBLAS on the decode projections (GPU).")(
+    bench_gemm_command
 )

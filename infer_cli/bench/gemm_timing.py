@@ -1,0 +1,535 @@
+"""Timing of the skinny GEMM against cuBLAS on the decode projections (`infer bench gemm`).
+
+Shapes: every projection of Qwen3-4B and Gemma 4 12B, read from the synthetic-checkpoint presets
+(`models.synth.families`, dimensions in shared/presets.md): fused QKV (Gemma's global layers: Q and
+K only, K = V), O, fused gate/up, down, and the (tied) LM head. Rows: M = 1, 2, 4, 8, 16, 32, 64.
+
+How one figure is taken: a CUDA graph holds a chain of the same GEMM over ``chain_copies`` distinct
+copies of the weight, and `timing.device_ms` (the one device timer: median, L2 flushed before each
+replay) times its replay; the chain time over the copies is the figure per GEMM. The copies hold
+at least 4× the device's L2 (50 MB on an H200) and are at least 8: no copy can still be in L2 when
+it is read, whatever the flush leaves, and the chain has at least 7 boundaries between GEMMs, which
+is where a launch ramps up and drains and where PDL acts (perf-notes 2.1: the per-kernel loss, not
+the launch, is what separates the kernels). One GEMM alone would time the graph launch and a cold
+start instead. A QKV weight (31 MB) gets 8 copies (4 × 50 MiB is 6.7 copies; at least 8), the O
+projection (21 MB) 10.
+
+The floor of a GEMM is its bytes (the weight, the activations read, the output written, once each)
+over the device-to-device copy bandwidth measured in the same run (`timing.copy_gb_per_s`, read +
+write); "% of floor" is floor time over measured time. For the skinny kernel, every candidate of
+`kernels.gemm.skinny_candidates` is timed and one per weight shape is kept, the one with the lowest
+mean time-over-floor across the measured row counts, never one per row count (that would change the
+K partition with M and lose batch invariance). The row count picks the faster of cuBLAS and that
+one: the dispatch table (`kernels.gemm.skinny_dispatch`).
+
+Then, per model and row count, the whole decode chain (every projection of every layer once, in model
+order, then the LM head; each weight its own tensor) graphed three ways: all cuBLAS, all ours, and
+`SkinnyDispatch` over this run's table.
+
+A graph that fails (a setting Triton cannot build on this device, out of resources) is recorded as a
+`Failure` and the run goes on without it; a candidate that failed at any row count is not chosen.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+
+from infer_cli.bench.timing import copy_gb_per_s as copy_bandwidth
+from infer_cli.bench.timing import device_ms
+from kernels.gemm.skinny_candidates import candidate_settings
+from kernels.gemm.skinny_dispatch import Backend, ChoiceTable, ShapeChoice, SkinnyDispatch, dtype_name
+from kernels.triton.skinny_gemm import MAX_ROWS, SkinnySettings, pdl_supported
+from models.synth.families.gemma4 import GEMMA4
+from models.synth.families.qwen3 import QWEN3
+
+MODEL_NAMES: tuple[str, ...] = ("qwen3-4b", "gemma4-12b")
+MIN_COPIES = 8
+L2_MULTIPLE = 4
+
+
+class BenchUnavailableError(RuntimeError):
+    """The benchmark cannot run here (no CUDA device)."""
+
+
+# ----------------------------------------------------------------------------------------- shapes
+
+
+@dataclass(frozen=True, slots=True)
+class Projection:
+    """One projection weight shape [n, k] of a model, and how many a decode step multiplies."""
+
+    model: str
+    name: str
+    n: int
+    k: int
+    per_step: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.n, self.k)
+
+
+def qwen3_projections(preset: str = "4b") -> tuple[Projection, ...]:
+    f = QWEN3.preset(preset).fields
+    model = f"qwen3-{preset}"
+    hidden, layers, head = f["hidden_size"], f["num_hidden_layers"], f["head_dim"]
+    q, kv = f["num_attention_heads"] * head, f["num_key_value_heads"] * head
+    return (
+        Projection(model, "qkv", q + 2 * kv, hidden, layers),
+        Projection(model, "o", hidden, q, layers),
+        Projection(model, "gate-up", 2 * f["intermediate_size"], hidden, layers),
+        Projection(model, "down", hidden, f["intermediate_size"], layers),
+        Projection(model, "lm-head", f["vocab_size"], hidden, 1),
+    )
+
+
+def gemma4_projections(preset: str = "12b") -> tuple[Projection, ...]:
+    f = GEMMA4.preset(preset).fields
+    model = f"gemma4-{preset}"
+    hidden, heads = f["hidden_size"], f["num_attention_heads"]
+    kinds = list(f["layer_types"])
+    sliding, full = kinds.count("sliding_attention"), kinds.count("full_attention")
+    q_s, kv_s = heads * f["head_dim"], f["num_key_value_heads"] * f["head_dim"]
+    q_g, kv_g = heads * f["global_head_dim"], f["num_global_key_value_heads"] * f["global_head_dim"]
+    global_qkv = q_g + (kv_g if f["attention_k_eq_v"] else 2 * kv_g)  # K = V: no V projection
+    return (
+        Projection(model, "qkv", q_s + 2 * kv_s, hidden, sliding),
+        Projection(model, "o", hidden, q_s, sliding),
+        Projection(model, "qk-global", global_qkv, hidden, full),
+        Projection(model, "o-global", hidden, q_g, full),
+        Projection(model, "gate-up", 2 * f["intermediate_size"], hidden, len(kinds)),
+        Projection(model, "down", hidden, f["intermediate_size"], len(kinds)),
+        Projection(model, "lm-head", f["vocab_size"], hidden, 1),
+    )
+
+
+def model_projections(model: str) -> tuple[Projection, ...]:
+    if model == "qwen3-4b":
+        return qwen3_projections("4b")
+    if model == "gemma4-12b":
+        return gemma4_projections("12b")
+    raise ValueError(f"model {model!r} is not benchmarked; choose one of {', '.join(MODEL_NAMES)}")
+
+
+def decode_chain(model: str) -> list[Projection]:
+    """Every GEMM of one decode step in model order: per layer its projections, then the LM head."""
+    if model == "qwen3-4b":
+        qkv, o, gate_up, down, head = qwen3_projections("4b")
+        return [qkv, o, gate_up, down] * qkv.per_step + [head]
+    qkv, o, qk_g, o_g, gate_up, down, head = gemma4_projections("12b")
+    chain: list[Projection] = []
+    for kind in GEMMA4.preset("12b").fields["layer_types"]:
+        attention = (qkv, o) if kind == "sliding_attention" else (qk_g, o_g)
+        chain += [*attention, gate_up, down]
+    return [*chain, head]
+
+
+# ------------------------------------------------------------------------------------------- bytes
+
+
+def gemm_bytes(n: int, k: int, m: int, element: int = 2) -> int:
+    """What one GEMM must move at least: the weight and x read once, y written once."""
+    return (n * k + m * k + m * n) * element
+
+
+def chain_bytes(chain: Sequence[Projection], m: int, element: int = 2) -> int:
+    return sum(gemm_bytes(p.n, p.k, m, element) for p in chain)
+
+
+def chain_copies(weight_bytes: int, l2_bytes: int) -> int:
+    """Distinct weight copies in one timed chain: at least ``L2_MULTIPLE`` × L2 and ``MIN_COPIES``."""
+    return max(MIN_COPIES, math.ceil(L2_MULTIPLE * l2_bytes / weight_bytes))
+
+
+# ----------------------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True, slots=True)
+class GemmTiming:
+    """One shape at one row count: cuBLAS against the shape's chosen skinny settings."""
+
+    model: str
+    name: str
+    n: int
+    k: int
+    rows: int
+    cublas_us: float
+    ours_us: float
+    floor_us: float
+    settings: str
+
+    @property
+    def cublas_floor_pct(self) -> float:
+        return 100 * self.floor_us / self.cublas_us
+
+    @property
+    def ours_floor_pct(self) -> float:
+        return 100 * self.floor_us / self.ours_us
+
+    @property
+    def winner(self) -> Backend:
+        return Backend.OURS if self.ours_us < self.cublas_us else Backend.CUBLAS
+
+
+@dataclass(frozen=True, slots=True)
+class CandidateTiming:
+    n: int
+    k: int
+    rows: int
+    settings: str
+    us: float
+
+
+@dataclass(frozen=True, slots=True)
+class ChainTiming:
+    """A model's whole decode chain of GEMMs at one row count (None: that graph failed)."""
+
+    model: str
+    rows: int
+    gemms: int
+    bytes_moved: int
+    cublas_us: float | None
+    ours_us: float | None
+    best_us: float | None
+    floor_us: float
+
+    def floor_pct(self, us: float | None) -> float | None:
+        return None if us is None else 100 * self.floor_us / us
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A graph that could not be built or timed; the run goes on without it."""
+
+    what: str
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class GemmBenchResult:
+    device: str
+    dtype: str
+    copy_gb_per_s: float
+    l2_bytes: int
+    pdl: bool  # whether launches asking for PDL got it on this device and Triton
+    rows: tuple[int, ...]
+    projections: tuple[Projection, ...]
+    chosen: tuple[tuple[tuple[int, int], SkinnySettings], ...]
+    timings: tuple[GemmTiming, ...]
+    candidates: tuple[CandidateTiming, ...]
+    chains: tuple[ChainTiming, ...]
+    failures: tuple[Failure, ...]
+    measured_at: str
+    complete: bool = True
+
+    def dispatch_table(self) -> ChoiceTable:
+        return dispatch_table(self.chosen, self.timings, self.dtype, self.device, self.measured_at)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "measured_at": self.measured_at,
+            "device": self.device,
+            "torch": torch.__version__,
+            "triton": _triton_version(),
+            "dtype": self.dtype,
+            "copy_gb_per_s": self.copy_gb_per_s,
+            "l2_bytes": self.l2_bytes,
+            "pdl": self.pdl,
+            "rows": list(self.rows),
+            "projections": [asdict(p) for p in self.projections],
+            "chosen": [
+                {"n": n, "k": k, "label": s.label, "settings": s.to_json()} for (n, k), s in self.chosen
+            ],
+            "timings": [
+                asdict(t)
+                | {"cublas_floor_pct": t.cublas_floor_pct, "ours_floor_pct": t.ours_floor_pct}
+                | {"winner": t.winner.value}
+                for t in self.timings
+            ],
+            "candidates": [asdict(c) for c in self.candidates],
+            "chains": [asdict(c) for c in self.chains],
+            "failures": [asdict(f) for f in self.failures],
+            "complete": self.complete,
+        }
+
+
+def _triton_version() -> str:
+    import triton
+
+    return str(triton.__version__)
+
+
+def choose_settings(
+    times: Mapping[SkinnySettings, Mapping[int, float]], floors: Mapping[int, float]
+) -> SkinnySettings:
+    """The candidate with the lowest mean time-over-floor across the row counts (one per shape)."""
+    if not times:
+        raise ValueError("no candidate was timed")
+
+    def score(settings: SkinnySettings) -> float:
+        per_row = times[settings]
+        return sum(per_row[m] / floors[m] for m in floors) / len(floors)
+
+    return min(times, key=score)
+
+
+def dispatch_table(
+    chosen: Sequence[tuple[tuple[int, int], SkinnySettings]],
+    timings: Sequence[GemmTiming],
+    dtype: str,
+    device: str = "",
+    measured_at: str = "",
+) -> ChoiceTable:
+    """Per shape its chosen settings; per measured row count the faster backend."""
+    shapes = []
+    for (n, k), settings in chosen:
+        rows = tuple(sorted((t.rows, t.winner) for t in timings if (t.n, t.k) == (n, k)))
+        if rows:
+            shapes.append(ShapeChoice(n, k, dtype, settings, rows))
+    return ChoiceTable(shapes=tuple(shapes), device=device, measured_at=measured_at)
+
+
+# ------------------------------------------------------------------------------------------ timing
+
+
+def _require_cuda() -> torch.device:
+    if not torch.cuda.is_available():
+        raise BenchUnavailableError(
+            "infer bench gemm needs a CUDA device; torch.cuda.is_available() is False"
+        )
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def graph_us(calls: Sequence[Callable[[], object]]) -> float:
+    """Median µs of one replay of a CUDA graph holding ``calls`` in order (compiled and warmed first)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # compile, pick cuBLAS algorithms, allocate workspaces
+        for call in calls:
+            call()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    us = device_ms(graph.replay) * 1e3
+    del graph
+    return us
+
+
+def _random(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, scale: float) -> torch.Tensor:
+    return torch.randn(shape, dtype=dtype, device=device) * scale
+
+
+def _timed(what: str, calls: Sequence[Callable[[], object]], failures: list[Failure]) -> float | None:
+    """``graph_us(calls)``, or None with the failure recorded (one bad setting must not end the run)."""
+    try:
+        return graph_us(calls)
+    except Exception as exc:  # a compile error, out of resources, or a refused shape: keep going
+        failures.append(Failure(what, f"{type(exc).__name__}: {exc}"))
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class ShapeResult:
+    chosen: SkinnySettings | None  # None: no candidate ran at every row count
+    timings: tuple[GemmTiming, ...]
+    candidates: tuple[CandidateTiming, ...]
+
+
+def time_projection(
+    projection: Projection,
+    rows: Sequence[int],
+    device: torch.device,
+    dtype: torch.dtype,
+    copy_gb_per_s: float,
+    l2_bytes: int,
+    failures: list[Failure],
+    on_step: Callable[[str], None] | None = None,
+) -> ShapeResult:
+    """cuBLAS and every candidate at every row count; the candidate kept (module doc)."""
+    from kernels.triton.skinny_gemm import skinny_gemm
+
+    n, k = projection.shape
+    element = torch.empty((), dtype=dtype).element_size()
+    copies = chain_copies(n * k * element, l2_bytes)
+    weights = [_random((n, k), dtype, device, k**-0.5) for _ in range(copies)]
+    floors = {m: gemm_bytes(n, k, m, element) / (copy_gb_per_s * 1e3) for m in rows}  # µs
+    cublas: dict[int, float] = {}
+    ours: dict[SkinnySettings, dict[int, float]] = {s: {} for s in candidate_settings(n, k)}
+    for m in rows:
+        x = _random((m, k), dtype, device, 1.0)
+        what = f"[{n}, {k}] M={m}"
+        us = _timed(f"{what} cuBLAS", [partial(F.linear, x, w) for w in weights], failures)
+        if us is not None:
+            cublas[m] = us / copies
+        if on_step is not None:
+            on_step(f"{projection.model} {projection.name} M={m} cuBLAS")
+        for settings, per_row in ours.items():
+            calls = [partial(skinny_gemm, x, w, settings) for w in weights]
+            us = _timed(f"{what} {settings.label}", calls, failures)
+            if us is not None:
+                per_row[m] = us / copies
+            if on_step is not None:
+                on_step(f"{projection.model} {projection.name} M={m} {settings.label}")
+    del weights
+    torch.cuda.empty_cache()
+    candidates = tuple(
+        CandidateTiming(n, k, m, s.label, us) for s, per_row in ours.items() for m, us in per_row.items()
+    )
+    complete = {s: per_row for s, per_row in ours.items() if len(per_row) == len(rows)}
+    if not complete:
+        return ShapeResult(None, (), candidates)
+    chosen = choose_settings(complete, floors)
+    timings = tuple(
+        GemmTiming(
+            projection.model, projection.name, n, k, m, cublas[m], ours[chosen][m], floors[m], chosen.label
+        )
+        for m in rows
+        if m in cublas
+    )
+    return ShapeResult(chosen, timings, candidates)
+
+
+def time_decode_chain(
+    model: str,
+    chain: Sequence[Projection],
+    m: int,
+    chosen: Mapping[tuple[int, int], SkinnySettings],
+    weights: Sequence[torch.Tensor],
+    dispatch: SkinnyDispatch,
+    dtype: torch.dtype,
+    copy_gb_per_s: float,
+    failures: list[Failure],
+) -> ChainTiming:
+    """One model's decode chain at ``m`` rows: all cuBLAS, all ours, and the dispatch."""
+    from kernels.triton.skinny_gemm import skinny_gemm
+
+    device = weights[0].device
+    xs = {k: _random((m, k), dtype, device, 1.0) for k in {p.k for p in chain}}
+    what = f"{model} decode chain M={m}"
+    cublas = _timed(f"{what} cuBLAS", [partial(F.linear, xs[w.shape[1]], w) for w in weights], failures)
+    ours: float | None = None
+    missing = sorted({p.shape for p in chain} - set(chosen))
+    if missing:
+        failures.append(Failure(f"{what} ours", f"no skinny settings ran for {missing}"))
+    else:
+        calls = [
+            partial(skinny_gemm, xs[w.shape[1]], w, chosen[p.shape])
+            for p, w in zip(chain, weights, strict=True)
+        ]
+        ours = _timed(f"{what} ours", calls, failures)
+    best = _timed(f"{what} dispatch", [partial(dispatch, xs[w.shape[1]], w) for w in weights], failures)
+    moved = chain_bytes(chain, m, torch.empty((), dtype=dtype).element_size())
+    return ChainTiming(model, m, len(chain), moved, cublas, ours, best, moved / (copy_gb_per_s * 1e3))
+
+
+@dataclass(frozen=True, slots=True)
+class GemmBenchPlan:
+    """What one run measures: each weight shape once, and the decode chains (empty: none)."""
+
+    rows: tuple[int, ...]
+    projections: tuple[Projection, ...]
+    chains: tuple[tuple[str, tuple[Projection, ...]], ...]
+
+    @property
+    def steps(self) -> int:
+        """Progress steps: the copy bandwidth, each timed graph of the shapes, each chain row count."""
+        per_row = sum(1 + len(candidate_settings(p.n, p.k)) for p in self.projections)
+        return 1 + per_row * len(self.rows) + len(self.chains) * len(self.rows)
+
+
+def gemm_bench_plan(models: Sequence[str], rows: Sequence[int], *, chains: bool = True) -> GemmBenchPlan:
+    """The plan for ``models`` (each shape once, under the first model that has it)."""
+    if any(m < 1 or m > MAX_ROWS for m in rows):
+        raise ValueError(f"row counts {tuple(rows)}: each must lie in 1..{MAX_ROWS}")
+    unique: dict[tuple[int, int], Projection] = {}
+    for model in models:
+        for p in model_projections(model):
+            unique.setdefault(p.shape, p)
+    return GemmBenchPlan(
+        rows=tuple(rows),
+        projections=tuple(unique.values()),
+        chains=tuple((model, tuple(decode_chain(model))) for model in models) if chains else (),
+    )
+
+
+def device_facts(device: torch.device) -> tuple[str, int]:
+    """The device's name and L2 size in bytes."""
+    properties = torch.cuda.get_device_properties(device)
+    return torch.cuda.get_device_name(device), int(getattr(properties, "L2_cache_size", 50 << 20))
+
+
+def run_gemm_bench(
+    plan: GemmBenchPlan,
+    dtype: torch.dtype = torch.bfloat16,
+    on_step: Callable[[str], None] | None = None,
+    on_partial: Callable[[GemmBenchResult], None] | None = None,
+) -> GemmBenchResult:
+    """Measure the copy bandwidth, every projection shape, then the decode chains (module doc).
+
+    ``on_partial`` hears the result so far after each shape and each chain row count (the command
+    writes it out, so a run stopped early still leaves what it measured)."""
+    device = _require_cuda()
+    name, l2_bytes = device_facts(device)
+    pdl = pdl_supported(device)
+    copy_gb_per_s = copy_bandwidth(device)
+    if on_step is not None:
+        on_step("copy bandwidth")
+    chosen: dict[tuple[int, int], SkinnySettings] = {}
+    timings: list[GemmTiming] = []
+    candidates: list[CandidateTiming] = []
+    chains: list[ChainTiming] = []
+    failures: list[Failure] = []
+    started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+    def result(complete: bool) -> GemmBenchResult:
+        return GemmBenchResult(
+            device=name,
+            dtype=dtype_name(dtype),
+            copy_gb_per_s=copy_gb_per_s,
+            l2_bytes=l2_bytes,
+            pdl=pdl,
+            rows=plan.rows,
+            projections=plan.projections,
+            chosen=tuple(chosen.items()),
+            timings=tuple(timings),
+            candidates=tuple(candidates),
+            chains=tuple(chains),
+            failures=tuple(failures),
+            measured_at=started,
+            complete=complete,
+        )
+
+    for projection in plan.projections:
+        shape = time_projection(
+            projection, plan.rows, device, dtype, copy_gb_per_s, l2_bytes, failures, on_step
+        )
+        if shape.chosen is not None:
+            chosen[projection.shape] = shape.chosen
+        timings += shape.timings
+        candidates += shape.candidates
+        if on_partial is not None:
+            on_partial(result(complete=False))
+    dispatch = SkinnyDispatch(result(complete=False).dispatch_table())
+    for model, chain in plan.chains:
+        weights = [_random(p.shape, dtype, device, p.k**-0.5) for p in chain]
+        for m in plan.rows:
+            chains.append(
+                time_decode_chain(model, chain, m, chosen, weights, dispatch, dtype, copy_gb_per_s, failures)
+            )
+            if on_step is not None:
+                on_step(f"{model} decode chain M={m}")
+            if on_partial is not None:
+                on_partial(result(complete=False))
+        del weights
+        torch.cuda.empty_cache()
+    return result(complete=True)

@@ -1,0 +1,208 @@
+"""Chooses cuBLAS or the skinny Triton GEMM per weight shape and row count, from a measured table.
+
+``infer bench gemm --save-dispatch FILE`` writes a ``ChoiceTable``: per weight shape (N, K, dtype)
+one set of ``SkinnySettings`` and, per measured row count, which of ``F.linear`` (cuBLAS) and the
+skinny kernel was faster. ``SkinnyDispatch(table)`` is a ``linear(x, weight)`` that follows it.
+
+* A call with M rows uses the smallest measured row count ≥ M (its "M bucket"); "ours" runs
+  ``skinny_gemm`` with the shape's recorded settings, "cublas" runs ``F.linear``.
+* Anything the table does not cover (no entry for the shape or dtype, M beyond the largest measured
+  bucket, operands the kernel refuses) runs ``F.linear`` and is logged once per shape and reason,
+  naming the shape: never silently, never a wrong result.
+* The settings are one per shape, never per bucket, so every bucket that chose "ours" computes a
+  row the same way: within those buckets the dispatch is batch-invariant. Across a bucket boundary
+  where the choice switches between cuBLAS and ours it is not (docs/kernels.md).
+
+Not wired into any numeric policy or model: that waits for GPU measurements.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from kernels.triton.skinny_gemm import MAX_ROWS, SkinnySettings, SkinnyShapeError, json_int, skinny_gemm
+
+log = logging.getLogger("infer.gemm")
+
+TABLE_FORMAT = "infer-skinny-dispatch/1"
+
+
+class DispatchTableError(ValueError):
+    """A dispatch table that cannot be read; the message names the file or the entry."""
+
+
+class Backend(StrEnum):
+    OURS = "ours"
+    CUBLAS = "cublas"
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+@dataclass(frozen=True, slots=True)
+class ShapeChoice:
+    """One weight shape's settings and, per measured row count (ascending), the faster backend."""
+
+    n: int
+    k: int
+    dtype: str
+    settings: SkinnySettings
+    rows: tuple[tuple[int, Backend], ...]
+
+    def __post_init__(self) -> None:
+        counts = [m for m, _ in self.rows]
+        if not counts or counts != sorted(set(counts)) or counts[0] < 1 or counts[-1] > MAX_ROWS:
+            raise DispatchTableError(
+                f"[{self.n}, {self.k}] {self.dtype}: row counts {counts} must be distinct, ascending, 1..{MAX_ROWS}"
+            )
+
+    def backend(self, m: int) -> tuple[int, Backend] | None:
+        """The bucket for ``m`` rows (the smallest measured row count ≥ m) and its backend."""
+        for bucket, backend in self.rows:
+            if m <= bucket:
+                return bucket, backend
+        return None
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "n": self.n,
+            "k": self.k,
+            "dtype": self.dtype,
+            "settings": self.settings.to_json(),
+            "rows": {str(m): backend.value for m, backend in self.rows},
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, object]) -> ShapeChoice:
+        rows = data.get("rows")
+        settings = data.get("settings")
+        if not isinstance(rows, dict) or not isinstance(settings, dict):
+            raise DispatchTableError(f"dispatch entry {data}: 'rows' and 'settings' must be objects")
+        try:
+            parsed = tuple(sorted((int(m), Backend(b)) for m, b in rows.items()))
+        except ValueError as exc:
+            raise DispatchTableError(f"dispatch entry {data}: {exc}") from None
+        try:
+            return cls(
+                n=json_int(data, "n", 0),
+                k=json_int(data, "k", 0),
+                dtype=str(data["dtype"]),
+                settings=SkinnySettings.from_json(settings),
+                rows=parsed,
+            )
+        except (KeyError, SkinnyShapeError) as exc:
+            raise DispatchTableError(f"dispatch entry {dict(data)}: {exc}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class ChoiceTable:
+    """Every measured shape's choice, plus where it was measured (informational)."""
+
+    shapes: tuple[ShapeChoice, ...]
+    device: str = ""
+    measured_at: str = ""
+    _index: dict[tuple[int, int, str], ShapeChoice] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        index: dict[tuple[int, int, str], ShapeChoice] = {}
+        for choice in self.shapes:
+            key = (choice.n, choice.k, choice.dtype)
+            if key in index:
+                raise DispatchTableError(
+                    f"dispatch table lists [{choice.n}, {choice.k}] {choice.dtype} twice"
+                )
+            index[key] = choice
+        object.__setattr__(self, "_index", index)
+
+    def lookup(self, n: int, k: int, dtype: torch.dtype) -> ShapeChoice | None:
+        return self._index.get((n, k, dtype_name(dtype)))
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "format": TABLE_FORMAT,
+            "device": self.device,
+            "measured_at": self.measured_at,
+            "shapes": [choice.to_json() for choice in self.shapes],
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, object]) -> ChoiceTable:
+        if data.get("format") != TABLE_FORMAT:
+            raise DispatchTableError(
+                f"dispatch table format {data.get('format')!r}; expected {TABLE_FORMAT!r}"
+            )
+        shapes = data.get("shapes")
+        if not isinstance(shapes, list):
+            raise DispatchTableError("dispatch table: 'shapes' must be a list")
+        return cls(
+            shapes=tuple(ShapeChoice.from_json(entry) for entry in shapes),
+            device=str(data.get("device", "")),
+            measured_at=str(data.get("measured_at", "")),
+        )
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(self.to_json(), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> ChoiceTable:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise DispatchTableError(f"dispatch table {path}: {exc}") from None
+        return cls.from_json(data)
+
+    @classmethod
+    def merged(cls, tables: Iterable[ChoiceTable]) -> ChoiceTable:
+        """One table holding every shape of ``tables`` (a shape in two tables is refused)."""
+        held = tuple(tables)
+        return cls(
+            shapes=tuple(choice for table in held for choice in table.shapes),
+            device=", ".join(sorted({t.device for t in held if t.device})),
+            measured_at=", ".join(sorted({t.measured_at for t in held if t.measured_at})),
+        )
+
+
+class SkinnyDispatch:
+    """``linear(x, weight)`` for x [..., K]: the table's backend per shape and M bucket, else F.linear."""
+
+    def __init__(self, table: ChoiceTable) -> None:
+        self.table = table
+        self._logged: set[tuple[int, int, str, str]] = set()
+
+    def _fall_back(self, x: torch.Tensor, weight: torch.Tensor, kind: str, why: str) -> torch.Tensor:
+        n, k = int(weight.shape[0]), int(weight.shape[-1])
+        key = (n, k, dtype_name(weight.dtype), kind)
+        if key not in self._logged:
+            self._logged.add(key)
+            log.warning("skinny GEMM: weight [%d, %d] %s runs F.linear: %s", n, k, key[2], why)
+        return F.linear(x, weight)
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if weight.dim() != 2:
+            return F.linear(x, weight)  # not a projection; F.linear states its own errors
+        n, k = int(weight.shape[0]), int(weight.shape[1])
+        choice = self.table.lookup(n, k, weight.dtype)
+        if choice is None:
+            return self._fall_back(x, weight, "no entry", "no entry in the dispatch table")
+        rows = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
+        m = rows.shape[0]
+        picked = choice.backend(m)
+        if picked is None:
+            largest = choice.rows[-1][0]
+            return self._fall_back(x, weight, "rows", f"M={m} is beyond the largest measured M={largest}")
+        if picked[1] is Backend.CUBLAS:
+            return F.linear(x, weight)
+        try:
+            y = skinny_gemm(rows, weight, choice.settings)
+        except SkinnyShapeError as exc:
+            return self._fall_back(x, weight, "refused", str(exc))
+        return y.reshape(*x.shape[:-1], n)

@@ -1,0 +1,184 @@
+"""Compile the skinny GEMM for sm_90 on a machine without a GPU, and check what the PTX holds.
+
+The interpreter accepts programs the GPU compiler rejects, and it cannot show the two things the
+kernel is built on: 16-byte weight loads and the PDL instructions. This compiles each launch
+setting the benchmark tries (``kernels.gemm.skinny_candidates``) at the serving shapes, PDL on, down to
+a cubin with the ptxas that ships with Triton, and checks the PTX for ``griddepcontrol.wait`` /
+``griddepcontrol.launch_dependents`` and for 128-bit global loads. It specialises as the runtime
+JIT does on those shapes: pointers and the integer arguments that are multiples of 16 are marked
+divisible by 16 (M is never specialised). Run without ``TRITON_INTERPRET``:
+``python -m kernels.triton.skinny_aot``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.gemm.skinny_candidates import candidate_settings
+from kernels.triton.skinny_gemm import (
+    REDUCE_BLOCK,
+    SkinnySettings,
+    _skinny_gemm_kernel,
+    _split_k_reduce_kernel,
+    interpreted,
+)
+
+_POINTER_TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32"}
+_STORAGE = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
+
+# The projection shapes of Qwen3-4B and Gemma 4 12B (shared/presets.md), [N, K].
+SERVING_SHAPES: tuple[tuple[int, int], ...] = (
+    (6144, 2560),
+    (2560, 4096),
+    (19456, 2560),
+    (2560, 9728),
+    (151936, 2560),
+    (8192, 3840),
+    (8704, 3840),
+    (3840, 4096),
+    (3840, 8192),
+    (30720, 3840),
+    (3840, 15360),
+    (262144, 3840),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledVariant:
+    n: int
+    k: int
+    settings: SkinnySettings
+    ptx: str
+    has_cubin: bool
+
+    @property
+    def vector_loads(self) -> int:
+        """16-byte global loads in the PTX: ``ld.global.v4.b32`` into registers (whole-slice mode)
+        or ``cp.async ... 0x10`` into shared memory (K-loop mode's software pipeline)."""
+        return sum(1 for line in self.ptx.splitlines() if _is_16_byte_load(line))
+
+    @property
+    def waits(self) -> bool:
+        return "griddepcontrol.wait" in self.ptx and "griddepcontrol.launch_dependents" in self.ptx
+
+
+def _is_16_byte_load(line: str) -> bool:
+    if "ld.global" in line:
+        return ".v4.b32" in line or ".v2.b64" in line
+    return "cp.async" in line and ".global" in line and "0x10" in line
+
+
+def _attrs(names: list[str], values: dict[str, int]) -> dict[tuple[int, ...], list[list[object]]]:
+    aligned = [name for name in names if name.endswith("_ptr")]
+    aligned += [name for name, value in values.items() if value % 16 == 0]
+    return {(names.index(name),): [["tt.divisibility", 16]] for name in aligned}
+
+
+def compile_gemm(
+    n: int, k: int, settings: SkinnySettings, dtype: torch.dtype = torch.bfloat16, *, arch: int = 90
+) -> CompiledVariant:
+    """The GEMM kernel for an [n, k] weight under ``settings``, PDL on, compiled for ``sm_{arch}``."""
+    if interpreted():
+        raise RuntimeError("ahead-of-time compilation needs TRITON_INTERPRET unset")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    part = settings.partition(k)
+    split = part.split_k > 1
+    split_k_n = part.split_k * n
+    constexprs = {
+        "BLOCK_M": settings.block_m,
+        "BLOCK_N": settings.block_n,
+        "BLOCK_K": part.block_k,
+        "K_TILES": part.tiles_per_split,
+        "WHOLE": settings.whole_slice,
+        "STORAGE": tl.float32 if split else _STORAGE[dtype],
+        "PDL": settings.pdl,
+        "DOT_FP32": False,
+        "IEEE": dtype == torch.float32,
+    }
+    names = list(_skinny_gemm_kernel.arg_names)
+    out_type = "*fp32" if split else _POINTER_TYPES[dtype]
+    pointers = {"x_ptr": _POINTER_TYPES[dtype], "w_ptr": _POINTER_TYPES[dtype], "out_ptr": out_type}
+    signature = {name: "constexpr" if name in constexprs else pointers.get(name, "i32") for name in names}
+    # x [1, K] contiguous: the runtime sees these values at M = 1.
+    values = {
+        "N": n,
+        "K": k,
+        "stride_xm": k,
+        "stride_om": split_k_n if split else n,
+        "stride_os": n if split else 0,
+    }
+    source = ASTSource(
+        fn=_skinny_gemm_kernel,
+        signature=signature,
+        constexprs={(names.index(name),): value for name, value in constexprs.items()},
+        attrs=_attrs(names, values),
+    )
+    options = {
+        "num_warps": settings.num_warps,
+        "num_stages": settings.num_stages,
+        "launch_pdl": settings.pdl,
+        "enable_fp_fusion": False,
+    }
+    kernel = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
+    return CompiledVariant(n, k, settings, kernel.asm["ptx"], bool(kernel.asm.get("cubin")))
+
+
+def compile_reduce(n: int, split_k: int, dtype: torch.dtype = torch.bfloat16, *, arch: int = 90) -> str:
+    """PTX of the split-K reduce kernel, PDL on."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    constexprs = {"SPLIT_K": split_k, "BLOCK": REDUCE_BLOCK, "STORAGE": _STORAGE[dtype], "PDL": True}
+    names = list(_split_k_reduce_kernel.arg_names)
+    pointers = {"partial_ptr": "*fp32", "y_ptr": _POINTER_TYPES[dtype]}
+    signature = {name: "constexpr" if name in constexprs else pointers.get(name, "i32") for name in names}
+    source = ASTSource(
+        fn=_split_k_reduce_kernel,
+        signature=signature,
+        constexprs={(names.index(name),): value for name, value in constexprs.items()},
+        attrs=_attrs(names, {"N": n, "stride_ym": n}),
+    )
+    kernel = triton.compile(
+        source,
+        target=GPUTarget("cuda", arch, 32),
+        options={"num_warps": 4, "launch_pdl": True, "enable_fp_fusion": False},
+    )
+    return str(kernel.asm["ptx"])
+
+
+def main() -> int:
+    failures = []
+    for n, k in SERVING_SHAPES:
+        for settings in candidate_settings(n, k):
+            variant = compile_gemm(n, k, settings)
+            problems = []
+            if not variant.has_cubin:
+                problems.append("no cubin")
+            if settings.pdl and not variant.waits:
+                problems.append("no griddepcontrol instructions")
+            if variant.vector_loads == 0:
+                problems.append("no 128-bit global loads")
+            if problems:
+                failures.append(f"[{n}, {k}] {settings.label}: {', '.join(problems)}")
+            print(f"compiled [{n}, {k}] {settings.label}: {variant.vector_loads} vector loads")
+            if settings.split_k > 1:
+                ptx = compile_reduce(n, settings.split_k)
+                if "griddepcontrol.wait" not in ptx:
+                    failures.append(f"[{n}, {k}] reduce split_k={settings.split_k}: no griddepcontrol.wait")
+    for failure in failures:
+        print(f"FAILED {failure}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        sys.exit("unset TRITON_INTERPRET: the compile check builds real GPU code")
+    sys.exit(main())

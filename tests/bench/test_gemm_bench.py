@@ -1,0 +1,257 @@
+"""`infer bench gemm` on the CPU: the shape table, the bytes behind every floor, the options, the
+choice of settings and of backends, the refusal without a GPU, and one whole run with the device
+timer replaced (the kernels themselves run under the interpreter)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from functools import partial
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+import typer
+from typer.testing import CliRunner
+
+from infer_cli.bench import gemm_cmd, gemm_timing
+from infer_cli.bench.gemm_cmd import parse_gemm_rows, parse_models
+from infer_cli.bench.gemm_timing import (
+    GemmBenchPlan,
+    GemmTiming,
+    Projection,
+    chain_bytes,
+    chain_copies,
+    choose_settings,
+    decode_chain,
+    dispatch_table,
+    gemm_bench_plan,
+    gemm_bytes,
+    model_projections,
+)
+from infer_cli.main import app
+from kernels.gemm.skinny_dispatch import Backend, ChoiceTable
+from kernels.triton import skinny_gemm as skinny_module
+from kernels.triton.skinny_gemm import SkinnySettings
+
+MIB = 1 << 20
+
+
+def _shapes(model: str) -> list[tuple[str, int, int, int]]:
+    return [(p.name, p.n, p.k, p.per_step) for p in model_projections(model)]
+
+
+def test_qwen3_4b_projection_shapes() -> None:
+    # hidden 2560, q 32·128 = 4096, kv 8·128 = 1024, intermediate 9728, vocab 151936, 36 layers.
+    assert _shapes("qwen3-4b") == [
+        ("qkv", 6144, 2560, 36),
+        ("o", 2560, 4096, 36),
+        ("gate-up", 19456, 2560, 36),
+        ("down", 2560, 9728, 36),
+        ("lm-head", 151936, 2560, 1),
+    ]
+
+
+def test_gemma4_12b_projection_shapes_come_from_the_preset() -> None:
+    # hidden 3840, 16 heads; sliding: head dim 256, 8 KV heads; global: head dim 512, one K = V head
+    # (no V projection); intermediate 15360; vocab 262144; 48 layers, every sixth global.
+    assert _shapes("gemma4-12b") == [
+        ("qkv", 8192, 3840, 40),
+        ("o", 3840, 4096, 40),
+        ("qk-global", 8704, 3840, 8),
+        ("o-global", 3840, 8192, 8),
+        ("gate-up", 30720, 3840, 48),
+        ("down", 3840, 15360, 48),
+        ("lm-head", 262144, 3840, 1),
+    ]
+
+
+def test_decode_chains_hold_every_projection_of_every_layer_once_in_model_order() -> None:
+    qwen = decode_chain("qwen3-4b")
+    assert len(qwen) == 36 * 4 + 1
+    assert [p.name for p in qwen[:5]] == ["qkv", "o", "gate-up", "down", "qkv"]
+    assert qwen[-1].name == "lm-head"
+    gemma = decode_chain("gemma4-12b")
+    assert len(gemma) == 48 * 4 + 1
+    attention = [p.name for p in gemma[::4][:48]]
+    assert [i for i, name in enumerate(attention) if name == "qk-global"] == [5, 11, 17, 23, 29, 35, 41, 47]
+    for model in ("qwen3-4b", "gemma4-12b"):
+        counts = {p.name: p.per_step for p in model_projections(model)}
+        assert {name: sum(p.name == name for p in decode_chain(model)) for name in counts} == counts
+
+
+def test_bytes_count_the_weight_and_the_activations_once() -> None:
+    assert gemm_bytes(6144, 2560, 1) == (6144 * 2560 + 2560 + 6144) * 2
+    assert gemm_bytes(2560, 9728, 64) == (2560 * 9728 + 64 * 9728 + 64 * 2560) * 2
+    # Qwen3-4B's weights per decode step, 8.04 GB (perf-notes' "bytes/step"), plus x and y per GEMM.
+    weights = 2 * (36 * (6144 * 2560 + 2560 * 4096 + 19456 * 2560 + 2560 * 9728) + 151936 * 2560)
+    assert weights == 8_044_544_000
+    chain = decode_chain("qwen3-4b")
+    assert chain_bytes(chain, 1) == weights + 2 * sum(p.k + p.n for p in chain)
+
+
+def test_chain_copies_exceed_four_l2s_and_at_least_eight() -> None:
+    l2 = 50 * MIB
+    assert chain_copies(2560 * 4096 * 2, l2) == 10  # O projection, 21 MB
+    assert chain_copies(6144 * 2560 * 2, l2) == 8  # QKV, 31 MB: 6.7 would do, 8 is the floor
+    assert chain_copies(151936 * 2560 * 2, l2) == 8
+    for n, k in ((2560, 4096), (6144, 2560), (3840, 4096)):
+        assert chain_copies(n * k * 2, l2) * n * k * 2 >= 4 * l2
+
+
+# ------------------------------------------------------------------------------------------ options
+
+
+def test_model_option() -> None:
+    assert parse_models("all") == ("qwen3-4b", "gemma4-12b")
+    assert parse_models("gemma4-12b") == ("gemma4-12b",)
+    with pytest.raises(typer.BadParameter, match="llama"):
+        parse_models("llama")
+
+
+def test_rows_option() -> None:
+    assert parse_gemm_rows(None) == (1, 2, 4, 8, 16, 32, 64)
+    assert parse_gemm_rows("1,8,64") == (1, 8, 64)
+    assert parse_gemm_rows("64, 1,1") == (1, 64)
+    for bad in ("0", "65", "1,x", ""):
+        with pytest.raises(typer.BadParameter):
+            parse_gemm_rows(bad)
+    assert gemm_cmd.MAX_ROWS == skinny_module.MAX_ROWS
+    assert gemm_cmd.MODEL_CHOICES == gemm_timing.MODEL_NAMES
+
+
+def test_bad_options_are_refused_before_looking_for_a_gpu() -> None:
+    result = CliRunner().invoke(app, ["bench", "gemm", "--rows", "1,128"])
+    assert result.exit_code == 2
+    assert "1..64" in result.output
+
+
+def test_without_a_gpu_the_command_refuses_clearly(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    result = CliRunner().invoke(app, ["bench", "gemm"])
+    assert result.exit_code == 2
+    assert "needs a CUDA GPU" in result.output
+
+
+def test_the_plan_measures_each_shape_once() -> None:
+    plan = gemm_bench_plan(("qwen3-4b", "gemma4-12b"), (1, 8, 64))
+    assert len(plan.projections) == 12
+    assert [model for model, _ in plan.chains] == ["qwen3-4b", "gemma4-12b"]
+    assert gemm_bench_plan(("qwen3-4b",), (1,), chains=False).chains == ()
+    with pytest.raises(ValueError, match=r"1\.\.64"):
+        gemm_bench_plan(("qwen3-4b",), (65,))
+
+
+# --------------------------------------------------------------------------- choices from timings
+
+
+def test_one_setting_per_shape_by_mean_time_over_floor() -> None:
+    fast_small = SkinnySettings(block_k=None, split_k=4)
+    fast_large = SkinnySettings(block_k=64)
+    floors = {1: 10.0, 64: 100.0}
+    # Mean time over floor, not total time: 1.0× and 1.3× the floor (mean 1.15, 140 µs in all) beats
+    # 2.0× and 1.0× (mean 1.5, 120 µs in all), so batch 1 is not drowned by batch 64's longer time.
+    times = {fast_small: {1: 10.0, 64: 130.0}, fast_large: {1: 20.0, 64: 100.0}}
+    assert choose_settings(times, floors) == fast_small
+    times = {fast_small: {1: 10.0, 64: 160.0}, fast_large: {1: 15.0, 64: 100.0}}  # 1.3 against 1.25
+    assert choose_settings(times, floors) == fast_large
+
+
+def test_the_dispatch_table_takes_the_faster_backend_per_row_count() -> None:
+    settings = SkinnySettings(block_k=None, split_k=5)
+    timings = [
+        GemmTiming(
+            "m", "qkv", 6144, 2560, 1, cublas_us=10.0, ours_us=8.0, floor_us=7.0, settings=settings.label
+        ),
+        GemmTiming(
+            "m", "qkv", 6144, 2560, 64, cublas_us=10.0, ours_us=12.0, floor_us=8.0, settings=settings.label
+        ),
+    ]
+    table = dispatch_table([((6144, 2560), settings)], timings, "bfloat16")
+    choice = table.lookup(6144, 2560, torch.bfloat16)
+    assert choice is not None and choice.settings == settings
+    assert choice.rows == ((1, Backend.OURS), (64, Backend.CUBLAS))
+
+
+# ------------------------------------------------------------------- a whole run, timer replaced
+
+
+def _fake_cost(call: Callable[[], object]) -> float:
+    """µs a fake device charges: cuBLAS 10; ours 5 with PDL, 9 without; the dispatch 6."""
+    assert isinstance(call, partial)
+    if call.func is F.linear:
+        return 10.0
+    if isinstance(call.func, gemm_timing.SkinnyDispatch):
+        return 6.0
+    settings = call.args[2]
+    assert isinstance(settings, SkinnySettings)
+    return 5.0 if settings.pdl else 9.0
+
+
+def _fake_graph_us(calls: Sequence[Callable[[], object]]) -> float:
+    first = calls[0]
+    assert isinstance(first, partial)
+    settings = first.args[2] if len(first.args) > 2 else None
+    if isinstance(settings, SkinnySettings) and not settings.pdl and first.args[1].shape == (40, 208):
+        raise RuntimeError("out of resources (a fake failure)")
+    for call in (calls[0], calls[-1]):
+        call()  # the real kernels, under the interpreter
+    return sum(_fake_cost(call) for call in calls)
+
+
+def test_a_whole_run_with_the_device_timer_replaced(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    a = Projection("tiny", "a", 48, 64, 2)
+    b = Projection("tiny", "b", 40, 208, 1)
+    plan = GemmBenchPlan(rows=(1, 8), projections=(a, b), chains=(("tiny", (a, b, a)),))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gemm_timing, "_require_cuda", lambda: torch.device("cpu"))
+    monkeypatch.setattr(gemm_timing, "device_facts", lambda device: ("fake device", MIB))
+    monkeypatch.setattr(gemm_timing, "copy_bandwidth", lambda device: 1000.0)
+    monkeypatch.setattr(gemm_timing, "graph_us", _fake_graph_us)
+    monkeypatch.setattr(gemm_timing, "gemm_bench_plan", lambda models, rows, chains: plan)
+    result_file, dispatch_file = tmp_path / "gemm.json", tmp_path / "dispatch.json"
+    partial_saves: list[bool] = []
+    save = gemm_timing.GemmBenchResult.to_json
+
+    def counting_save(self: gemm_timing.GemmBenchResult) -> dict[str, object]:
+        partial_saves.append(self.complete)
+        return save(self)
+
+    monkeypatch.setattr(gemm_timing.GemmBenchResult, "to_json", counting_save)
+    run = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "gemm",
+            "--rows",
+            "1,8",
+            "--save-result",
+            str(result_file),
+            "--save-dispatch",
+            str(dispatch_file),
+        ],
+    )
+    assert run.exit_code == 0, run.output
+    assert "skinny GEMM vs cuBLAS" in run.output and "whole decode chain" in run.output
+    saved = json.loads(result_file.read_text())
+    for key in ("measured_at", "device", "torch", "triton", "copy_gb_per_s", "timings", "chains"):
+        assert key in saved
+    assert saved["pdl"] is False  # a CPU tensor never gets PDL
+    assert saved["device"] == "fake device" and saved["copy_gb_per_s"] == 1000.0 and saved["complete"]
+    # The candidate that failed on shape b is named, at both row counts, and the run went on.
+    assert [f["what"] for f in saved["failures"]] == [
+        f"[40, 208] M={m} n16·whole·s1·m16·w4·nopdl" for m in (1, 8)
+    ]
+    assert "failed: [40, 208] M=1" in run.output
+    assert len(saved["timings"]) == 4 and all(t["winner"] == "ours" for t in saved["timings"])
+    assert all(t["ours_us"] == 5.0 and t["cublas_us"] == 10.0 for t in saved["timings"])
+    assert all(c["settings"]["pdl"] for c in saved["chosen"])  # the PDL candidates were cheaper
+    chain = saved["chains"]
+    assert [c["rows"] for c in chain] == [1, 8] and all(c["gemms"] == 3 for c in chain)
+    assert all((c["cublas_us"], c["ours_us"], c["best_us"]) == (30.0, 15.0, 18.0) for c in chain)
+    # Written after each of the 2 shapes and the 2 chain rows (incomplete), then once complete.
+    assert partial_saves == [False] * 4 + [True]
+    table = ChoiceTable.load(dispatch_file)
+    assert {(c.n, c.k) for c in table.shapes} == {(48, 64), (40, 208)}
+    assert all(c.rows == ((1, Backend.OURS), (8, Backend.OURS)) for c in table.shapes)
