@@ -12,7 +12,6 @@ from infer_cli.http.server import BackgroundServer
 from models.registry import LoadedModel
 from models.sim import SimOptions, build_sim
 
-
 # Each engine step sleeps this long, as a forward would take: an instant sim can finish a whole
 # completion before the client reads it, and the server then sends it in one chunk (no inter-token
 # gaps for the ITL figures to measure; seen under a loaded CPU).
