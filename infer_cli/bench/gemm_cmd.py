@@ -12,8 +12,10 @@ from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+
+from engine.progress import task
+from infer_cli.progress import RichProgress
 
 if TYPE_CHECKING:  # the module imports torch and Triton; the command imports it only once it runs
     from infer_cli.bench.gemm_timing import GemmBenchResult
@@ -87,20 +89,9 @@ def bench_gemm_command(
         if save_dispatch is not None:
             result.dispatch_table().save(save_dispatch)
 
-    progress = Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-    )
-    with progress:
-        task = progress.add_task("copy bandwidth", total=plan.steps)
-
-        def advance(done: str) -> None:
-            progress.update(task, advance=1, description=done)
-
-        result = run_gemm_bench(plan, on_step=advance, on_partial=save)
+    progress = RichProgress(console)
+    with task(progress, "copy bandwidth", plan.steps):
+        result = run_gemm_bench(plan, on_step=progress.advance, on_partial=save)
     save(result)
     print_result(console, result)
     for path in (save_result, save_dispatch):

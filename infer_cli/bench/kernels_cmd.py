@@ -7,8 +7,10 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+
+from engine.progress import task
+from infer_cli.progress import RichProgress
 
 
 def _parse_rows(raw: str | None, option: str) -> tuple[int, ...] | None:
@@ -64,20 +66,9 @@ def bench_kernels_command(
     chosen = tuple(known[name] for name in variant) if variant else BENCH_VARIANTS
     plan = bench_plan(chosen, decode or DECODE_ROWS, prefill or PREFILL_ROWS)
 
-    progress = Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-    )
-    with progress:
-        task = progress.add_task("copy bandwidth", total=len(plan) + 1)
-
-        def advance(done: str) -> None:
-            progress.update(task, advance=1, description=done)
-
-        result = run_kernel_bench(plan, on_step=advance)
+    progress = RichProgress(console)
+    with task(progress, "copy bandwidth", len(plan) + 1):
+        result = run_kernel_bench(plan, on_step=progress.advance)
 
     table = Table(
         title=f"attention prep · {result.device} · {result.dtype} · copy {result.copy_gb_per_s:,.0f} GB/s (read+write)"
