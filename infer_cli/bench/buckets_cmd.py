@@ -16,6 +16,7 @@ from rich.table import Table
 
 from engine.cuda_graphs import MAX_GRAPH_BUCKET, decode_buckets
 from engine.memory_budget import MemoryBudgetError
+from infer_cli.bench.options import parse_counts
 from infer_cli.progress import RichProgress
 from kernels.gemm.names import UnknownPolicyError, parse_policies
 
@@ -26,19 +27,7 @@ def parse_buckets(text: str) -> tuple[int, ...]:
     """`all` (the engine's buckets up to 256) or comma-separated sizes in 1..256, sorted, each once."""
     if text.strip() == "all":
         return decode_buckets(MAX_GRAPH_BUCKET)
-    try:
-        values = {int(v) for v in text.split(",") if v.strip()}
-    except ValueError:
-        raise typer.BadParameter(
-            f"{text!r}: expected 'all' or comma-separated integers", param_hint="--buckets"
-        ) from None
-    bad = sorted(v for v in values if not 1 <= v <= MAX_GRAPH_BUCKET)
-    if not values or bad:
-        raise typer.BadParameter(
-            f"{text!r}: buckets must be in 1..{MAX_GRAPH_BUCKET}" + (f" (got {bad})" if bad else ""),
-            param_hint="--buckets",
-        )
-    return tuple(sorted(values))
+    return tuple(sorted(set(parse_counts(text, "--buckets", maximum=MAX_GRAPH_BUCKET))))
 
 
 def bucket_table(result: dict[str, Any]) -> Table:

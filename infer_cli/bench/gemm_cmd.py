@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from engine.progress import task
+from infer_cli.bench.options import parse_counts
 from infer_cli.progress import RichProgress
 
 if TYPE_CHECKING:  # the module imports torch and Triton; the command imports it only once it runs
@@ -44,15 +45,7 @@ def parse_gemm_rows(raw: str | None) -> tuple[int, ...]:
     """A comma-separated list of row counts, each 1..64 (the skinny kernel's range), ascending."""
     if raw is None:
         return DEFAULT_ROWS
-    try:
-        rows = [int(part) for part in raw.split(",") if part.strip()]
-    except ValueError:
-        raise typer.BadParameter(
-            f"{raw!r} is not a comma-separated list of row counts", param_hint="--rows"
-        ) from None
-    if not rows or any(m < 1 or m > MAX_ROWS for m in rows):
-        raise typer.BadParameter(f"{raw!r}: each row count must lie in 1..{MAX_ROWS}", param_hint="--rows")
-    return tuple(sorted(set(rows)))
+    return tuple(sorted(set(parse_counts(raw, "--rows", maximum=MAX_ROWS))))
 
 
 def bench_gemm_command(

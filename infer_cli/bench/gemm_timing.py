@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from infer_cli.bench.timing import copy_gb_per_s as copy_bandwidth
-from infer_cli.bench.timing import device_ms
+from infer_cli.bench.timing import cuda_device, graph_us, versions
 from kernels.gemm.skinny_candidates import candidate_settings
 from kernels.gemm.skinny_dispatch import Backend, ChoiceTable, ShapeChoice, SkinnyDispatch, dtype_name
 from kernels.triton.skinny_gemm import MAX_ROWS, SkinnySettings, pdl_supported
@@ -52,10 +52,6 @@ from models.synth.families.qwen3 import QWEN3
 MODEL_NAMES: tuple[str, ...] = ("qwen3-4b", "gemma4-12b")
 MIN_COPIES = 8
 L2_MULTIPLE = 4
-
-
-class BenchUnavailableError(RuntimeError):
-    """The benchmark cannot run here (no CUDA device)."""
 
 
 # ----------------------------------------------------------------------------------------- shapes
@@ -236,8 +232,7 @@ class GemmBenchResult:
         return {
             "measured_at": self.measured_at,
             "device": self.device,
-            "torch": torch.__version__,
-            "triton": _triton_version(),
+            **versions(),
             "dtype": self.dtype,
             "copy_gb_per_s": self.copy_gb_per_s,
             "l2_bytes": self.l2_bytes,
@@ -258,12 +253,6 @@ class GemmBenchResult:
             "failures": [asdict(f) for f in self.failures],
             "complete": self.complete,
         }
-
-
-def _triton_version() -> str:
-    import triton
-
-    return str(triton.__version__)
 
 
 def choose_settings(
@@ -297,32 +286,6 @@ def dispatch_table(
 
 
 # ------------------------------------------------------------------------------------------ timing
-
-
-def _require_cuda() -> torch.device:
-    if not torch.cuda.is_available():
-        raise BenchUnavailableError(
-            "infer bench gemm needs a CUDA device; torch.cuda.is_available() is False"
-        )
-    return torch.device("cuda", torch.cuda.current_device())
-
-
-def graph_us(calls: Sequence[Callable[[], object]]) -> float:
-    """Median µs of one replay of a CUDA graph holding ``calls`` in order (compiled and warmed first)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # compile, pick cuBLAS algorithms, allocate workspaces
-        for call in calls:
-            call()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for call in calls:
-            call()
-    us = device_ms(graph.replay) * 1e3
-    del graph
-    return us
 
 
 def _random(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, scale: float) -> torch.Tensor:
@@ -478,7 +441,7 @@ def run_gemm_bench(
 
     ``on_partial`` hears the result so far after each shape and each chain row count (the command
     writes it out, so a run stopped early still leaves what it measured)."""
-    device = _require_cuda()
+    device = cuda_device()
     name, l2_bytes = device_facts(device)
     pdl = pdl_supported(device)
     copy_gb_per_s = copy_bandwidth(device)

@@ -10,21 +10,12 @@ from rich.console import Console
 from rich.table import Table
 
 from engine.progress import task
+from infer_cli.bench.options import parse_counts
 from infer_cli.progress import RichProgress
 
 
 def _parse_rows(raw: str | None, option: str) -> tuple[int, ...] | None:
-    if raw is None:
-        return None
-    try:
-        rows = tuple(int(part) for part in raw.split(",") if part.strip())
-    except ValueError as exc:
-        raise typer.BadParameter(
-            f"{raw!r} is not a comma-separated list of row counts", param_hint=option
-        ) from exc
-    if not rows or any(r < 1 for r in rows):
-        raise typer.BadParameter(f"{raw!r}: row counts must be positive integers", param_hint=option)
-    return rows
+    return None if raw is None else tuple(parse_counts(raw, option))
 
 
 def bench_kernels_command(

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from infer_cli.bench.options import parse_counts
 from infer_cli.engine_options import Knobs, knob_options
 from infer_cli.progress import RichProgress
 from kernels.gemm.names import UnknownPolicyError, parse_policies
@@ -21,16 +22,6 @@ if TYPE_CHECKING:
     from engine.config import EngineConfig
     from engine.forward_batch import RooflineFacts
     from infer_cli.bench.latency import Ceilings, PolicyRun
-
-
-def _ints(text: str, option: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError as exc:
-        raise typer.BadParameter(f"{text!r}: expected comma-separated integers", param_hint=option) from exc
-    if not values or any(v < 1 for v in values):
-        raise typer.BadParameter(f"{text!r}: expected positive integers", param_hint=option)
-    return values
 
 
 @knob_options("enforce_eager", "gpu_memory_utilization")
@@ -64,8 +55,8 @@ def bench_latency_command(
         policies = [p.value for p in parse_policies(numeric_policy)]
     except UnknownPolicyError as exc:
         raise typer.BadParameter(str(exc), param_hint="--numeric-policy") from exc
-    batches = _ints(batch_sizes, "--batch-sizes")
-    prompts = _ints(prefill_lens, "--prefill-lens")
+    batches = parse_counts(batch_sizes, "--batch-sizes")
+    prompts = parse_counts(prefill_lens, "--prefill-lens")
     import torch
 
     if not torch.cuda.is_available():

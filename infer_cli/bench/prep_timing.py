@@ -20,7 +20,7 @@ import torch
 
 from gates.harness.prep_workload import PrepBatch, SequenceRows, build_batch
 from infer_cli.bench.timing import copy_gb_per_s as copy_bandwidth
-from infer_cli.bench.timing import device_ms
+from infer_cli.bench.timing import cuda_device, graph_us, versions
 from kernels.reference import (
     PrepSpec,
     gemma4_global_prep,
@@ -32,10 +32,6 @@ from kernels.reference import (
 DECODE_ROWS = (1, 8, 64, 256)
 PREFILL_ROWS = (2048, 8192, 16384)
 _INDEX_BYTES = 4  # int32 positions, sequence indices and page-table entries
-
-
-class BenchUnavailableError(RuntimeError):
-    """The benchmark cannot run here (no CUDA device)."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -82,16 +78,9 @@ class KernelBenchResult:
             "dtype": self.dtype,
             "copy_gb_per_s": self.copy_gb_per_s,
             "measured_at": self.measured_at,
-            "torch": torch.__version__,
-            "triton": _triton_version(),
+            **versions(),
             "timings": [asdict(timing) for timing in self.timings],
         }
-
-
-def _triton_version() -> str:
-    import triton
-
-    return str(triton.__version__)
 
 
 def prep_bytes(variant: BenchVariant, rows: int, dtype: torch.dtype) -> int:
@@ -107,14 +96,6 @@ def prep_bytes(variant: BenchVariant, rows: int, dtype: torch.dtype) -> int:
     per_row = q_in + kv_in + q_out + kv_out + rope + 3 * _INDEX_BYTES
     weights = 2 * head
     return rows * per_row + weights
-
-
-def _require_cuda() -> torch.device:
-    if not torch.cuda.is_available():
-        raise BenchUnavailableError(
-            "infer bench kernels needs a CUDA device; torch.cuda.is_available() is False"
-        )
-    return torch.device("cuda", torch.cuda.current_device())
 
 
 def _bench_batch(
@@ -158,12 +139,7 @@ def time_prep(
             batch.gate_out,
         )
 
-    launch()  # compile and warm up outside the capture
-    torch.cuda.synchronize(device)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        launch()
-    ms = device_ms(graph.replay)
+    ms = graph_us([launch]) / 1e3
     moved = prep_bytes(variant, rows, dtype)
     gb_per_s = moved / (ms * 1e-3) / 1e9
     return KernelTiming(
@@ -193,7 +169,7 @@ def run_kernel_bench(
     on_step: Callable[[str], None] | None = None,
 ) -> KernelBenchResult:
     """Measure the copy bandwidth, then time each planned launch; ``on_step`` hears each finish."""
-    device = _require_cuda()
+    device = cuda_device()
     copy_gb_per_s = copy_bandwidth(device)
     if on_step is not None:
         on_step("copy bandwidth")

@@ -8,12 +8,29 @@ judge, never taken from a data sheet.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
 COPY_BYTES = 1 << 30
 MATMUL_N = 8192
+
+
+class BenchUnavailableError(RuntimeError):
+    """The benchmark cannot run here (no CUDA device)."""
+
+
+def cuda_device() -> torch.device:
+    if not torch.cuda.is_available():
+        raise BenchUnavailableError("this benchmark needs a CUDA device; torch.cuda.is_available() is False")
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def versions() -> dict[str, str]:
+    """The torch and Triton a result was measured with."""
+    import triton
+
+    return {"torch": torch.__version__, "triton": str(triton.__version__)}
 
 
 def device_ms(fn: Callable[[], object]) -> float:
@@ -35,3 +52,22 @@ def matmul_tflops(device: torch.device, n: int = MATMUL_N) -> float:
     a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     return 2 * n**3 / (device_ms(lambda: a @ b) * 1e-3) / 1e12
+
+
+def graph_us(calls: Sequence[Callable[[], object]]) -> float:
+    """Median µs of one replay of a CUDA graph holding `calls` in order. They run once first on a
+    side stream (compile, pick cuBLAS algorithms, allocate workspaces), outside the capture."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for call in calls:
+            call()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    us = device_ms(graph.replay) * 1e3
+    del graph
+    return us

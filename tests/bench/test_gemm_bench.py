@@ -205,7 +205,7 @@ def test_a_whole_run_with_the_device_timer_replaced(monkeypatch: pytest.MonkeyPa
     b = Projection("tiny", "b", 40, 208, 1)
     plan = GemmBenchPlan(rows=(1, 8), projections=(a, b), chains=(("tiny", (a, b, a)),))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(gemm_timing, "_require_cuda", lambda: torch.device("cpu"))
+    monkeypatch.setattr(gemm_timing, "cuda_device", lambda: torch.device("cpu"))
     monkeypatch.setattr(gemm_timing, "device_facts", lambda device: ("fake device", MIB))
     monkeypatch.setattr(gemm_timing, "copy_bandwidth", lambda device: 1000.0)
     monkeypatch.setattr(gemm_timing, "graph_us", _fake_graph_us)
