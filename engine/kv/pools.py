@@ -49,10 +49,12 @@ class KVPools:
         self.shapes = tuple(shapes)
         self.dtype = dtype
         self.device = device
-        # Read on every step (packing and planning attention): built once.
-        self.attention_specs: tuple[AttentionLayerSpec, ...] = tuple(s.attention for s in self.shapes)
         self.pools: list[torch.Tensor] = []
         self.allocate([UNSIZED_PAGES] * len(self.shapes))
+
+    @property
+    def attention_specs(self) -> tuple[AttentionLayerSpec, ...]:
+        return tuple(s.attention for s in self.shapes)
 
     def bytes_per_page(self) -> tuple[int, ...]:
         return tuple(s.bytes_per_page(self.dtype) for s in self.shapes)
