@@ -52,6 +52,7 @@ truncates fp32 → bf16 where the GPU rounds to nearest-even, and both must comp
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -60,7 +61,6 @@ import triton
 import triton.language as tl
 
 from kernels.triton.prep_kernel import _round_to_storage
-from kernels.triton.storage import STORAGE_TYPES, interpreted
 
 MAX_ROWS = 64
 # Elements of one program's weight tile: 16384 bf16 values are 32 KB, 64 registers per thread at
@@ -71,10 +71,15 @@ MAX_TILE_ELEMENTS = 16384
 K_ALIGN = 16
 # Columns per reduce program: N = 2560 at M = 1 still spreads over 10 programs.
 REDUCE_BLOCK = 256
+_STORAGE = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
 
 class SkinnyShapeError(ValueError):
     """A GEMM this kernel (or these settings) cannot run; the message names the shape and why."""
+
+
+def interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def _is_pow2(value: int) -> bool:
@@ -356,7 +361,7 @@ def check_skinny(
         raise SkinnyShapeError(f"{name}: x has K={k}, the weight K={weight.shape[1]}")
     if m > MAX_ROWS:
         raise SkinnyShapeError(f"{name}: M={m} rows, the skinny GEMM takes at most {MAX_ROWS}")
-    if x.dtype != weight.dtype or x.dtype not in STORAGE_TYPES:
+    if x.dtype != weight.dtype or x.dtype not in _STORAGE:
         raise SkinnyShapeError(
             f"{name}: dtypes x={x.dtype}, weight={weight.dtype} must match and be bf16, fp16 or fp32"
         )
@@ -430,7 +435,7 @@ def skinny_gemm(
         BLOCK_K=part.block_k,
         K_TILES=part.tiles_per_split,
         WHOLE=settings.whole_slice,
-        STORAGE=tl.float32 if split else STORAGE_TYPES[x.dtype],
+        STORAGE=tl.float32 if split else _STORAGE[x.dtype],
         PDL=pdl,
         DOT_FP32=interpreted(),
         IEEE=x.dtype == torch.float32,
@@ -448,7 +453,7 @@ def skinny_gemm(
             y.stride(0),
             SPLIT_K=part.split_k,
             BLOCK=REDUCE_BLOCK,
-            STORAGE=STORAGE_TYPES[x.dtype],
+            STORAGE=_STORAGE[x.dtype],
             PDL=pdl,
             **reduce_launch,
         )
