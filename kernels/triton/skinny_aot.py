@@ -12,7 +12,6 @@ divisible by 16 (M is never specialised). Run without ``TRITON_INTERPRET``:
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass
 
@@ -22,6 +21,7 @@ import triton.language as tl
 
 from kernels.gemm.skinny_candidates import candidate_settings
 from kernels.triton.skinny_gemm import (
+    _STORAGE,
     REDUCE_BLOCK,
     SkinnySettings,
     _skinny_gemm_kernel,
@@ -30,7 +30,6 @@ from kernels.triton.skinny_gemm import (
 )
 
 _POINTER_TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32"}
-_STORAGE = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
 # The projection shapes of Qwen3-4B and Gemma 4 12B (shared/presets.md), [N, K].
 SERVING_SHAPES: tuple[tuple[int, int], ...] = (
@@ -179,6 +178,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    if interpreted():
         sys.exit("unset TRITON_INTERPRET: the compile check builds real GPU code")
     sys.exit(main())

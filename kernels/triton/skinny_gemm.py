@@ -52,7 +52,6 @@ truncates fp32 → bf16 where the GPU rounds to nearest-even, and both must comp
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -60,6 +59,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.triton.invariant_gemm import interpreted
 from kernels.triton.prep_kernel import _round_to_storage
 
 MAX_ROWS = 64
@@ -76,10 +76,6 @@ _STORAGE = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float3
 
 class SkinnyShapeError(ValueError):
     """A GEMM this kernel (or these settings) cannot run; the message names the shape and why."""
-
-
-def interpreted() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def _is_pow2(value: int) -> bool:
