@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
@@ -35,16 +34,6 @@ from kernels.attention.base import AttentionBackend, AttentionLayerSpec
 from kernels.kv_layout import PAGE_SIZE, pages_for
 
 log = logging.getLogger("infer.startup")
-
-
-@dataclass(frozen=True, slots=True)
-class StartupReport:
-    # The scheduler's KV groups: each at the page count start-up gave it (page 0 included).
-    kv_groups: tuple[KVGroupSpec, ...]
-    budget: MemoryBudget | None
-    graph_estimate: int
-    graph_actual: int
-    captures: tuple[CaptureRecord, ...]
 
 
 def _profile_pages(config: EngineConfig) -> int:
@@ -126,14 +115,16 @@ def start_paged_model(
     config: EngineConfig,
     max_model_len: int,
     progress: ProgressSink = SILENT,
-) -> tuple[PagedModelRunner, StartupReport]:
+) -> tuple[PagedModelRunner, tuple[KVGroupSpec, ...]]:
+    """The runner over `model`, and the scheduler's KV groups, each at the page count start-up gave
+    it (page 0 included)."""
     device = model.device
     kv = model.kv
     groups = group_costs(kv.shapes, kv.bytes_per_page(), config, max_model_len)
     per_page = sum(g.bytes_per_page for g in groups)
     if device.type != "cuda":
         kv.allocate(configured_kv_pages(config, groups) or split_kv_bytes(CPU_KV_BYTES, groups))
-        return PagedModelRunner(model, attention), StartupReport(kv.specs(), None, 0, 0, ())
+        return PagedModelRunner(model, attention), kv.specs()
 
     max_pages_per_seq = pages_for(max_model_len)
     use_graphs = not config.enforce_eager and attention.supports_graphs
@@ -201,5 +192,4 @@ def start_paged_model(
             message += f" (the trial took {trial.captured_bytes / GIB:.3f} GiB, of which {trial.persisted_outside / GIB:.3f} GiB stayed resident)"
     log.info(message)
     progress.note(message)
-    report = StartupReport(kv_groups, budget, graph_estimate, actual, tuple(graphs.records) if graphs else ())
-    return PagedModelRunner(model, attention, graphs=graphs, side_attention=side_attention), report
+    return PagedModelRunner(model, attention, graphs=graphs, side_attention=side_attention), kv_groups

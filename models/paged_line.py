@@ -120,11 +120,11 @@ class PagedLine(Generic[ConfigT]):
         # before start-up measures what the weights take.
         del weights
         attention = pick_attention(options, device, dtype, pages_for(max_model_len))
-        runner, report = start_paged_model(model, attention, engine, max_model_len, options.progress)
+        runner, kv_groups = start_paged_model(model, attention, engine, max_model_len, options.progress)
         scheduler = BatchScheduler(
             runner,
             engine,
-            report.kv_groups,
+            kv_groups,
             config.eos_token_ids,
             max_model_len,
             model_id=f"{self.family}:{path.resolve()}",

@@ -17,8 +17,8 @@ from engine.kv.spec import KVGroupSpec
 from kernels.attention.base import AttentionLayerSpec
 from kernels.kv_layout import KVPoolLayout
 
-# What each group's pool holds before the engine sizes it: the padding page and one more.
-UNSIZED_PAGES = 2
+# The smallest pool a layout allows (the padding page and one more): what page costs are read from.
+_SMALLEST_POOL = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +33,7 @@ class KVGroupShape:
 
     def bytes_per_page(self, dtype: torch.dtype) -> int:
         """What one page id costs across every layer of the group."""
-        return self.layout(UNSIZED_PAGES).bytes(dtype) // UNSIZED_PAGES
+        return self.layout(_SMALLEST_POOL).bytes(dtype) // _SMALLEST_POOL
 
     def spec(self, num_pages: int) -> KVGroupSpec:
         """The scheduler's view of this group once it has `num_pages` pages."""
@@ -49,12 +49,10 @@ class KVPools:
         self.shapes = tuple(shapes)
         self.dtype = dtype
         self.device = device
+        # Read on every step (packing and planning attention): built once.
+        self.attention_specs: tuple[AttentionLayerSpec, ...] = tuple(s.attention for s in self.shapes)
+        # Empty until start-up sizes them (engine.paged_startup).
         self.pools: list[torch.Tensor] = []
-        self.allocate([UNSIZED_PAGES] * len(self.shapes))
-
-    @property
-    def attention_specs(self) -> tuple[AttentionLayerSpec, ...]:
-        return tuple(s.attention for s in self.shapes)
 
     def bytes_per_page(self) -> tuple[int, ...]:
         return tuple(s.bytes_per_page(self.dtype) for s in self.shapes)

@@ -9,7 +9,6 @@ interpreter objects): ``python -m kernels.triton.aot``.
 
 from __future__ import annotations
 
-import os
 import sys
 
 import torch
@@ -26,8 +25,8 @@ from kernels.reference import (
 )
 from kernels.triton.attention_prep import DEFAULT_LAUNCH, PrepLaunchConfig, prep_constexprs
 from kernels.triton.prep_kernel import attention_prep_kernel
+from kernels.triton.storage import POINTER_TYPES, interpreted
 
-_POINTER_TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32"}
 _INDEX_POINTERS = ("positions_ptr", "seq_index_ptr", "page_table_ptr")
 
 # (spec, q heads, kv heads): the serving shapes in shared/presets.md.
@@ -50,7 +49,7 @@ def compile_variant(
     launch: PrepLaunchConfig = DEFAULT_LAUNCH,
 ) -> object:
     """The compiled kernel (cubin included) for one variant on ``sm_{arch}``."""
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    if interpreted():
         raise RuntimeError("ahead-of-time compilation needs TRITON_INTERPRET unset")
     constexprs = prep_constexprs(spec, q_heads, kv_heads, dtype, launch)
     names = list(attention_prep_kernel.arg_names)
@@ -61,7 +60,7 @@ def compile_variant(
         elif name in _INDEX_POINTERS:
             signature[name] = "*i32"
         elif name.endswith("_ptr"):
-            signature[name] = _POINTER_TYPES[dtype]
+            signature[name] = POINTER_TYPES[dtype]
         elif name.endswith("_eps"):
             signature[name] = "fp32"
         else:
@@ -85,7 +84,7 @@ def compile_variant(
 
 def main() -> int:
     for spec, q_heads, kv_heads in SERVING_VARIANTS:
-        for dtype in _POINTER_TYPES:
+        for dtype in POINTER_TYPES:
             compile_variant(spec, q_heads, kv_heads, dtype)
         print(f"compiled {spec.name} q_heads={q_heads} kv_heads={kv_heads} for sm_90")
     return 0

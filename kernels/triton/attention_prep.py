@@ -23,6 +23,7 @@ from kernels.triton.prep_kernel import (
     WEIGHT_W,
     attention_prep_kernel,
 )
+from kernels.triton.storage import STORAGE_TYPES
 
 
 class PrepLaunchError(ValueError):
@@ -39,7 +40,6 @@ _V_SOURCE_CODES = {
     VSource.NORMED_PROJECTION: V_NORMED_PROJECTION.value,
     VSource.NORMED_RAW_K: V_NORMED_RAW_K.value,
 }
-_STORAGE_TYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
 
 @dataclass(slots=True, frozen=True)
@@ -85,7 +85,7 @@ def prep_constexprs(
         "TURNING_PAIRS": spec.rope.turning_pairs,
         "PAIR_OFFSET": spec.rope.pair_offset,
         "PAGE_SIZE": PAGE_SIZE,
-        "STORAGE": _STORAGE_TYPES[dtype],
+        "STORAGE": STORAGE_TYPES[dtype],
     }
 
 
@@ -117,8 +117,8 @@ def _check_launch(
     gate_out: torch.Tensor | None,
     end_row: int,
 ) -> None:
-    if q.dtype not in _STORAGE_TYPES:
-        raise PrepLaunchError(f"storage dtype {q.dtype} is not one of {sorted(map(str, _STORAGE_TYPES))}")
+    if q.dtype not in STORAGE_TYPES:
+        raise PrepLaunchError(f"storage dtype {q.dtype} is not one of {sorted(map(str, STORAGE_TYPES))}")
     if spec.head_dim & (spec.head_dim - 1):
         raise PrepLaunchError(f"head_dim must be a power of two for the kernel, got {spec.head_dim}")
     for name, t in (("q", q), ("k", k), ("v", v), ("q_out", q_out), ("gate_out", gate_out)):

@@ -17,12 +17,13 @@ and fp32 tiles are multiplied in IEEE fp32 (no TF32).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
+
+from kernels.triton.storage import interpreted
 
 
 class GemmShapeError(ValueError):
@@ -56,10 +57,6 @@ class GemmTiles:
         if self.even_k and k % self.block_k:
             return f"K={k} is not a multiple of block_k={self.block_k} (the configuration loads K unmasked)"
         return None
-
-
-def interpreted() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 # M is never specialised: one compiled kernel serves every row count (and no capture compiles).

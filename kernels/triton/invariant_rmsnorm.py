@@ -23,7 +23,6 @@ import triton
 import triton.language as tl
 
 from kernels.reference import NormSpec, NormWeight
-from kernels.triton.invariant_gemm import interpreted
 from kernels.triton.prep_kernel import (
     WEIGHT_NONE,
     WEIGHT_ONE_PLUS_W,
@@ -31,9 +30,9 @@ from kernels.triton.prep_kernel import (
     _normalise,
     _round_to_storage,
 )
+from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted
 
 _MODES = {NormWeight.NONE: WEIGHT_NONE, NormWeight.W: WEIGHT_W, NormWeight.ONE_PLUS_W: WEIGHT_ONE_PLUS_W}
-_STORAGE = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
 
 class NormShapeError(ValueError):
@@ -94,7 +93,7 @@ def _check_norm(x: torch.Tensor, spec: NormSpec, weight: torch.Tensor | None) ->
         raise NormShapeError(f"norm weight shape {tuple(weight.shape)} does not match last dim {h}")
     if weight is not None and weight.stride(-1) != 1:
         raise NormShapeError(f"norm weight stride {weight.stride(-1)}: must be contiguous")
-    if x.dtype not in _STORAGE:
+    if x.dtype not in STORAGE_TYPES:
         raise NormShapeError(f"dtype {x.dtype}: must be bf16, fp16 or fp32")
     if x.device.type != "cuda" and not interpreted():
         raise NormShapeError(f"device {x.device}: the Triton RMSNorm needs CUDA (or TRITON_INTERPRET=1)")
@@ -149,7 +148,7 @@ def _launch(
         BLOCK_H=triton.next_power_of_2(h),
         WEIGHT_MODE=_MODES[spec.weight],
         ROUND_BEFORE_WEIGHT=spec.round_before_weight,
-        STORAGE=_STORAGE[rows.dtype],
+        STORAGE=STORAGE_TYPES[rows.dtype],
         HAS_DELTA=delta is not None,
         num_warps=_num_warps(h),
         enable_fp_fusion=False,  # keep every multiply and add separately rounded, as in the spec
@@ -204,7 +203,6 @@ def invariant_add_rms_norm(
 
 # ------------------------------------------------------------------ ahead-of-time compile (sm_90)
 
-_POINTER_TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32"}
 # Every weight kind the spec allows (round_before_weight needs a weight).
 COMPILE_SPECS: tuple[NormSpec, ...] = (
     NormSpec(NormWeight.NONE),
@@ -231,14 +229,14 @@ def compile_variant(
         "BLOCK_H": triton.next_power_of_2(hidden),
         "WEIGHT_MODE": _MODES[spec.weight].value,
         "ROUND_BEFORE_WEIGHT": spec.round_before_weight,
-        "STORAGE": _STORAGE[dtype],
+        "STORAGE": STORAGE_TYPES[dtype],
         "HAS_DELTA": has_delta,
     }
     names = list(_invariant_rmsnorm_kernel.arg_names)
     signature = {
         name: "constexpr"
         if name in constexprs
-        else _POINTER_TYPES[dtype]
+        else POINTER_TYPES[dtype]
         if name.endswith("_ptr")
         else "fp32"
         if name == "eps"
@@ -261,7 +259,7 @@ def compile_variant(
 def main() -> int:
     for has_delta in (False, True):
         for spec in COMPILE_SPECS:
-            for dtype in _POINTER_TYPES:
+            for dtype in POINTER_TYPES:
                 for hidden in COMPILE_HIDDEN:
                     kernel = compile_variant(spec, dtype, hidden, has_delta=has_delta)
                     if not getattr(kernel, "asm", {}).get("cubin"):

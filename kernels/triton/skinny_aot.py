@@ -21,15 +21,12 @@ import triton.language as tl
 
 from kernels.gemm.skinny_candidates import candidate_settings
 from kernels.triton.skinny_gemm import (
-    _STORAGE,
     REDUCE_BLOCK,
     SkinnySettings,
     _skinny_gemm_kernel,
     _split_k_reduce_kernel,
-    interpreted,
 )
-
-_POINTER_TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32"}
+from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted
 
 # The projection shapes of Qwen3-4B and Gemma 4 12B (shared/presets.md), [N, K].
 SERVING_SHAPES: tuple[tuple[int, int], ...] = (
@@ -97,14 +94,14 @@ def compile_gemm(
         "BLOCK_K": part.block_k,
         "K_TILES": part.tiles_per_split,
         "WHOLE": settings.whole_slice,
-        "STORAGE": tl.float32 if split else _STORAGE[dtype],
+        "STORAGE": tl.float32 if split else STORAGE_TYPES[dtype],
         "PDL": settings.pdl,
         "DOT_FP32": False,
         "IEEE": dtype == torch.float32,
     }
     names = list(_skinny_gemm_kernel.arg_names)
-    out_type = "*fp32" if split else _POINTER_TYPES[dtype]
-    pointers = {"x_ptr": _POINTER_TYPES[dtype], "w_ptr": _POINTER_TYPES[dtype], "out_ptr": out_type}
+    out_type = "*fp32" if split else POINTER_TYPES[dtype]
+    pointers = {"x_ptr": POINTER_TYPES[dtype], "w_ptr": POINTER_TYPES[dtype], "out_ptr": out_type}
     signature = {name: "constexpr" if name in constexprs else pointers.get(name, "i32") for name in names}
     # x [1, K] contiguous: the runtime sees these values at M = 1.
     values = {
@@ -135,9 +132,9 @@ def compile_reduce(n: int, split_k: int, dtype: torch.dtype = torch.bfloat16, *,
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    constexprs = {"SPLIT_K": split_k, "BLOCK": REDUCE_BLOCK, "STORAGE": _STORAGE[dtype], "PDL": True}
+    constexprs = {"SPLIT_K": split_k, "BLOCK": REDUCE_BLOCK, "STORAGE": STORAGE_TYPES[dtype], "PDL": True}
     names = list(_split_k_reduce_kernel.arg_names)
-    pointers = {"partial_ptr": "*fp32", "y_ptr": _POINTER_TYPES[dtype]}
+    pointers = {"partial_ptr": "*fp32", "y_ptr": POINTER_TYPES[dtype]}
     signature = {name: "constexpr" if name in constexprs else pointers.get(name, "i32") for name in names}
     source = ASTSource(
         fn=_split_k_reduce_kernel,

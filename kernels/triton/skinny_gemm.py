@@ -59,8 +59,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton.invariant_gemm import interpreted
 from kernels.triton.prep_kernel import _round_to_storage
+from kernels.triton.storage import STORAGE_TYPES, interpreted
 
 MAX_ROWS = 64
 # Elements of one program's weight tile: 16384 bf16 values are 32 KB, 64 registers per thread at
@@ -71,7 +71,6 @@ MAX_TILE_ELEMENTS = 16384
 K_ALIGN = 16
 # Columns per reduce program: N = 2560 at M = 1 still spreads over 10 programs.
 REDUCE_BLOCK = 256
-_STORAGE = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
 
 class SkinnyShapeError(ValueError):
@@ -357,7 +356,7 @@ def check_skinny(
         raise SkinnyShapeError(f"{name}: x has K={k}, the weight K={weight.shape[1]}")
     if m > MAX_ROWS:
         raise SkinnyShapeError(f"{name}: M={m} rows, the skinny GEMM takes at most {MAX_ROWS}")
-    if x.dtype != weight.dtype or x.dtype not in _STORAGE:
+    if x.dtype != weight.dtype or x.dtype not in STORAGE_TYPES:
         raise SkinnyShapeError(
             f"{name}: dtypes x={x.dtype}, weight={weight.dtype} must match and be bf16, fp16 or fp32"
         )
@@ -431,7 +430,7 @@ def skinny_gemm(
         BLOCK_K=part.block_k,
         K_TILES=part.tiles_per_split,
         WHOLE=settings.whole_slice,
-        STORAGE=tl.float32 if split else _STORAGE[x.dtype],
+        STORAGE=tl.float32 if split else STORAGE_TYPES[x.dtype],
         PDL=pdl,
         DOT_FP32=interpreted(),
         IEEE=x.dtype == torch.float32,
@@ -449,7 +448,7 @@ def skinny_gemm(
             y.stride(0),
             SPLIT_K=part.split_k,
             BLOCK=REDUCE_BLOCK,
-            STORAGE=_STORAGE[x.dtype],
+            STORAGE=STORAGE_TYPES[x.dtype],
             PDL=pdl,
             **reduce_launch,
         )
