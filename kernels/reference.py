@@ -9,7 +9,7 @@ Shapes: ``rows`` is a token batch (prefill chunks and decode rows mixed); per-he
 Rounding points (the storage dtype S is bf16, fp16 or fp32; ``R`` rounds fp32 to S, nearest-even):
 
 - RMSNorm: ``inv = 1 / sqrt(mean(x²) + eps)`` in fp32 (IEEE sqrt and divide); ``n = x·inv`` in fp32.
-  Weight ``w`` / ``1+w``: ``R(n · w)`` once (Gemma 4, Qwen3.5), or, with ``round_before_weight``,
+  Weight ``w`` / ``1+w``: ``R(n · w)`` once (Gemma 3, Gemma 4, Qwen3.5), or, with ``round_before_weight``,
   ``R(w · R(n))`` (Qwen3 / Llama: the weight multiplies the already-stored value). No weight: ``R(n)``.
 - Rotary: cos and sin are ``R(cos(p·f))``, ``R(sin(p·f))`` with ``p·f`` in fp32; for a pair
   ``(a, b)`` of already-normalised S values: ``a' = R(R(a·c) − R(b·s))``, ``b' = R(R(b·c) + R(a·s))``.
@@ -291,7 +291,7 @@ def write_kv(pool_layer: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: 
 
 
 class VSource(enum.Enum):
-    PROJECTION = "projection"  # V given and stored as is (Qwen3, Qwen3.5)
+    PROJECTION = "projection"  # V given and stored as is (Qwen3, Qwen3.5, Gemma 3)
     NORMED_PROJECTION = "normed_projection"  # V given, weightless RMSNorm, no rotation (Gemma 4 sliding)
     NORMED_RAW_K = "normed_raw_k"  # no V input: weightless RMSNorm of the raw K row (Gemma 4 global)
 
@@ -385,6 +385,19 @@ def gemma4_global_prep(
     )
 
 
+def gemma3_prep(head_dim: int = 256, theta: float = 10_000.0, eps: float = 1e-6) -> PrepSpec:
+    """Gemma 3, either layer kind (they differ only in ``theta``): Q/K norms ``1+w``, V as projected."""
+    norm = NormSpec(NormWeight.ONE_PLUS_W, eps=eps)
+    return PrepSpec(
+        name="gemma3",
+        head_dim=head_dim,
+        q_norm=norm,
+        k_norm=norm,
+        v_source=VSource.PROJECTION,
+        rope=RopeSpec.from_factor(head_dim, theta),
+    )
+
+
 @dataclass(slots=True, frozen=True)
 class PrepOutputs:
     """Per-row results: ``q``/``gate [rows, q_heads, head_dim]`` and the K/V rows the pool receives."""
@@ -474,6 +487,17 @@ def attention_prep(
     out = prep_rows(spec, q, k, v, q_norm_weight, k_norm_weight, cos, sin)
     write_kv(kv_pool_layer, paged_slots(rows), out.k, out.v)
     return out
+
+
+# ----------------------------------------------------------------------------------------- embedding
+
+
+def embedding_scale(
+    hidden_size: int, dtype: torch.dtype, device: torch.device | str | None = None
+) -> torch.Tensor:
+    """The factor Gemma multiplies its embeddings by: √hidden, computed in fp32 and stored in the
+    weight dtype before it multiplies (bf16: √3840 → 62.0, √640 → 25.25)."""
+    return torch.tensor(hidden_size**0.5, dtype=torch.float32).to(dtype).to(device)
 
 
 # -------------------------------------------------------------------------------------------- linear

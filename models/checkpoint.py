@@ -9,7 +9,7 @@ no pickle, no remote code.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -56,6 +56,16 @@ class WeightsError(ValueError):
         super().__init__(f"{checkpoint}: {len(problems)} faulty tensor(s):\n  {listing}")
         self.checkpoint = checkpoint
         self.problems = problems
+
+
+def tower_prefix(names: Iterable[str], nested: tuple[str, ...], default: str) -> str:
+    """Where a checkpoint keeps one tower's tensors: the first prefix of `nested` that some name
+    starts with (a multimodal checkpoint's text tower), else `default` (the tower alone)."""
+    stored = list(names)
+    for prefix in nested:
+        if any(name.startswith(prefix) for name in stored):
+            return prefix
+    return default
 
 
 def checkpoint_files(checkpoint: Path) -> list[Path]:

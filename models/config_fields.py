@@ -132,3 +132,36 @@ def eos_token_ids(checkpoint: Path, *configs: ConfigReader) -> frozenset[int]:
             str(checkpoint), "eos_token_id", None, "no EOS id in generation_config.json or config.json"
         )
     return eos
+
+
+# Layer-type names as Hugging Face's `layer_types` spells them (every sliding-window line uses these).
+SLIDING_ATTENTION = "sliding_attention"
+FULL_ATTENTION = "full_attention"
+
+_SERVABLE_DTYPES = ("bfloat16", "float16", "float32")
+
+
+def checkpoint_dtype(*configs: ConfigReader, default: str = "bfloat16") -> str:
+    """The stored dtype: `dtype` (newer transformers) or `torch_dtype`, from the first of `configs`
+    that names one (a multimodal checkpoint's outer config before its text tower)."""
+    for reader in configs:
+        for key in ("dtype", "torch_dtype"):
+            if reader.has(key):
+                value = reader.get_str(key)
+                if value not in _SERVABLE_DTYPES:
+                    raise reader.fail(key, "expected bfloat16, float16 or float32")
+                return value
+    return default
+
+
+def text_tower(
+    outer: ConfigReader, outer_types: tuple[str, ...], text_types: tuple[str, ...]
+) -> tuple[ConfigReader, ConfigReader]:
+    """(text config, the config carrying dtype and EOS). A text type is its own tower; an outer
+    (multimodal) type `T` keeps its tower under `text_config`, of model type `T_text`."""
+    model_type = outer.require_value("model_type", outer_types + text_types)
+    if model_type in text_types:
+        return outer, outer
+    text = outer.sub("text_config")
+    text.require_value("model_type", (f"{model_type}_text",), default=f"{model_type}_text")
+    return text, outer

@@ -86,6 +86,7 @@ def register_model_types(model_types: Sequence[str], loader: Loader) -> None:
 
 def _register_builtin_lines() -> None:
     # Importing a line registers it; kept here so `registry` is the one list of what exists.
+    import models.gemma3
     import models.gemma4
     import models.qwen3
     import models.sim  # noqa: F401

@@ -27,7 +27,7 @@ from gates.runner.needs import CHECKPOINT, HF_REFERENCE, in_tier
 from gates.runner.problems import GateRunError
 
 # Synthetic family per model line (models/synth's families and their model types).
-_FAMILY_OF_LINE = {"qwen3": "qwen3", "gemma4": "gemma4", "qwen3_5": "qwen35"}
+_FAMILY_OF_LINE = {"qwen3": "qwen3", "gemma3": "gemma3", "gemma4": "gemma4", "qwen3_5": "qwen35"}
 
 
 @dataclass(slots=True, frozen=True)

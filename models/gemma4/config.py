@@ -12,14 +12,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from models.config_fields import ConfigReader, eos_token_ids, generation_token_ids
+from models.config_fields import (
+    FULL_ATTENTION,
+    SLIDING_ATTENTION,
+    ConfigReader,
+    checkpoint_dtype,
+    eos_token_ids,
+    generation_token_ids,
+    text_tower,
+)
 
 OUTER_MODEL_TYPES = ("gemma4", "gemma4_unified")
 TEXT_MODEL_TYPES = ("gemma4_text", "gemma4_unified_text")
 MODEL_TYPES = OUTER_MODEL_TYPES + TEXT_MODEL_TYPES
 
-SLIDING = "sliding_attention"
-GLOBAL = "full_attention"
+SLIDING = SLIDING_ATTENTION
+GLOBAL = FULL_ATTENTION
 _LAYER_TYPES = (SLIDING, GLOBAL)
 # HF's layout when `layer_types` is absent: every 6th layer global (and the last, always).
 _DEFAULT_GLOBAL_EVERY = 6
@@ -128,16 +136,6 @@ def _global_overrides(cfg: ConfigReader, layer_types: tuple[str, ...]) -> dict[s
     return found or {}
 
 
-def _text_tower(outer: ConfigReader) -> tuple[ConfigReader, ConfigReader]:
-    """(text config, the config carrying dtype and EOS): the outer one for multimodal types."""
-    model_type = outer.require_value("model_type", MODEL_TYPES)
-    if model_type in TEXT_MODEL_TYPES:
-        return outer, outer
-    text = outer.sub("text_config")
-    text.require_value("model_type", (f"{model_type}_text",), default=f"{model_type}_text")
-    return text, outer
-
-
 def _refuse_unsupported(cfg: ConfigReader) -> None:
     if cfg.get_int("num_kv_shared_layers", 0, minimum=0) > 0:
         raise cfg.fail("num_kv_shared_layers", "KV sharing across layers is not supported")
@@ -153,20 +151,9 @@ def _refuse_unsupported(cfg: ConfigReader) -> None:
     cfg.require_value("use_bidirectional_attention", (None, "vision"), default=None)
 
 
-def _dtype(text: ConfigReader, outer: ConfigReader) -> str:
-    for reader in (outer, text):
-        for key in ("dtype", "torch_dtype"):
-            if reader.has(key):
-                value = reader.get_str(key)
-                if value not in ("bfloat16", "float16", "float32"):
-                    raise reader.fail(key, "expected bfloat16, float16 or float32")
-                return value
-    return "bfloat16"
-
-
 def parse_gemma4_config(checkpoint: Path) -> Gemma4Config:
     outer = ConfigReader.from_file(checkpoint / "config.json")
-    cfg, top = _text_tower(outer)
+    cfg, top = text_tower(outer, OUTER_MODEL_TYPES, TEXT_MODEL_TYPES)
     _refuse_unsupported(cfg)
     num_layers = cfg.get_int("num_hidden_layers")
     layer_types = _layer_types(cfg, num_layers)
@@ -204,5 +191,5 @@ def parse_gemma4_config(checkpoint: Path) -> Gemma4Config:
         eos_token_ids=eos_token_ids(checkpoint, top, cfg),
         suppress_token_ids=generation_token_ids(checkpoint, "suppress_tokens"),
         bos_token_id=bos,
-        dtype=_dtype(cfg, top),
+        dtype=checkpoint_dtype(top, cfg),
     )

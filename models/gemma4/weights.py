@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from models.checkpoint import StoredTensor, TensorSpec
+from models.checkpoint import StoredTensor, TensorSpec, tower_prefix
 from models.gemma4.config import SLIDING, Gemma4Config
 from models.paged_line import WeightMap
 
@@ -30,7 +30,7 @@ _TIED_HEAD = "lm_head.weight"
 
 def text_prefix(names: Iterable[str]) -> str:
     """Where the text tower's tensors live in this checkpoint."""
-    return NESTED_PREFIX if any(n.startswith(NESTED_PREFIX) for n in names) else TEXT_ONLY_PREFIX
+    return tower_prefix(names, (NESTED_PREFIX,), TEXT_ONLY_PREFIX)
 
 
 def expected_tensors(config: Gemma4Config, prefix: str) -> dict[str, TensorSpec]:

@@ -39,3 +39,28 @@ GEMMA4 = (
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- '<|turn>model\\n' -}}{%- endif -%}"
 )
+
+# Gemma 3 turns: <start_of_turn>ROLE\n ... <end_of_turn>\n, the assistant's role spelled `model`,
+# one BOS first. Gemma 3 has no system role: a system message's text opens the first user turn,
+# followed by a blank line.
+GEMMA3 = (
+    "{%- macro text(content) -%}"
+    "{%- if content is string -%}{{- content | trim -}}"
+    "{%- else -%}{%- for part in content if part['type'] == 'text' -%}{{- part['text'] | trim -}}{%- endfor -%}"
+    "{%- endif -%}"
+    "{%- endmacro -%}"
+    "{{- bos_token -}}"
+    "{%- if messages and messages[0]['role'] == 'system' -%}"
+    "{%- set preamble = text(messages[0]['content']) + '\\n\\n' -%}"
+    "{%- set turns = messages[1:] -%}"
+    "{%- else -%}"
+    "{%- set preamble = '' -%}"
+    "{%- set turns = messages -%}"
+    "{%- endif -%}"
+    "{%- for message in turns -%}"
+    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
+    "{{- '<start_of_turn>' + role + '\\n' + (preamble if loop.first else '') + text(message['content'])"
+    " + '<end_of_turn>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<start_of_turn>model\\n' -}}{%- endif -%}"
+)

@@ -1,0 +1,186 @@
+"""The Gemma 3 text-tower forward over paged KV, written against kernels/ ops.
+
+Embedding × √hidden (the scale rounded to the weight dtype first). Per layer: RMSNorm → Q/K/V
+projection → attention prep (Q and K RMSNorm with weight `1+w`, full rotary at the layer kind's
+base, V as projected) → paged attention at scale `query_pre_attn_scalar^-½` (sliding layers see the
+last W positions, their own included) → O projection → RMSNorm → residual add; RMSNorm →
+gelu_tanh(gate)·up → down → RMSNorm → residual add. Final RMSNorm, tied (or stored) LM head,
+logits soft-capped `c·tanh(x/c)` where the config sets a cap. Every RMSNorm multiplies by `1+w`.
+
+The numeric policy arrives as two injected ops, `linear` and `norms` (docs/numerics.md); the
+post-attention norm's sum feeds the pre-feedforward norm, so that add and norm are one
+`norms.add_rms_norm` step. One KV group per layer kind the checkpoint has, each with its own pool:
+the sliding layers' (its pages released as the window moves past them) and the global layers'.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from engine.forward_batch import ForwardBatch, RooflineFacts
+from engine.kv.pools import KVGroupShape, KVPools
+from kernels import reference
+from kernels.attention.base import AttentionLayerSpec
+from kernels.gemm.dispatch import Linear
+from kernels.norm_dispatch import REFERENCE_NORMS, NormOps
+from kernels.prep_dispatch import run_attention_prep
+from kernels.reference import NormSpec, NormWeight, PrepSpec
+from models.gemma3.config import LAYER_TYPES, SLIDING, Gemma3Config
+from models.gemma3.weights import lm_head_name, text_prefix
+
+
+def group_kinds(config: Gemma3Config) -> tuple[str, ...]:
+    """The KV groups, in the order the model declares them: sliding first, then global, each only
+    where the checkpoint has such layers."""
+    return tuple(kind for kind in LAYER_TYPES if kind in config.layer_types)
+
+
+@dataclass(slots=True)
+class _Layer:
+    kind: str
+    group: int
+    slot: int  # this layer's index inside its group's pool
+    input_norm: torch.Tensor
+    post_attention_norm: torch.Tensor
+    pre_feedforward_norm: torch.Tensor
+    post_feedforward_norm: torch.Tensor
+    qkv: torch.Tensor  # [q + k + v, hidden]
+    o: torch.Tensor
+    q_norm: torch.Tensor
+    k_norm: torch.Tensor
+    gate_up: torch.Tensor  # [2 * intermediate, hidden]
+    down: torch.Tensor
+
+
+class Gemma3Model:
+    def __init__(
+        self,
+        config: Gemma3Config,
+        weights: Mapping[str, torch.Tensor],
+        device: torch.device,
+        max_positions: int,
+        linear: Linear = F.linear,
+        norms: NormOps = REFERENCE_NORMS,
+    ) -> None:
+        self.config = config
+        self.linear = linear
+        self.norms = norms
+        self.device = device
+        c = config
+        prefix = text_prefix(weights)
+        self.embed = weights[prefix + "embed_tokens.weight"]
+        self.dtype = self.embed.dtype
+        self.lm_head = self.embed if c.tie_word_embeddings else weights[lm_head_name(prefix)]
+        self.embed_scale = reference.embedding_scale(c.hidden_size, self.dtype, device)
+        self.final_norm = weights[prefix + "norm.weight"]
+        self.norm = NormSpec(NormWeight.ONE_PLUS_W, eps=c.rms_norm_eps)
+        self.group_kinds = group_kinds(c)
+        self.preps: dict[str, PrepSpec] = {
+            kind: reference.gemma3_prep(c.head_dim, c.rope_theta(kind), c.rms_norm_eps)
+            for kind in self.group_kinds
+        }
+        self.rope_tables = {
+            kind: reference.rope_table(prep.rope, max_positions, self.dtype, device)
+            for kind, prep in self.preps.items()
+        }
+        self.kv = KVPools(
+            [
+                KVGroupShape(
+                    kind,
+                    AttentionLayerSpec(
+                        num_heads=c.num_heads,
+                        num_kv_heads=c.num_kv_heads,
+                        head_dim=c.head_dim,
+                        scale=c.attention_scale,
+                        window=c.sliding_window if kind == SLIDING else None,
+                    ),
+                    len(c.layers_of(kind)),
+                )
+                for kind in self.group_kinds
+            ],
+            self.dtype,
+            device,
+        )
+        slots = dict.fromkeys(self.group_kinds, 0)
+        self.layers: list[_Layer] = []
+        for i, kind in enumerate(c.layer_types):
+            self.layers.append(self._layer(weights, f"{prefix}layers.{i}.", kind, slots[kind]))
+            slots[kind] += 1
+
+    def _layer(self, w: Mapping[str, torch.Tensor], p: str, kind: str, slot: int) -> _Layer:
+        return _Layer(
+            kind=kind,
+            group=self.group_kinds.index(kind),
+            slot=slot,
+            input_norm=w[p + "input_layernorm.weight"],
+            post_attention_norm=w[p + "post_attention_layernorm.weight"],
+            pre_feedforward_norm=w[p + "pre_feedforward_layernorm.weight"],
+            post_feedforward_norm=w[p + "post_feedforward_layernorm.weight"],
+            qkv=torch.cat([w[p + f"self_attn.{n}_proj.weight"] for n in ("q", "k", "v")]),
+            o=w[p + "self_attn.o_proj.weight"],
+            q_norm=w[p + "self_attn.q_norm.weight"],
+            k_norm=w[p + "self_attn.k_norm.weight"],
+            gate_up=torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]]),
+            down=w[p + "mlp.down_proj.weight"],
+        )
+
+    def roofline(self) -> RooflineFacts:
+        c = self.config
+        per_layer = c.hidden_size * (c.q_size + 2 * c.kv_size) + c.q_size * c.hidden_size
+        per_layer += 3 * c.hidden_size * c.intermediate_size
+        matmul_params = c.num_layers * per_layer + c.vocab_size * c.hidden_size
+        element = self.embed.element_size()
+        return RooflineFacts(
+            weight_bytes=matmul_params * element,
+            matmul_params=matmul_params,
+            kv_bytes_per_token=2 * c.num_layers * c.kv_size * element,
+            attention_flops_per_pair=4 * c.num_layers * c.num_heads * c.head_dim,
+        )
+
+    # -- forward -------------------------------------------------------------------------------
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        c = self.config
+        norms = self.norms
+        hidden = F.embedding(batch.input_ids, self.embed) * self.embed_scale
+        tokens = hidden.shape[0]
+        for layer in self.layers:
+            x = norms.rms_norm(hidden, self.norm, layer.input_norm)
+            q, k, v = self.linear(x, layer.qkv).split([c.q_size, c.kv_size, c.kv_size], dim=-1)
+            pool_layer = self.kv.layer(layer.group, layer.slot)
+            q_rot, _ = run_attention_prep(
+                self.preps[layer.kind],
+                q.reshape(tokens, c.num_heads, c.head_dim),
+                k.reshape(tokens, c.num_kv_heads, c.head_dim),
+                v.reshape(tokens, c.num_kv_heads, c.head_dim),
+                layer.q_norm,
+                layer.k_norm,
+                batch.rows[layer.group],
+                self.rope_tables[layer.kind],
+                pool_layer,
+            )
+            spec = self.kv.attention_specs[layer.group]
+            attn = batch.attention.run(layer.group, spec, q_rot, pool_layer)
+            attn_out = self.linear(attn.reshape(tokens, c.q_size), layer.o)
+            hidden, x = norms.add_rms_norm(
+                hidden,
+                norms.rms_norm(attn_out, self.norm, layer.post_attention_norm),
+                self.norm,
+                layer.pre_feedforward_norm,
+            )
+            gate, up = self.linear(x, layer.gate_up).chunk(2, dim=-1)
+            mlp_out = self.linear(F.gelu(gate, approximate="tanh") * up, layer.down)
+            hidden = hidden + norms.rms_norm(mlp_out, self.norm, layer.post_feedforward_norm)
+        return norms.rms_norm(hidden.index_select(0, batch.sample_index), self.norm, self.final_norm)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.linear(hidden, self.lm_head)
+        cap = self.config.final_logit_softcapping
+        if cap is not None:
+            # In the serving dtype, step by step, as the reference rounds it.
+            logits = torch.tanh(logits / cap) * cap
+        return logits.float()
