@@ -4,7 +4,9 @@ For every manifests/*.toml:
 1. `infer gates --manifest M --check` (validation, membership, every gate module imports);
 2. if the suite has cpu-tier gates, `infer gates --manifest M --tier cpu --shared-process`, against a tiny
    synthetic checkpoint of the suite's model line (`infer synth FAMILY --preset tiny`, made once
-   per family in a temporary folder) when those gates need a checkpoint.
+   per family in a temporary folder) when those gates need a checkpoint. A line with real weights
+   on this machine runs on them instead: the Hugging Face directory its variable in
+   REAL_CHECKPOINT_ENV names (INFER_GEMMA3_CHECKPOINT for gemma3).
 A suite with no cpu-tier gate is reported as such and does not fail the run. Exit 1 if any step
 failed.
 """
@@ -12,6 +14,7 @@ failed.
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import tempfile
@@ -28,6 +31,9 @@ from gates.runner.problems import GateRunError
 
 # Synthetic family per model line (models/synth's families and their model types).
 _FAMILY_OF_LINE = {"qwen3": "qwen3", "gemma3": "gemma3", "gemma4": "gemma4", "qwen3_5": "qwen35"}
+# Per family: the variable naming a Hugging Face directory of its real weights, used in place of
+# the tiny synthetic checkpoint when set.
+REAL_CHECKPOINT_ENV = {"gemma3": "INFER_GEMMA3_CHECKPOINT"}
 
 
 @dataclass(slots=True, frozen=True)
@@ -69,13 +75,18 @@ def _cpu_run(manifest_path: Path, root: Path, scratch: Path, made: dict[str, Pat
         if family is None:
             types = ", ".join(manifest.suite.model_types)
             return Step(name, "tier cpu", False, f"no synthetic family for model types {types}")
-        if family not in made:
-            out = scratch / f"{family}-tiny"
-            if _infer("synth", family, "--preset", "tiny", "--out", str(out), cwd=root) != 0:
-                return Step(name, "tier cpu", False, f"infer synth {family} --preset tiny failed")
-            made[family] = out
-        args += ["--checkpoint", str(made[family])]
-        note += f" on a tiny synthetic {family} checkpoint"
+        real = os.environ.get(REAL_CHECKPOINT_ENV.get(family, ""), "").strip()
+        if real:
+            args += ["--checkpoint", real]
+            note += f" on the real {family} weights at {real}"
+        else:
+            if family not in made:
+                out = scratch / f"{family}-tiny"
+                if _infer("synth", family, "--preset", "tiny", "--out", str(out), cwd=root) != 0:
+                    return Step(name, "tier cpu", False, f"infer synth {family} --preset tiny failed")
+                made[family] = out
+            args += ["--checkpoint", str(made[family])]
+            note += f" on a tiny synthetic {family} checkpoint"
     code = _infer(*args, cwd=root)
     return Step(name, "tier cpu", code == 0, note if code == 0 else f"{note}: exit {code}")
 

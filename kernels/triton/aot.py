@@ -18,6 +18,7 @@ from triton.compiler import ASTSource
 
 from kernels.reference import (
     PrepSpec,
+    gemma3_prep,
     gemma4_global_prep,
     gemma4_sliding_prep,
     qwen3_prep,
@@ -36,6 +37,7 @@ SERVING_VARIANTS: tuple[tuple[PrepSpec, int, int], ...] = (
     (gemma4_sliding_prep(), 16, 8),
     (gemma4_global_prep(), 16, 1),
     (gemma4_global_prep(), 32, 4),
+    (gemma3_prep(), 4, 1),
 )
 
 

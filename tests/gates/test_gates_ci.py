@@ -12,13 +12,13 @@ from throwaway_suite import ThrowawaySuite, gate_entry
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_ci(root: Path) -> subprocess.CompletedProcess[str]:
+def run_ci(root: Path, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "gates.runner.ci", "--root", str(root)],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
-        env={**os.environ, "COLUMNS": "200", "HF_HUB_OFFLINE": "1"},
+        env={**os.environ, "COLUMNS": "200", "HF_HUB_OFFLINE": "1", **env},
         timeout=300,
     )
 
@@ -54,3 +54,25 @@ def test_ci_fails_when_a_manifest_does_not_check(suite: ThrowawaySuite) -> None:
     done = run_ci(suite.root)
     assert done.returncode == 1
     assert "the manifest lists no gate for it" in done.stdout
+
+
+def test_ci_runs_a_cpu_tier_on_real_weights_when_their_variable_names_them(
+    suite: ThrowawaySuite, tmp_path: Path
+) -> None:
+    real = tmp_path / "gemma-3-270m"
+    real.mkdir()
+    (real / "config.json").write_text('{"model_type": "gemma3_text", "marker": "real"}')
+    suite.name, suite.gates_dir = "gemma3", "gates/gemma3"
+    gate = suite.marking_gate(
+        "test_config.py",
+        "test_reads_the_real_checkpoint",
+        "import json, os; "
+        "assert json.load(open(os.path.join(os.environ['INFER_TEST_CHECKPOINT'], 'config.json')))['marker'] == 'real'",
+    )
+    suite.write_manifest(
+        [gate_entry("gemma3.reads_config", gate, needs=["checkpoint"])], model_types=["gemma3"]
+    )
+    done = run_ci(suite.root, INFER_GEMMA3_CHECKPOINT=str(real))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert suite.executed() == ["test_reads_the_real_checkpoint"]
+    assert "on the real gemma3 weights" in done.stdout

@@ -28,6 +28,7 @@ from kernels.reference import (
     PrepSpec,
     SpecError,
     VSource,
+    gemma3_prep,
     gemma4_global_prep,
     gemma4_sliding_prep,
     paged_slots,
@@ -60,6 +61,7 @@ CASES = [
     Case("gemma4_sliding_hd256", gemma4_sliding_prep(), 4, 2),
     Case("gemma4_global_hd512_1kv", gemma4_global_prep(), 4, 1),
     Case("gemma4_global_hd512_2kv", gemma4_global_prep(), 4, 2),
+    Case("gemma3_hd256_1kv", gemma3_prep(), 4, 1),
 ]
 
 
