@@ -122,12 +122,16 @@ class RopeSpec:
     Proportional (Gemma 4 global layers): pairs span the whole head, ``(d, d + head_dim/2)``;
     frequencies are ``theta^(-2i/head_dim)`` for the first ``rotary_dim/2`` pairs and zero after,
     i.e. only those pairs turn (dims ``[0, rotary_dim/2)`` and ``[head_dim/2, head_dim/2 + rotary_dim/2)``).
+
+    Linear scaling (transformers' ``linear`` rope type, Gemma 3's global layers from 4B up): every
+    frequency is divided by ``linear_factor`` in fp32 after it is computed.
     """
 
     head_dim: int
     rotary_dim: int
     theta: float
     proportional: bool = False
+    linear_factor: float = 1.0
 
     def __post_init__(self) -> None:
         if self.head_dim < 2 or self.head_dim % 2:
@@ -138,6 +142,8 @@ class RopeSpec:
             )
         if self.theta <= 0:
             raise SpecError(f"theta must be positive, got {self.theta}")
+        if self.linear_factor <= 0:
+            raise SpecError(f"linear_factor must be positive, got {self.linear_factor}")
 
     @classmethod
     def from_factor(
@@ -167,9 +173,10 @@ class RopeSpec:
 
 
 def inverse_frequencies(rope: RopeSpec) -> torch.Tensor:
-    """fp32 ``[turning_pairs]``: ``1 / theta^(2i / exponent_denominator)``."""
+    """fp32 ``[turning_pairs]``: ``1 / theta^(2i / exponent_denominator)``, then ``/ linear_factor``."""
     exponents = torch.arange(0, rope.rotary_dim, 2, dtype=torch.int64).to(torch.float32)
-    return 1.0 / (rope.theta ** (exponents / rope.exponent_denominator))
+    inv_freq = 1.0 / (rope.theta ** (exponents / rope.exponent_denominator))
+    return inv_freq if rope.linear_factor == 1.0 else inv_freq / rope.linear_factor
 
 
 def rope_angles(positions: torch.Tensor, rope: RopeSpec) -> torch.Tensor:
@@ -385,16 +392,19 @@ def gemma4_global_prep(
     )
 
 
-def gemma3_prep(head_dim: int = 256, theta: float = 10_000.0, eps: float = 1e-6) -> PrepSpec:
-    """Gemma 3, either layer kind (they differ only in ``theta``): Q/K norms ``1+w``, V as projected."""
+def gemma3_prep(
+    head_dim: int = 256, theta: float = 10_000.0, eps: float = 1e-6, linear_factor: float = 1.0
+) -> PrepSpec:
+    """Gemma 3, either layer kind (they differ only in the rotary): Q/K norms ``1+w``, V as projected."""
     norm = NormSpec(NormWeight.ONE_PLUS_W, eps=eps)
+    rope = RopeSpec(head_dim=head_dim, rotary_dim=head_dim, theta=theta, linear_factor=linear_factor)
     return PrepSpec(
         name="gemma3",
         head_dim=head_dim,
         q_norm=norm,
         k_norm=norm,
         v_source=VSource.PROJECTION,
-        rope=RopeSpec.from_factor(head_dim, theta),
+        rope=rope,
     )
 
 

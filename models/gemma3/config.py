@@ -8,9 +8,9 @@ omits them, but a checkpoint that omits them says nothing about what it was trai
 refused rather than guessed.
 
 RoPE has two spellings: `rope_parameters` keyed by layer type (transformers 5), or `rope_theta` (global
-layers), `rope_local_base_freq` (sliding layers) and `rope_scaling` (global layers only). Only
-unscaled (`default`) RoPE is implemented; the linear scaling the 4B-27B checkpoints put on their
-global layers is refused by name.
+layers), `rope_local_base_freq` (sliding layers) and `rope_scaling` (global layers only). Two RoPE types are
+implemented, `default` and `linear` (frequencies divided by `factor`: the 4B-27B checkpoints put
+factor 8 on their global layers); any other is refused by name.
 """
 
 from __future__ import annotations
@@ -34,8 +34,16 @@ MODEL_TYPES = OUTER_MODEL_TYPES + TEXT_MODEL_TYPES
 SLIDING = SLIDING_ATTENTION
 GLOBAL = FULL_ATTENTION
 LAYER_TYPES = (SLIDING, GLOBAL)
-# The keys a `rope_parameters` entry may hold: anything else would change the rotation.
-_ROPE_KEYS = ("rope_type", "rope_theta")
+# The keys a `rope_parameters` entry may hold, per rope type: anything else would change the rotation.
+_ROPE_KEYS = {"default": ("rope_type", "rope_theta"), "linear": ("rope_type", "rope_theta", "factor")}
+
+
+@dataclass(frozen=True, slots=True)
+class Rope:
+    """One layer kind's rotary: full head dim, base `theta`, frequencies divided by `linear_factor`."""
+
+    theta: float
+    linear_factor: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,9 +56,9 @@ class Gemma3Config:
     head_dim: int
     layer_types: tuple[str, ...]
     sliding_window: int
-    # RoPE base per layer kind: `rope_local_base_freq` on sliding layers, `rope_theta` on global ones.
-    sliding_rope_theta: float
-    global_rope_theta: float
+    # Per layer kind: `rope_local_base_freq` on sliding layers, `rope_theta` (+ `rope_scaling`) on global ones.
+    sliding_rope: Rope
+    global_rope: Rope
     query_pre_attn_scalar: float
     rms_norm_eps: float
     final_logit_softcapping: float | None
@@ -77,8 +85,8 @@ class Gemma3Config:
         """`query_pre_attn_scalar ** -0.5`, as transformers computes it (not head_dim's)."""
         return float(self.query_pre_attn_scalar**-0.5)
 
-    def rope_theta(self, layer_type: str) -> float:
-        return self.sliding_rope_theta if layer_type == SLIDING else self.global_rope_theta
+    def rope(self, layer_type: str) -> Rope:
+        return self.sliding_rope if layer_type == SLIDING else self.global_rope
 
     def layers_of(self, layer_type: str) -> tuple[int, ...]:
         return tuple(i for i, t in enumerate(self.layer_types) if t == layer_type)
@@ -103,32 +111,39 @@ def _layer_types(cfg: ConfigReader, num_layers: int) -> tuple[str, ...]:
     return tuple(GLOBAL if (i + 1) % period == 0 else SLIDING for i in range(num_layers))
 
 
-def _unscaled(reader: ConfigReader, key: str, scaling: object) -> None:
-    """Refuse any RoPE scaling but none / `default`, naming its kind."""
-    if scaling is None:
-        return
-    kind = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) else scaling
-    if kind != "default":
-        raise reader.fail(key, f"RoPE scaling {kind!r} is not implemented (only unscaled 'default' RoPE)")
+def _linear_factor(reader: ConfigReader, key: str, kind: object, factor: object) -> float:
+    """1 for `default`, `factor` for `linear`; any other RoPE type is refused, naming it."""
+    if kind == "default":
+        return 1.0
+    if kind != "linear":
+        raise reader.fail(key, f"RoPE type {kind!r} is not implemented (implemented: 'default', 'linear')")
+    if isinstance(factor, bool) or not isinstance(factor, int | float) or factor <= 0:
+        raise reader.fail(key, f"linear RoPE needs a positive 'factor', got {factor!r}")
+    return float(factor)
 
 
-def _rope_thetas(cfg: ConfigReader) -> tuple[float, float]:
-    """(sliding theta, global theta), from either spelling (module doc)."""
+def _ropes(cfg: ConfigReader) -> tuple[Rope, Rope]:
+    """(sliding, global), from either spelling (module doc)."""
     if cfg.has("rope_parameters"):
         params = cfg.sub("rope_parameters")
-        thetas = []
-        for kind in (SLIDING, GLOBAL):
-            rope = params.sub(kind)
-            extra = sorted(set(rope.data) - set(_ROPE_KEYS))
+        ropes = []
+        for layer_type in (SLIDING, GLOBAL):
+            rope = params.sub(layer_type)
+            kind = rope.get_str("rope_type")
+            factor = _linear_factor(rope, "rope_type", kind, rope.data.get("factor"))
+            extra = sorted(set(rope.data) - set(_ROPE_KEYS[kind]))
             if extra:
-                raise rope.fail(
-                    extra[0], "not supported (a rope entry may hold only rope_type and rope_theta)"
-                )
-            _unscaled(rope, "rope_type", rope.get_str("rope_type"))
-            thetas.append(rope.get_float("rope_theta"))
-        return thetas[0], thetas[1]
-    _unscaled(cfg, "rope_scaling", cfg.raw("rope_scaling", None))
-    return cfg.get_float("rope_local_base_freq"), cfg.get_float("rope_theta")
+                raise rope.fail(extra[0], f"not supported in a {kind!r} rope entry (only {_ROPE_KEYS[kind]})")
+            ropes.append(Rope(rope.get_float("rope_theta"), factor))
+        return ropes[0], ropes[1]
+    factor = 1.0
+    scaling = cfg.raw("rope_scaling", None)
+    if scaling is not None:
+        if not isinstance(scaling, dict):
+            raise cfg.fail("rope_scaling", "expected a JSON object or null")
+        scaling_kind = scaling.get("rope_type", scaling.get("type"))
+        factor = _linear_factor(cfg, "rope_scaling", scaling_kind, scaling.get("factor"))
+    return Rope(cfg.get_float("rope_local_base_freq")), Rope(cfg.get_float("rope_theta"), factor)
 
 
 def _refuse_unsupported(cfg: ConfigReader) -> None:
@@ -156,7 +171,7 @@ def parse_gemma3_config(checkpoint: Path) -> Gemma3Config:
     head_dim = cfg.get_int("head_dim")
     if head_dim % 2:
         raise cfg.fail("head_dim", "rotary embedding needs an even head dim")
-    sliding_theta, global_theta = _rope_thetas(cfg)
+    sliding_rope, global_rope = _ropes(cfg)
     scalar = cfg.get_float("query_pre_attn_scalar")
     if scalar <= 0:
         raise cfg.fail("query_pre_attn_scalar", "must be positive (the attention scale is its inverse root)")
@@ -175,8 +190,8 @@ def parse_gemma3_config(checkpoint: Path) -> Gemma3Config:
         head_dim=head_dim,
         layer_types=layer_types,
         sliding_window=sliding_window,
-        sliding_rope_theta=sliding_theta,
-        global_rope_theta=global_theta,
+        sliding_rope=sliding_rope,
+        global_rope=global_rope,
         query_pre_attn_scalar=scalar,
         rms_norm_eps=cfg.get_float("rms_norm_eps", 1e-6),
         final_logit_softcapping=softcap,

@@ -2,10 +2,11 @@
 
 Embedding × √hidden (the scale rounded to the weight dtype first). Per layer: RMSNorm → Q/K/V
 projection → attention prep (Q and K RMSNorm with weight `1+w`, full rotary at the layer kind's
-base, V as projected) → paged attention at scale `query_pre_attn_scalar^-½` (sliding layers see the
-last W positions, their own included) → O projection → RMSNorm → residual add; RMSNorm →
-gelu_tanh(gate)·up → down → RMSNorm → residual add. Final RMSNorm, tied (or stored) LM head,
-logits soft-capped `c·tanh(x/c)` where the config sets a cap. Every RMSNorm multiplies by `1+w`.
+base with its frequencies divided by the kind's linear factor where set, V as projected) → paged
+attention at scale `query_pre_attn_scalar^-½` (sliding layers see the last W positions, their own
+included) → O projection → RMSNorm → residual add; RMSNorm → gelu_tanh(gate)·up → down → RMSNorm →
+residual add. Final RMSNorm, tied (or stored) LM head, logits soft-capped `c·tanh(x/c)` where the
+config sets a cap. Every RMSNorm multiplies by `1+w`.
 
 The numeric policy arrives as two injected ops, `linear` and `norms` (docs/numerics.md); the
 post-attention norm's sum feeds the pre-feedforward norm, so that add and norm are one
@@ -80,7 +81,9 @@ class Gemma3Model:
         self.norm = NormSpec(NormWeight.ONE_PLUS_W, eps=c.rms_norm_eps)
         self.group_kinds = group_kinds(c)
         self.preps: dict[str, PrepSpec] = {
-            kind: reference.gemma3_prep(c.head_dim, c.rope_theta(kind), c.rms_norm_eps)
+            kind: reference.gemma3_prep(
+                c.head_dim, c.rope(kind).theta, c.rms_norm_eps, linear_factor=c.rope(kind).linear_factor
+            )
             for kind in self.group_kinds
         }
         self.rope_tables = {

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from models.config_fields import ConfigError
-from models.gemma3.config import GLOBAL, SLIDING, parse_gemma3_config
+from models.gemma3.config import GLOBAL, SLIDING, Rope, parse_gemma3_config
 
 
 def _raw(tiny: Path) -> dict[str, Any]:
@@ -32,8 +32,7 @@ def test_tiny_config(tiny_gemma3: Path) -> None:
     raw = _raw(tiny_gemma3)
     assert c.layer_types == tuple(raw["layer_types"]) and c.layer_types[-1] == SLIDING
     assert c.layers_of(GLOBAL) == (2, 5)
-    assert (c.sliding_rope_theta, c.global_rope_theta) == (10000.0, 1000000.0)
-    assert c.rope_theta(SLIDING) == 10000.0 and c.rope_theta(GLOBAL) == 1000000.0
+    assert (c.rope(SLIDING), c.rope(GLOBAL)) == (Rope(10000.0), Rope(1000000.0))
     assert c.attention_scale == 24**-0.5 != c.head_dim**-0.5
     assert c.sliding_window == 12 and c.final_logit_softcapping is None and c.tie_word_embeddings
     # EOS from generation_config.json (<eos>, <end_of_turn>), not config.json's single id.
@@ -76,7 +75,8 @@ def test_multimodal_outer_config(tiny_gemma3: Path, tmp_path: Path) -> None:
         ("use_bidirectional_attention", True),
         ("attention_bias", True),
         ("hidden_activation", "silu"),
-        ("rope_scaling", {"rope_type": "linear", "factor": 8.0}),
+        ("rope_scaling", {"rope_type": "dynamic", "factor": 8.0}),
+        ("rope_scaling", {"rope_type": "linear"}),
         ("layer_types", ["sliding_attention"] * 6 + ["chunked_attention"]),
         ("num_key_value_heads", 3),
     ],
@@ -111,17 +111,41 @@ def test_gemma3_facts_are_required_not_defaulted(
     assert info.value.field == named, info.value
 
 
-def test_scaled_rope_in_rope_parameters_is_refused_by_name(tiny_gemma3: Path, tmp_path: Path) -> None:
-    raw = _raw(tiny_gemma3)
+def test_linear_rope_scaling_in_both_spellings(tiny_gemma3: Path, tmp_path: Path) -> None:
+    """The 4B-27B checkpoints' `rope_scaling: {linear, factor 8}` applies to global layers only."""
+    raw = _raw(tiny_gemma3) | {"rope_scaling": {"rope_type": "linear", "factor": 8.0}}
+    published = parse_gemma3_config(_write(tmp_path, tiny_gemma3, raw, name="published"))
+    assert (published.rope(SLIDING), published.rope(GLOBAL)) == (Rope(10000.0), Rope(1000000.0, 8.0))
     raw.pop("rope_scaling")
     raw["rope_parameters"] = {
-        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-        "full_attention": {"rope_type": "linear", "rope_theta": 1000000.0, "factor": 8.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": raw.pop("rope_local_base_freq")},
+        "full_attention": {"rope_type": "linear", "rope_theta": raw.pop("rope_theta"), "factor": 8.0},
+    }
+    assert parse_gemma3_config(_write(tmp_path, tiny_gemma3, raw, name="transformers5")) == published
+
+
+@pytest.mark.parametrize(
+    ("entry", "field"),
+    [
+        ({"rope_type": "yarn", "rope_theta": 1e6, "factor": 8.0}, "rope_parameters.full_attention.rope_type"),
+        ({"rope_type": "linear", "rope_theta": 1e6}, "rope_parameters.full_attention.rope_type"),
+        ({"rope_type": "default", "rope_theta": 1e6, "factor": 8.0}, "rope_parameters.full_attention.factor"),
+        (
+            {"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5},
+            "rope_parameters.full_attention.partial_rotary_factor",
+        ),
+    ],
+)
+def test_unsupported_rope_parameters_are_refused_by_name(
+    tiny_gemma3: Path, tmp_path: Path, entry: dict[str, Any], field: str
+) -> None:
+    raw = _raw(tiny_gemma3)
+    for key in ("rope_scaling", "rope_theta", "rope_local_base_freq"):
+        raw.pop(key)
+    raw["rope_parameters"] = {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+        "full_attention": entry,
     }
     with pytest.raises(ConfigError) as info:
         parse_gemma3_config(_write(tmp_path, tiny_gemma3, raw))
-    assert info.value.field == "rope_parameters.full_attention.factor", info.value
-    raw["rope_parameters"]["full_attention"].pop("factor")
-    with pytest.raises(ConfigError) as info:
-        parse_gemma3_config(_write(tmp_path, tiny_gemma3, raw, name="linear"))
-    assert info.value.field == "rope_parameters.full_attention.rope_type" and "linear" in str(info.value)
+    assert info.value.field == field, info.value

@@ -68,6 +68,15 @@ def test_untied_head_and_logit_softcap_match_transformers(tiny_gemma3: Path, tmp
     _against_transformers(variant, load_for_gate(variant, num_kv_pages=64), 40, seed=6)
 
 
+def test_linear_rope_scaling_matches_transformers(tiny_gemma3: Path, tmp_path: Path) -> None:
+    """`rope_scaling: {linear, factor 8}` (the 4B-27B checkpoints' global layers), past the window."""
+    config = _config(tiny_gemma3) | {"rope_scaling": {"rope_type": "linear", "factor": 8.0}}
+    variant = _copy_with(tiny_gemma3, tmp_path / "linear", _tensors(tiny_gemma3), config)
+    _against_transformers(
+        variant, load_for_gate(variant, num_kv_pages=64), 3 * config["sliding_window"] + 5, 7
+    )
+
+
 @pytest.mark.parametrize(
     ("prefix", "head", "vision"),
     [
