@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from infer_cli.main import app
 
-FAMILIES = ("qwen3", "gemma4", "qwen35")
+FAMILIES = ("qwen3", "gemma3", "gemma4", "qwen35")
 PROMPT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there!"}]
 
 
@@ -105,6 +105,10 @@ def test_tiny_checkpoints_are_a_few_megabytes(
             "qwen35",
             "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHello there!<|im_end|>\n<|im_start|>assistant\n",
         ),
+        (
+            "gemma3",
+            "<bos><start_of_turn>user\nBe brief.\n\nHello there!<end_of_turn>\n<start_of_turn>model\n",
+        ),
         ("gemma4", "<bos><|turn>system\nBe brief.<turn|>\n<|turn>user\nHello there!<turn|>\n<|turn>model\n"),
     ],
 )
@@ -127,6 +131,7 @@ def test_generation_config_and_token_ids_agree_with_the_tokenizer(
     expected_eos = {
         "qwen3": ["<|im_end|>", "<|endoftext|>"],
         "qwen35": ["<|im_end|>", "<|endoftext|>"],
+        "gemma3": ["<eos>", "<end_of_turn>"],
         "gemma4": ["<eos>", "<turn|>", "<|tool_response>"],
     }
     for family, tokens in expected_eos.items():
