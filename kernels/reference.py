@@ -108,6 +108,69 @@ def rms_norm(x: torch.Tensor, spec: NormSpec, weight: torch.Tensor | None = None
     return (normalised * scale).to(x.dtype)
 
 
+def residual_add(
+    residual: torch.Tensor,
+    delta: torch.Tensor,
+    spec: NormSpec,
+    *,
+    delta_weight: torch.Tensor | None = None,
+    scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One update of the residual stream, each op in the storage dtype S as torch's ops round it:
+    ``s = R(residual + d)`` with ``d = rms_norm(delta, spec, delta_weight)`` when ``delta_weight`` is
+    given (Gemma 4's post-attention and post-feedforward norms), ``delta`` itself otherwise; then
+    ``R(s · scale)`` when ``scale`` (one element, Gemma 4's layer scalar) is given."""
+    if delta.shape != residual.shape or delta.dtype != residual.dtype:
+        # torch would broadcast or promote here; the fused kernel does neither, so neither may this.
+        raise SpecError(
+            f"delta is {tuple(delta.shape)} {delta.dtype}, residual {tuple(residual.shape)} {residual.dtype}"
+        )
+    if delta_weight is not None:
+        delta = rms_norm(delta, spec, delta_weight)
+    summed = residual + delta
+    if scale is not None:
+        if scale.numel() != 1 or scale.dtype != residual.dtype:
+            raise SpecError(f"scale is {tuple(scale.shape)} {scale.dtype}: one {residual.dtype} element")
+        summed = summed * scale
+    return summed
+
+
+def add_rms_norm(
+    residual: torch.Tensor,
+    delta: torch.Tensor,
+    spec: NormSpec,
+    weight: torch.Tensor | None = None,
+    *,
+    delta_weight: torch.Tensor | None = None,
+    scale: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(s, rms_norm(s, spec, weight))`` for ``s = residual_add(...)``: the residual step and the
+    norm that reads its sum, which fused kernels compute in one launch."""
+    summed = residual_add(residual, delta, spec, delta_weight=delta_weight, scale=scale)
+    return summed, rms_norm(summed, spec, weight)
+
+
+# ---------------------------------------------------------------------------------- gated activation
+
+
+class GatedActivation(enum.Enum):
+    SILU = "silu"  # SwiGLU: Qwen3, Qwen3.5
+    GELU_TANH = "gelu_tanh"  # GeGLU with the tanh approximation: Gemma
+
+
+def gated_activation(gate_up: torch.Tensor, kind: GatedActivation) -> torch.Tensor:
+    """``act(gate) · up`` for ``gate_up [..., 2I]`` (gate in the first half, up in the second, as the
+    models fuse the two projections), in the storage dtype: the activation computed in fp32 and
+    rounded once (torch's ``F.silu`` / ``F.gelu(approximate="tanh")``), the product rounded once.
+
+    Kernels may differ from this in the last fp32 bit of ``exp`` / ``tanh`` only."""
+    if gate_up.shape[-1] % 2:
+        raise SpecError(f"gate_up last dim {gate_up.shape[-1]} is odd: gate and up halves must match")
+    gate, up = gate_up.chunk(2, dim=-1)
+    act = F.silu(gate) if kind is GatedActivation.SILU else F.gelu(gate, approximate="tanh")
+    return act * up
+
+
 # -------------------------------------------------------------------------------------------- rotary
 
 

@@ -21,7 +21,6 @@ from engine.paged_startup import start_paged_model
 from engine.scheduler import BatchScheduler
 from kernels.gemm.dispatch import Linear, policy_linear
 from kernels.kv_layout import pages_for
-from kernels.norm_dispatch import NormOps, policy_norms
 from models.checkpoint import StoredTensor, TensorSpec, load_checked, stored_tensors
 from models.context_limit import resolve_max_model_len
 from models.device_choice import pick_attention, pick_device, pick_dtype
@@ -65,7 +64,6 @@ class ModelFactory(Protocol[ConfigIn]):
         device: torch.device,
         max_positions: int,
         linear: Linear,
-        norms: NormOps,
     ) -> PagedCausalLM: ...
 
 
@@ -114,7 +112,6 @@ class PagedLine(Generic[ConfigT]):
             device,
             max_model_len,
             policy_linear(engine.numeric_policy),
-            policy_norms(engine.numeric_policy),
         )
         # The model keeps fused copies: dropping the loaded tensors frees the unfused projections
         # before start-up measures what the weights take.
