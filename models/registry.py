@@ -33,7 +33,9 @@ class ChatMessage:
 
 
 class Tokenizer(Protocol):
-    def encode(self, text: str) -> list[int]: ...
+    def encode(self, text: str) -> list[int]:
+        """A completion prompt's ids, as the checkpoint's own tokenizer encodes it (BOS included)."""
+        ...
 
     def decode(self, token_ids: Sequence[int]) -> str: ...
 
