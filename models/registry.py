@@ -33,7 +33,9 @@ class ChatMessage:
 
 
 class Tokenizer(Protocol):
-    def encode(self, text: str) -> list[int]: ...
+    def encode(self, text: str) -> list[int]:
+        """A completion prompt's ids, as the checkpoint's own tokenizer encodes it (BOS included)."""
+        ...
 
     def decode(self, token_ids: Sequence[int]) -> str: ...
 
@@ -106,19 +108,27 @@ def checkpoint_model_type(path: Path) -> str:
 
 
 def load_model(spec: str, options: ModelOptions | None = None) -> LoadedModel:
+    from models.hub import resolve_hub_checkpoint  # models.hub imports this module
+
     _register_builtin_lines()
     options = options or ModelOptions()
     if spec in _BY_NAME:
         return _BY_NAME[spec](spec, options)
     path = Path(spec)
+    # A directory that exists wins over a hub id spelled the same.
+    hub_path = None if path.exists() else resolve_hub_checkpoint(spec, options.progress)
+    path = hub_path or path
     if not path.exists():
         known = ", ".join(sorted(_BY_NAME)) or "none"
         raise ModelLoadError(
-            f"--model {spec!r}: neither a built-in model ({known}) nor an existing directory"
+            f"--model {spec!r}: neither a built-in model ({known}), an existing directory nor a hub id (ORG/NAME)"
         )
     model_type = checkpoint_model_type(path)
     loader = _BY_MODEL_TYPE.get(model_type)
     if loader is None:
         supported = ", ".join(sorted(_BY_MODEL_TYPE)) or "none yet"
         raise ModelLoadError(f"{path}: model_type {model_type!r} is not supported (supported: {supported})")
-    return loader(str(path), options)
+    loaded = loader(str(path), options)
+    if hub_path is not None:
+        loaded.name = spec
+    return loaded
