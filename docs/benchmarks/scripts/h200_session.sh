@@ -48,7 +48,7 @@ gemma4-latency() {
 }
 norms-check() {  # after a change to the norms: the GPU norm tests, transformers parity, then latency
   synth_g4
-  python3 -m pytest -q --tb=short tests/kernels/test_norm_dispatch.py
+  python3 -m pytest -q --tb=short tests/kernels/test_layer_ops.py tests/kernels/test_gated_act.py
   infer gates --manifest gemma4 --shared-process --checkpoint $g4 --gate gemma4.layers_match_hf_probes \
     --gate gemma4.full_forward_matches_hf --gate gemma4.greedy_matches_hf_generate \
     --gate gemma4.context_waypoints_match_hf --json $work/gemma4-parity-gates.json
@@ -72,7 +72,12 @@ buckets() {  # graph memory per bucket and policy, then the GPU-only numerics te
   gpu-tests
 }
 gpu-tests() {  # the kernel and sampling tests that run on the GPU when there is one
-  python3 -m pytest -q --tb=short tests/kernels/test_invariant_gemm.py tests/kernels/test_norm_dispatch.py tests/sampling
+  python3 -m pytest -q -s --tb=short tests/kernels/test_layer_ops.py tests/kernels/test_gated_act.py \
+    tests/kernels/test_invariant_gemm.py tests/kernels/test_skinny_gemm.py tests/sampling
+}
+host-profile() {  # where the host time of a decode step (bs 1, 8, 64) and a 1k prefill goes
+  synth_q3
+  python3 docs/benchmarks/scripts/host_profile.py $q3 --save $work/qwen3-4b-host-profile.json
 }
 startup() {  # issue 7's start-up point on Qwen3-4B, every policy
   synth_q3
@@ -145,7 +150,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gpu-tests | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | gemm | decode-paths | kernels)
+  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | gemm | decode-paths | kernels)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
