@@ -62,7 +62,7 @@ def _print(title: str, rows: list[dict[str, object]], untimed_ms: float) -> None
 
 def _sync() -> None:
     if torch.cuda.is_available():
-        _sync()
+        torch.cuda.synchronize()
 
 
 def _timed_steps(step, n: int) -> float:  # type: ignore[no-untyped-def]
