@@ -17,6 +17,8 @@ order of fp32 sums; tests/kernels/test_gdn_torch.py measures how far.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 
@@ -96,19 +98,11 @@ class TorchGDN(GDNBackend):
         state = _initial(state_pool, rows).view(-1, key_heads, group, value_dim, key_dim)
         if rows.cu_seqlens is None:
             out, final = _recurrent_step(qh, kh, vh, gh, bh, state)
+            out = out.permute(2, 0, 1, 3)
         else:
-            bounds = rows.boundaries(tokens)
-            out = torch.empty((key_heads, group, tokens, value_dim), dtype=acc, device=v.device)
-            finals = []
-            for n in range(rows.num_sequences):
-                s, e = bounds[n], bounds[n + 1]
-                out[:, :, s:e], last = self._chunked(
-                    qh[:, :, s:e], kh[:, :, s:e], vh[:, :, s:e], gh[:, :, s:e], bh[:, :, s:e], state[n]
-                )
-                finals.append(last)
-            final = torch.stack(finals)
+            out, final = self._chunked(qh, kh, vh, gh, bh, state, rows.boundaries(tokens))
         state_pool.index_copy_(0, rows.slots, final.reshape(-1, heads, value_dim, key_dim))
-        return out.permute(2, 0, 1, 3).reshape(tokens, heads, value_dim).to(v.dtype)
+        return out.reshape(tokens, heads, value_dim).to(v.dtype)
 
     def _chunked(
         self,
@@ -118,17 +112,47 @@ class TorchGDN(GDNBackend):
         g: torch.Tensor,
         beta: torch.Tensor,
         state: torch.Tensor,
+        bounds: Sequence[int],
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One sequence: q, k ``[Hk, 1, L, K]``, v ``[Hk, r, L, V]``, g, beta ``[Hk, r, L]``, state
-        ``[Hk, r, V, K]``. Returns (o ``[Hk, r, L, V]``, final state)."""
-        length = v.shape[2]
-        out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-        for s in range(0, length, self.chunk_size):
-            e = min(s + self.chunk_size, length)
-            out[:, :, s:e], state = _chunk(
-                q[:, :, s:e], k[:, :, s:e], v[:, :, s:e], g[:, :, s:e], beta[:, :, s:e], state
+        """Every sequence's j-th chunk in one batched solve, j = 0, 1, …: each chunk is gathered
+        into a [sequences, C] grid whose empty places read a zero token (g = 0, β = 0, k = v = 0:
+        no decay, no write, nothing read), so a short chunk ends with the state it had. q, k
+        ``[Hk, 1, T, K]``, v ``[Hk, r, T, V]``, g, beta ``[Hk, r, T]``, state ``[N, Hk, r, V, K]``.
+        Returns (o ``[T, Hk, r, V]``, final state ``[N, Hk, r, V, K]``)."""
+        tokens = v.shape[2]
+        size = self.chunk_size
+
+        def token_major(t: torch.Tensor) -> torch.Tensor:
+            moved = t.movedim(2, 0)  # [T, Hk, r or 1, ·] or [T, Hk, r]
+            return torch.cat([moved, moved.new_zeros((1, *moved.shape[1:]))])  # row T: the zero token
+
+        qt, kt, vt, gt, bt = (token_major(t) for t in (q, k, v, g, beta))
+        out = vt.new_zeros(vt.shape)
+        state = state.clone()
+        lengths = [bounds[n + 1] - bounds[n] for n in range(len(bounds) - 1)]
+        for first in range(0, max(lengths, default=0), size):
+            seqs = [n for n, length in enumerate(lengths) if length > first]
+            width = min(size, max(lengths[n] - first for n in seqs))
+            grid = torch.tensor(
+                [
+                    [bounds[n] + first + i if first + i < lengths[n] else tokens for i in range(width)]
+                    for n in seqs
+                ],
+                device=v.device,
             )
-        return out, state
+            picked = torch.tensor(seqs, device=v.device)
+            o_chunk, state_chunk = _chunk(
+                *(_gather(t, grid) for t in (qt, kt, vt, gt, bt)), state.index_select(0, picked)
+            )
+            state.index_copy_(0, picked, state_chunk)
+            out.index_copy_(0, grid.flatten(), o_chunk.movedim(-2, 1).flatten(0, 1))
+        return out[:tokens], state
+
+
+def _gather(token_major: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+    """Rows of a token-major tensor at ``grid [M, C]``, with the grid's C axis moved next to last
+    (``[M, Hk, r, C, ·]``) or last (``[M, Hk, r, C]`` for g and beta)."""
+    return token_major[grid].movedim(1, -2 if token_major.dim() == 4 else -1)
 
 
 def _silu_stored(conv: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -173,8 +197,9 @@ def _chunk(
     beta: torch.Tensor,
     state: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One chunk in closed form (module doc). Shapes as `TorchGDN._chunked`'s, L ≤ chunk size."""
-    size = v.shape[2]
+    """One chunk in closed form (module doc), batched over leading dims: q, k ``[..., 1, C, K]``,
+    v ``[..., r, C, V]``, g, beta ``[..., r, C]``, state ``[..., r, V, K]``."""
+    size = v.shape[-2]
     gamma = g.cumsum(-1)  # [Hk, r, C]
     diff = gamma[..., :, None] - gamma[..., None, :]  # γ_i − γ_j
     lower = torch.ones(size, size, dtype=torch.bool, device=v.device).tril()
@@ -185,7 +210,7 @@ def _chunk(
     kt = k.transpose(-1, -2)
     system = beta[..., :, None] * decay_strict * (k @ kt)  # strictly lower; the unit diagonal is implied
     rhs = torch.cat(
-        [beta[..., None] * v, (beta * gamma.exp())[..., None] * k.expand(*v.shape[:2], -1, -1)], -1
+        [beta[..., None] * v, (beta * gamma.exp())[..., None] * k.expand(*v.shape[:-1], k.shape[-1])], -1
     )
     solved = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
     value_dim = v.shape[-1]
