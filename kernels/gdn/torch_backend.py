@@ -142,7 +142,12 @@ class TorchGDN(GDNBackend):
             )
             picked = torch.tensor(seqs, device=v.device)
             o_chunk, state_chunk = _chunk(
-                *(_gather(t, grid) for t in (qt, kt, vt, gt, bt)), state.index_select(0, picked)
+                _gather(qt, grid),
+                _gather(kt, grid),
+                _gather(vt, grid),
+                _gather(gt, grid),
+                _gather(bt, grid),
+                state.index_select(0, picked),
             )
             state.index_copy_(0, picked, state_chunk)
             out.index_copy_(0, grid.flatten(), o_chunk.movedim(-2, 1).flatten(0, 1))
