@@ -448,7 +448,7 @@ class BatchScheduler:
         chunk = min(len(seq.tokens) - hit, budget)
         slot = PADDING_SLOT
         if self._slots is not None:
-            taken = self._slots.take() if self._slots.available else None
+            taken = self._slots.take()
             if taken is None:
                 self.kv.free(rid, keep_hashes=True)
                 return 0  # every slot is held: wait for a finish, as for pages
