@@ -7,7 +7,7 @@ tables are padded and attention is planned one way.
 Filler rows (a CUDA-graph bucket's rows past the live ones) are token 0 at position 0 with every
 page-table entry the padding page: they write only page 0 and attend to one token there
 (kernels/kv_layout.py). A per-request state slot (recurrent models) would be one more per-row field
-of `ForwardBatch`, filled here, filler rows taking slot 0, the padding slot.
+of `ForwardBatch` (`state_slots`), filled here, filler rows taking slot 0, the padding slot.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from engine.forward_batch import ForwardBatch
+from engine.kv.state_pool import PADDING_SLOT
 from engine.runner import BatchRow
 from kernels.attention.base import AttentionBackend, AttentionLayerSpec, GroupBatch
 from kernels.kv_layout import PADDING_PAGE, PAGE_SIZE
@@ -78,6 +79,7 @@ def pack_step(
         rows=tuple(PagedRows(positions_t, seq_index_t, table) for table in tables),
         sample_index=torch.tensor(logit_index, dtype=torch.long),
         attention=attention,
+        state_slots=torch.tensor([r.state_slot for r in rows] + [PADDING_SLOT] * filler, dtype=torch.long),
     )
 
 

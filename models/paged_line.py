@@ -17,6 +17,7 @@ from typing import Generic, Protocol, TypeVar
 import torch
 
 from engine.forward_batch import PagedCausalLM
+from engine.kv.state_pool import state_pools_of
 from engine.paged_startup import start_paged_model
 from engine.scheduler import BatchScheduler
 from kernels.gemm.dispatch import Linear, policy_linear
@@ -118,6 +119,7 @@ class PagedLine(Generic[ConfigT]):
         del weights
         attention = pick_attention(options, device, dtype, pages_for(max_model_len))
         runner, kv_groups = start_paged_model(model, attention, engine, max_model_len, options.progress)
+        state = state_pools_of(model)
         scheduler = BatchScheduler(
             runner,
             engine,
@@ -126,6 +128,7 @@ class PagedLine(Generic[ConfigT]):
             max_model_len,
             model_id=f"{self.family}:{path.resolve()}",
             vocab_size=config.vocab_size,
+            state_slots=None if state is None else state.num_slots,
         )
         return LoadedModel(
             name=path.name, scheduler=scheduler, tokenizer=tokenizer, max_model_len=max_model_len

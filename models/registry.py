@@ -51,6 +51,12 @@ class ModelOptions:
     dtype: str | None = field(default=None, metadata={"help": "Weight and activation dtype (model lines)."})
     device: str | None = field(default=None, metadata={"help": "Device to run on, e.g. cuda or cpu."})
     attention_backend: str | None = field(default=None, metadata={"help": "torch or flashinfer."})
+    gdn_backend: str = field(
+        default="auto",
+        metadata={
+            "help": "Gated DeltaNet kernels (Qwen3.5): auto, flashinfer, fla or torch (only torch is built)."
+        },
+    )
     sim_step_delay_s: float = field(
         default=0.0,
         metadata={
@@ -90,6 +96,7 @@ def _register_builtin_lines() -> None:
     # Importing a line registers it; kept here so `registry` is the one list of what exists.
     import models.gemma4
     import models.qwen3
+    import models.qwen35
     import models.sim  # noqa: F401
 
 
