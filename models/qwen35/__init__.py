@@ -17,7 +17,6 @@ import torch
 from engine.forward_batch import PagedCausalLM
 from kernels.gdn import GDNBackend, GDNBackendError, pick_gdn_backend
 from kernels.gemm.dispatch import Linear
-from kernels.norm_dispatch import NormOps
 from models.device_choice import pick_device
 from models.paged_line import PagedLine
 from models.qwen35.config import MODEL_TYPES, Qwen35Config, parse_qwen35_config
@@ -42,9 +41,8 @@ class _WithBackend:
         device: torch.device,
         max_positions: int,
         linear: Linear,
-        norms: NormOps,
     ) -> PagedCausalLM:
-        return Qwen35Model(config, weights, device, max_positions, linear, norms, gdn=self.gdn)
+        return Qwen35Model(config, weights, device, max_positions, linear, gdn=self.gdn)
 
 
 def line_options(options: ModelOptions) -> tuple[ModelOptions, GDNBackend]:

@@ -26,13 +26,12 @@ import torch.nn.functional as F
 from engine.forward_batch import ForwardBatch, RooflineFacts
 from engine.kv.pools import KVGroupShape, KVPools
 from engine.kv.state_pool import StatePools, StateShape
-from kernels import reference
+from kernels import layer_ops, reference
 from kernels.attention.base import AttentionLayerSpec
 from kernels.gdn import GDNBackend, StateRows, TorchGDN
 from kernels.gemm.dispatch import Linear
-from kernels.norm_dispatch import REFERENCE_NORMS, NormOps
 from kernels.prep_dispatch import run_attention_prep
-from kernels.reference import NormSpec, NormWeight
+from kernels.reference import GatedActivation, NormSpec, NormWeight
 from models.qwen35.config import FULL, LINEAR, Qwen35Config
 from models.qwen35.weights import LM_HEAD, text_prefix
 
@@ -74,12 +73,10 @@ class Qwen35Model:
         device: torch.device,
         max_positions: int,
         linear: Linear = F.linear,
-        norms: NormOps = REFERENCE_NORMS,
         gdn: GDNBackend | None = None,
     ) -> None:
         self.config = config
         self.linear = linear
-        self.norms = norms
         self.device = device
         self.gdn = gdn or TorchGDN()
         prefix = text_prefix(config)
@@ -167,9 +164,8 @@ class Qwen35Model:
         )
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        norms = self.norms
         hidden = F.embedding(batch.input_ids, self.embed)
-        x = norms.rms_norm(hidden, self.norm, self.layers[0].input_norm)
+        x = layer_ops.rms_norm(hidden, self.norm, self.layers[0].input_norm)
         rows = self._state_rows(batch)
         for index, layer in enumerate(self.layers):
             mixer = layer.mixer
@@ -177,14 +173,14 @@ class Qwen35Model:
                 mixed = self._deltanet(mixer, x, rows)
             else:
                 mixed = self._attention(mixer, x, batch)
-            hidden, x = norms.add_rms_norm(hidden, mixed, self.norm, layer.post_attention_norm)
-            gate, up = self.linear(x, layer.gate_up).chunk(2, dim=-1)
-            mlp_out = self.linear(F.silu(gate) * up, layer.down)
-            if index + 1 < len(self.layers):
-                hidden, x = norms.add_rms_norm(hidden, mlp_out, self.norm, self.layers[index + 1].input_norm)
-            else:
-                hidden = hidden + mlp_out
-        return norms.rms_norm(hidden.index_select(0, batch.sample_index), self.norm, self.final_norm)
+            hidden, x = layer_ops.add_rms_norm(hidden, mixed, self.norm, layer.post_attention_norm)
+            activated = layer_ops.gated_activation(self.linear(x, layer.gate_up), GatedActivation.SILU)
+            mlp_out = self.linear(activated, layer.down)
+            # Norms are per row: the final norm over every token, then the sampled ones, is the
+            # same as picking first.
+            next_norm = self.layers[index + 1].input_norm if index + 1 < len(self.layers) else self.final_norm
+            hidden, x = layer_ops.add_rms_norm(hidden, mlp_out, self.norm, next_norm)
+        return x.index_select(0, batch.sample_index)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.linear(hidden, self.lm_head).float()
