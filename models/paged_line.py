@@ -112,7 +112,7 @@ class PagedLine(Generic[ConfigT]):
             weights,
             device,
             max_model_len,
-            policy_linear(engine.numeric_policy),
+            policy_linear(engine.numeric_policy, device),
         )
         # The model keeps fused copies: dropping the loaded tensors frees the unfused projections
         # before start-up measures what the weights take.
