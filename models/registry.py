@@ -111,6 +111,10 @@ def load_model(spec: str, options: ModelOptions | None = None) -> LoadedModel:
     if spec in _BY_NAME:
         return _BY_NAME[spec](spec, options)
     path = Path(spec)
+    if path.suffix.lower() == ".gguf" and path.is_file():
+        from models.gguf import converted_checkpoint
+
+        path = converted_checkpoint(path, options.progress)
     if not path.exists():
         known = ", ".join(sorted(_BY_NAME)) or "none"
         raise ModelLoadError(
