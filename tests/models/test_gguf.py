@@ -13,18 +13,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import gguf
 import numpy as np
 import pytest
 import torch
+import transformers
 from safetensors import safe_open
 from typer.testing import CliRunner
 
-gguf = pytest.importorskip("gguf")
-transformers = pytest.importorskip("transformers")
-
-from infer_cli.main import app  # noqa: E402
-from models.checkpoint import TensorSpec, load_checked, stored_tensors  # noqa: E402
-from models.gguf import (  # noqa: E402
+from infer_cli.main import app
+from models.checkpoint import TensorSpec, load_checked, stored_tensors
+from models.gguf import (
     CACHE_ENV,
     SUPPORTED_TYPES,
     GGUFError,
@@ -32,7 +31,7 @@ from models.gguf import (  # noqa: E402
     convert_gguf,
     converted_checkpoint,
 )
-from models.registry import ModelLoadError, load_model  # noqa: E402
+from models.registry import ModelLoadError, load_model
 
 Q = gguf.GGMLQuantizationType
 HIDDEN = 256  # the K-quants pack 256 values per block: every row length is a multiple of it
