@@ -60,7 +60,11 @@ def convert_gguf_command(
         help="Written dtype. auto: each tensor's own float type (F16, BF16 stay; F32 and every "
         "quantized type: float32, where dequantized values are exact).",
     ),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the contents of a non-empty --out."),
+    overwrite: bool = typer.Option(
+        False,
+        "--overwrite",
+        help="Replace the checkpoint files (weights, config, tokenizer) in a non-empty --out; other files stay.",
+    ),
     shard_gb: float = typer.Option(4.0, "--shard-gb", help="Largest safetensors shard, in GiB."),
 ) -> None:
     console = Console()

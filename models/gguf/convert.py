@@ -10,7 +10,6 @@ largest tensor), and the written directory goes through the project's checked lo
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -74,17 +73,32 @@ def _string_field(reader: Any, path: Path, key: str) -> str:
     return value
 
 
+# What a conversion writes (transformers' tokenizer files included); --overwrite removes only these.
+_OUTPUT_GLOBS = (
+    "*.safetensors",
+    INDEX_FILE,
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+)
+
+
+def _remove_outputs(out: Path) -> None:
+    for pattern in _OUTPUT_GLOBS:
+        for file in out.glob(pattern):
+            file.unlink()
+
+
 def _prepare_out(out: Path, overwrite: bool) -> None:
     if out.exists() and not out.is_dir():
         raise GGUFError(f"{out}: exists and is not a directory")
     if out.is_dir() and any(out.iterdir()):
         if not overwrite:
-            raise GGUFError(f"{out}: directory is not empty (pass overwrite to replace its contents)")
-        for child in out.iterdir():
-            if child.is_dir():
-                shutil.rmtree(child)
-            else:
-                child.unlink()
+            raise GGUFError(f"{out}: directory is not empty (pass overwrite to replace its checkpoint files)")
+        _remove_outputs(out)
     out.mkdir(parents=True, exist_ok=True)
 
 
@@ -142,38 +156,44 @@ def convert_gguf(
     widest = next((d for d in _WIDTH_ORDER if d in present), torch.float32)
 
     _prepare_out(out, overwrite)
-    progress.note(f"{path.name}: config and tokenizer from the GGUF metadata (transformers)")
-    config = write_metadata(path, out, widest)
-    planned = plan_tensors(out, torch.float32)
-    source = _plan(path, arch, tensors, config, planned)
-    specs = [TensorSpec(s.name, s.shape, out_dtype[source[s.name].name]) for s in planned]
-
-    def produce(spec: TensorSpec) -> torch.Tensor:
-        tensor = source[spec.name]
-        return hf_values(arch, tensor.name, dequantized(tensor), config).to(spec.dtype)
-
-    shards = plan_shards(specs, shard_bytes)
-    files = (
-        [SINGLE_FILE]
-        if len(shards) == 1
-        else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
-    )
-    with task(progress, f"converting {path.name}", len(specs)):
-        for file, shard in zip(files, shards, strict=True):
-            write_safetensors(out / file, shard, produce, lambda spec: progress.advance(spec.name))
-    if len(shards) > 1:
-        weight_map = {spec.name: file for file, shard in zip(files, shards, strict=True) for spec in shard}
-        body = {
-            "metadata": {"total_size": sum(s.nbytes for s in specs)},
-            "weight_map": dict(sorted(weight_map.items())),
-        }
-        (out / INDEX_FILE).write_text(json.dumps(body, indent=2) + "\n")
-
-    expected = {spec.name: CheckedSpec(spec.shape, spec.dtype) for spec in specs}
     try:
-        check_tensors(out, expected, stored_tensors(out))
-    except WeightsError as exc:
-        raise GGUFError(f"the converted directory fails the checkpoint check: {exc}") from exc
+        progress.note(f"{path.name}: config and tokenizer from the GGUF metadata (transformers)")
+        config = write_metadata(path, out, widest)
+        planned = plan_tensors(out, torch.float32)
+        source = _plan(path, arch, tensors, config, planned)
+        specs = [TensorSpec(s.name, s.shape, out_dtype[source[s.name].name]) for s in planned]
+
+        def produce(spec: TensorSpec) -> torch.Tensor:
+            tensor = source[spec.name]
+            return hf_values(arch, tensor.name, dequantized(tensor), config).to(spec.dtype)
+
+        shards = plan_shards(specs, shard_bytes)
+        files = (
+            [SINGLE_FILE]
+            if len(shards) == 1
+            else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+        )
+        with task(progress, f"converting {path.name}", len(specs)):
+            for file, shard in zip(files, shards, strict=True):
+                write_safetensors(out / file, shard, produce, lambda spec: progress.advance(spec.name))
+        if len(shards) > 1:
+            weight_map = {
+                spec.name: file for file, shard in zip(files, shards, strict=True) for spec in shard
+            }
+            body = {
+                "metadata": {"total_size": sum(s.nbytes for s in specs)},
+                "weight_map": dict(sorted(weight_map.items())),
+            }
+            (out / INDEX_FILE).write_text(json.dumps(body, indent=2) + "\n")
+
+        expected = {spec.name: CheckedSpec(spec.shape, spec.dtype) for spec in specs}
+        try:
+            check_tensors(out, expected, stored_tensors(out))
+        except WeightsError as exc:
+            raise GGUFError(f"the converted directory fails the checkpoint check: {exc}") from exc
+    except BaseException:
+        _remove_outputs(out)  # no half-written checkpoint is left behind
+        raise
     return ConvertResult(
         out=out,
         architecture=arch.name,

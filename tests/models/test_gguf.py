@@ -381,6 +381,22 @@ def test_dtype_choice_casts_every_tensor(gemma3_file: Path, tmp_path: Path) -> N
     assert result.dtypes == {"bfloat16": len(written)}
 
 
+def test_shards_and_overwrite(gemma3_file: Path, gemma3_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "sharded"
+    out.mkdir()
+    (out / "notes.txt").write_text("kept")
+    (out / "model.safetensors").write_bytes(b"stale")
+    with pytest.raises(GGUFError, match="not empty"):
+        convert_gguf(gemma3_file, out)
+    result = convert_gguf(gemma3_file, out, overwrite=True, shard_bytes=1 << 20)
+    assert len(result.weight_files) > 1
+    assert (out / "model.safetensors.index.json").is_file() and not (out / "model.safetensors").exists()
+    assert (out / "notes.txt").read_text() == "kept"
+    sharded, whole = _written(out), _written(gemma3_dir)
+    assert set(sharded) == set(whole)
+    assert all(torch.equal(sharded[name], whole[name]) for name in whole)
+
+
 def test_unsupported_types_refused_by_name_before_writing(tmp_path: Path) -> None:
     refused = {"blk.0.attn_q.weight": "IQ4_NL", "blk.1.ffn_up.weight": "TQ2_0"}
     file = write_tiny_gguf(
@@ -412,6 +428,7 @@ def test_a_tensor_with_no_hf_counterpart_is_named(tmp_path: Path) -> None:
         p.startswith("blk.0.post_ffw_norm.weight: no Hugging Face tensor") for p in caught.value.problems
     )
     assert len(caught.value.problems) == 2 * spec.layers  # two extra norms per layer
+    assert list((tmp_path / "out").iterdir()) == []  # the config written before the check is gone
 
 
 class _Recorder:
