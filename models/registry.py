@@ -125,6 +125,10 @@ def load_model(spec: str, options: ModelOptions | None = None) -> LoadedModel:
     # A directory that exists wins over a hub id spelled the same.
     hub_path = None if path.exists() else resolve_hub_checkpoint(spec, options.progress)
     path = hub_path or path
+    if path.suffix.lower() == ".gguf" and path.is_file():
+        from models.gguf import converted_checkpoint
+
+        path = converted_checkpoint(path, options.progress)
     if not path.exists():
         known = ", ".join(sorted(_BY_NAME)) or "none"
         raise ModelLoadError(
