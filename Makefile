@@ -14,7 +14,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check "$(TORCH_PIN)"
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,dev]'
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,dev,gguf,embedded]'
 	touch $(STAMP)
 
 serve: $(STAMP)

@@ -155,6 +155,9 @@ class Load:
     kv_pages_used: int
     kv_pages_total: int
     groups: tuple[GroupLoad, ...] = ()
+    # Per-request state slots (recurrent models; engine/kv/state_pool.py): taken and allocatable.
+    state_slots_used: int = 0
+    state_slots_total: int = 0
 
     @property
     def kv_usage(self) -> float:

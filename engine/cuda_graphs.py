@@ -146,6 +146,7 @@ class GraphedDecode:
             torch.zeros(top, max_pages_per_seq, dtype=torch.int32, device=device) for _ in range(groups)
         ]
         self.sample_index = torch.arange(top, dtype=torch.long, device=device)
+        self.state_slots = torch.zeros(top, dtype=torch.long, device=device)
         self._batches = {
             b: ForwardBatch(
                 input_ids=self.input_ids[:b],
@@ -155,6 +156,7 @@ class GraphedDecode:
                 ),
                 sample_index=self.sample_index[:b],
                 attention=attention,
+                state_slots=self.state_slots[:b],
             )
             for b in self.buckets
         }
@@ -203,6 +205,8 @@ class GraphedDecode:
         self.positions[:bucket].copy_(step.positions, non_blocking=True)
         for static, rows in zip(self.page_tables, step.rows, strict=True):
             static[:bucket, : rows.page_table.shape[1]].copy_(rows.page_table, non_blocking=True)
+        if step.state_slots is not None:
+            self.state_slots[:bucket].copy_(step.state_slots, non_blocking=True)
 
     def _forward(self, bucket: int) -> torch.Tensor:
         return self.model.logits(self.model.forward(self._batches[bucket]))

@@ -26,6 +26,8 @@ class ForwardBatch:
     rows: tuple[PagedRows, ...]
     sample_index: torch.Tensor
     attention: AttentionBackend
+    # int64 [rows]: each row's state slot (engine/kv/state_pool.py), filler rows slot 0.
+    state_slots: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -42,6 +44,7 @@ class ForwardBatch:
             rows=tuple(PagedRows(positions, seq_index, moved(r.page_table)) for r in self.rows),
             sample_index=moved(self.sample_index),
             attention=self.attention,
+            state_slots=None if self.state_slots is None else moved(self.state_slots),
         )
 
 

@@ -23,6 +23,7 @@ from engine.forward_batch import PagedCausalLM
 from engine.graph_budget import BucketMemory, graphs_available, require_fit
 from engine.kv.sizing import configured_kv_pages, group_costs, split_kv_bytes
 from engine.kv.spec import KVGroupSpec
+from engine.kv.state_pool import state_pools_of
 from engine.memory_budget import CPU_KV_BYTES, GIB, MemoryBudget
 from engine.model_runner import PagedModelRunner
 from engine.progress import SILENT, ProgressSink, task
@@ -109,6 +110,22 @@ def _describe(groups: Sequence[KVGroupSpec]) -> str:
     return ", ".join(f"{g.name}: {g.num_pages} pages" for g in groups)
 
 
+def allocate_state_slots(model: PagedCausalLM, config: EngineConfig, progress: ProgressSink) -> None:
+    """A recurrent model's state pool: one slot per running request (`--max-num-seqs`) plus the
+    padding slot. Allocated before the KV budget is read, so its bytes are resident there."""
+    state = state_pools_of(model)
+    if state is None:
+        return
+    slots = config.max_num_seqs + 1
+    state.allocate(slots)
+    message = (
+        f"state slots: {slots} ({config.max_num_seqs} for --max-num-seqs + the padding slot) × "
+        f"{state.bytes_per_slot() / 2**20:.2f} MiB = {slots * state.bytes_per_slot() / GIB:.3f} GiB"
+    )
+    log.info(message)
+    progress.note(message)
+
+
 def start_paged_model(
     model: PagedCausalLM,
     attention: AttentionBackend,
@@ -123,6 +140,7 @@ def start_paged_model(
     groups = group_costs(kv.shapes, kv.bytes_per_page(), config, max_model_len)
     per_page = sum(g.bytes_per_page for g in groups)
     if device.type != "cuda":
+        allocate_state_slots(model, config, progress)
         kv.allocate(configured_kv_pages(config, groups) or split_kv_bytes(CPU_KV_BYTES, groups))
         return PagedModelRunner(model, attention), kv.specs()
 
@@ -134,6 +152,8 @@ def start_paged_model(
     # "weights" figure below, everything resident before profiling, includes it.
     side_attention = attention.sibling() if config.async_prefill else None
     weights = torch.cuda.memory_allocated(device)
+    # After `weights` is read: the state pool counts among what stays resident beside the KV.
+    allocate_state_slots(model, config, progress)
 
     warm_up_attention(attention, kv.attention_specs, progress)
     kv.allocate([_profile_pages(config)] * len(groups))

@@ -32,6 +32,9 @@ class BatchRow:
     # Prompt plus generated tokens so far, read-only; for runners whose output depends on history.
     context: Sequence[int]
     num_generated: int
+    # The request's state slot (recurrent models, engine/kv/state_pool.py); 0, the padding slot,
+    # for models without state and for diagnostic rows.
+    state_slot: int = 0
 
     @property
     def end_pos(self) -> int:

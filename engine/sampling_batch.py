@@ -67,7 +67,10 @@ class RowSampling:
 
     @classmethod
     def of(cls, row: BatchRow, seeds: SeedSource) -> RowSampling:
-        return cls(row.sampling, seeds.seed_for(row.request_id, row.sampling), row.num_generated)
+        # A greedy row draws no noise, so its seed is never read: skip hashing its id every step.
+        greedy = row.sampling.temperature < GREEDY_TEMPERATURE
+        seed = 0 if greedy else seeds.seed_for(row.request_id, row.sampling)
+        return cls(row.sampling, seed, row.num_generated)
 
     @property
     def greedy(self) -> bool:

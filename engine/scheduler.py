@@ -8,6 +8,11 @@ pages stay in the prefix cache) and returns to the front of the queue; the oldes
 makes progress, and one that could never fit alone is rejected (`kv_budget`) before admission.
 Every fact goes through the `RequestLedger`; the `ModelRunner` only sees rows.
 
+A model with recurrent state (`state_slots`, engine/kv/state_pool.py) also needs one state slot
+per running request: admission takes it together with the pages (all or none), and finish, abort
+and preemption give it back. Its state is only valid at the request's own frontier, so such a
+model runs without the page-only prefix cache and without overlapped prefill (both refused here).
+
 Overlapped prefill (`async_prefill`; docs/engine.md tells how and why): prefill work goes into one
 side forward at a time, joined at a later step. Until the join its requests hold their pages, get
 no row, are never preempted and release no window; an abort retires one at once but frees its
@@ -23,8 +28,17 @@ from dataclasses import dataclass
 from enum import Enum
 
 from engine.config import EngineConfig
-from engine.contract import FinishReason, Load, RejectReason, Request, StepOutputs, TokenLogprob
+from engine.contract import (
+    ContractError,
+    FinishReason,
+    Load,
+    RejectReason,
+    Request,
+    StepOutputs,
+    TokenLogprob,
+)
 from engine.kv import KVGroupSpec, KVManager
+from engine.kv.state_pool import PADDING_SLOT, SlotPool
 from engine.ledger import RequestLedger
 from engine.runner import BatchRow, ModelRunner, PrefillHandle, SampledToken, StepBatch, launch_prefill
 
@@ -55,6 +69,8 @@ class _Seq:
     admit_order: int = 0
     # A row of the side prefill forward still in flight: its pages may be read or written.
     in_flight: bool = False
+    # The state slot held while running (recurrent models); the padding slot otherwise.
+    slot: int = PADDING_SLOT
 
     @property
     def request_id(self) -> str:
@@ -108,9 +124,18 @@ class BatchScheduler:
         model_id: str,
         vocab_size: int | None = None,
         clock: Callable[[], float] = time.monotonic,
+        state_slots: int | None = None,
     ) -> None:
         if max_model_len < 1:
             raise ValueError(f"max_model_len={max_model_len!r}: must be at least 1")
+        # `state_slots`: the state pool's slot count, padding slot included (None: no state).
+        self._slots = None if state_slots is None else SlotPool(state_slots)
+        if self._slots is not None and config.enable_prefix_caching:
+            raise ContractError(
+                "enable_prefix_caching", True, "a model with recurrent state cannot reuse KV pages alone"
+            )
+        if self._slots is not None and config.async_prefill:
+            raise ContractError("async_prefill", True, "not supported for a model with recurrent state")
         self._runner = runner
         self._config = config
         self._eos = frozenset(eos_token_ids)
@@ -166,12 +191,15 @@ class BatchScheduler:
 
     def load(self) -> Load:
         groups = self.kv.load()
+        slots = self._slots
         return Load(
             running=len(self._running),
             waiting=len(self._waiting),
             kv_pages_used=sum(g.pages_used for g in groups),
             kv_pages_total=sum(g.pages_total for g in groups),
             groups=groups,
+            state_slots_used=0 if slots is None else slots.used,
+            state_slots_total=0 if slots is None else slots.total,
         )
 
     def step(self) -> StepOutputs:
@@ -366,6 +394,7 @@ class BatchScheduler:
     def _preempt(self, seq: _Seq) -> None:
         self._running.remove(seq)
         self.kv.free(seq.request_id, keep_hashes=True)
+        self._release_slot(seq)
         seq.num_computed = 0
         seq.where = _Where.WAITING
         self._waiting.appendleft(seq)
@@ -392,6 +421,9 @@ class BatchScheduler:
             bad = next(t for t in request.prompt_token_ids if t < 0 or t >= self._vocab_size)
             reason = RejectReason.INVALID_INPUT
             message = f"prompt token id {bad} is outside the vocabulary (0..{self._vocab_size - 1})"
+        elif self._slots is not None and self._slots.total == 0:
+            reason = RejectReason.KV_BUDGET
+            message = "request needs a state slot but the state pool holds none"
         else:
             # The last sampled token is never fed back, so its KV is never written.
             short = self.kv.shortfall(total - 1, self._config.max_num_batched_tokens)
@@ -414,9 +446,19 @@ class BatchScheduler:
         rid = seq.request_id
         hit = self.kv.prefix_hit(rid, seq.tokens)
         chunk = min(len(seq.tokens) - hit, budget)
+        slot = PADDING_SLOT
+        if self._slots is not None:
+            taken = self._slots.take()
+            if taken is None:
+                self.kv.free(rid, keep_hashes=True)
+                return 0  # every slot is held: wait for a finish, as for pages
+            slot = taken
         if not self.kv.allocate(rid, hit + chunk):
             self.kv.free(rid, keep_hashes=True)
+            if self._slots is not None:
+                self._slots.release(slot)
             return 0
+        seq.slot = slot
         self._waiting.popleft()
         seq.num_computed = hit
         seq.where = _Where.RUNNING
@@ -444,6 +486,7 @@ class BatchScheduler:
             # valid while the step runs; a runner must not keep it.
             context=seq.tokens,
             num_generated=seq.num_generated,
+            state_slot=seq.slot,
         )
 
     # -- applying a step's results -------------------------------------------------------------
@@ -502,3 +545,9 @@ class BatchScheduler:
         if seq.in_flight:
             return  # a side forward may still touch its pages: `_join` frees them
         self.kv.free(seq.request_id)
+        self._release_slot(seq)
+
+    def _release_slot(self, seq: _Seq) -> None:
+        if self._slots is not None and seq.slot != PADDING_SLOT:
+            self._slots.release(seq.slot)
+        seq.slot = PADDING_SLOT

@@ -7,16 +7,18 @@ tables are padded and attention is planned one way.
 Filler rows (a CUDA-graph bucket's rows past the live ones) are token 0 at position 0 with every
 page-table entry the padding page: they write only page 0 and attend to one token there
 (kernels/kv_layout.py). A per-request state slot (recurrent models) would be one more per-row field
-of `ForwardBatch`, filled here, filler rows taking slot 0, the padding slot.
+of `ForwardBatch` (`state_slots`), filled here, filler rows taking slot 0, the padding slot.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from engine.forward_batch import ForwardBatch
+from engine.kv.state_pool import PADDING_SLOT
 from engine.runner import BatchRow
 from kernels.attention.base import AttentionBackend, AttentionLayerSpec, GroupBatch
 from kernels.kv_layout import PADDING_PAGE, PAGE_SIZE
@@ -67,12 +69,7 @@ def pack_step(
     tables: list[torch.Tensor] = []
     for g, spec in enumerate(specs):
         group_tables = tuple(r.page_tables[g] for r in rows) + ((PADDING_PAGE,),) * filler
-        width = max(len(t) for t in group_tables)
-        tables.append(
-            torch.tensor(
-                [list(t) + [PADDING_PAGE] * (width - len(t)) for t in group_tables], dtype=torch.int32
-            )
-        )
+        tables.append(_padded_table(group_tables))
         attention.plan(g, GroupBatch(q_lens, kv_lens, group_tables, PAGE_SIZE), spec, graph_bucket=bucket)
     positions_t = torch.tensor(positions, dtype=torch.int32)
     seq_index_t = torch.tensor(seq_index, dtype=torch.int32)
@@ -82,4 +79,14 @@ def pack_step(
         rows=tuple(PagedRows(positions_t, seq_index_t, table) for table in tables),
         sample_index=torch.tensor(logit_index, dtype=torch.long),
         attention=attention,
+        state_slots=torch.tensor([r.state_slot for r in rows] + [PADDING_SLOT] * filler, dtype=torch.long),
     )
+
+
+def _padded_table(tables: Sequence[Sequence[int]]) -> torch.Tensor:
+    """int32 [rows, widest] with each row's pages, padded with the padding page. Filled through
+    numpy: a nested list through torch.tensor costs several times more host time per step."""
+    padded = np.full((len(tables), max(len(t) for t in tables)), PADDING_PAGE, dtype=np.int32)
+    for i, table in enumerate(tables):
+        padded[i, : len(table)] = table
+    return torch.from_numpy(padded)

@@ -210,7 +210,8 @@ def gates_command(
     checkpoint: Path | None = typer.Option(
         None,
         "--checkpoint",
-        help="Checkpoint folder for gates that need one (default: $INFER_TEST_CHECKPOINT).",
+        help="Checkpoint folder, or a .gguf file (converted once into the cache), for gates that need "
+        "one (default: $INFER_TEST_CHECKPOINT).",
     ),
     tier: TierOption = typer.Option(
         TierOption.all,
@@ -261,10 +262,20 @@ def gates_command(
         console.print(manifest_table(loaded))
         return
 
+    given = None if check else checkpoint_argument(checkpoint, os.environ)
+    if given is not None and given.suffix.lower() == ".gguf" and given.is_file():
+        from infer_cli.progress import RichProgress
+        from models.gguf import GGUFError, converted_checkpoint
+
+        try:
+            given = converted_checkpoint(given, RichProgress(console))
+        except GGUFError as exc:
+            console.print(f"infer gates: {exc}", style="red", markup=False, highlight=False)
+            raise typer.Exit(EXIT_STOPPED) from exc
     options = RunOptions(
         mode="check" if check else "run",
         tier=tier.value,
-        checkpoint=None if check else checkpoint_argument(checkpoint, os.environ),
+        checkpoint=given,
         only=tuple(only),
         shared_process=shared_process,
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from infer_cli.bench.app import bench_app
+from infer_cli.convert_cmd import convert_app
 from infer_cli.gates_cmd import gates_command
 from infer_cli.serve_cmd import serve_command
 from infer_cli.synth_cmd import synth_command
@@ -23,6 +24,7 @@ app.command("synth", help="Write a synthetic Hugging Face checkpoint (random wei
     synth_command
 )
 app.add_typer(bench_app, name="bench")
+app.add_typer(convert_app, name="convert")
 
 
 if __name__ == "__main__":

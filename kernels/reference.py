@@ -1,4 +1,5 @@
-"""The one host-side statement of the attention-prep ops and of the projection GEMM, in plain torch.
+"""The one host-side statement of the attention-prep ops, the projection GEMM and the Gated DeltaNet
+ops (at the end), in plain torch.
 
 Fast kernels are tested against these functions and model code on the CPU calls them directly, so
 they are written for use, not only for reading: batched over rows, positions per row.
@@ -28,6 +29,8 @@ rounded once to the storage dtype.
 from __future__ import annotations
 
 import enum
+import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -106,6 +109,69 @@ def rms_norm(x: torch.Tensor, spec: NormSpec, weight: torch.Tensor | None = None
     if spec.round_before_weight:
         return (scale * round_to(normalised, x.dtype)).to(x.dtype)
     return (normalised * scale).to(x.dtype)
+
+
+def residual_add(
+    residual: torch.Tensor,
+    delta: torch.Tensor,
+    spec: NormSpec,
+    *,
+    delta_weight: torch.Tensor | None = None,
+    scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One update of the residual stream, each op in the storage dtype S as torch's ops round it:
+    ``s = R(residual + d)`` with ``d = rms_norm(delta, spec, delta_weight)`` when ``delta_weight`` is
+    given (Gemma 4's post-attention and post-feedforward norms), ``delta`` itself otherwise; then
+    ``R(s · scale)`` when ``scale`` (one element, Gemma 4's layer scalar) is given."""
+    if delta.shape != residual.shape or delta.dtype != residual.dtype:
+        # torch would broadcast or promote here; the fused kernel does neither, so neither may this.
+        raise SpecError(
+            f"delta is {tuple(delta.shape)} {delta.dtype}, residual {tuple(residual.shape)} {residual.dtype}"
+        )
+    if delta_weight is not None:
+        delta = rms_norm(delta, spec, delta_weight)
+    summed = residual + delta
+    if scale is not None:
+        if scale.numel() != 1 or scale.dtype != residual.dtype:
+            raise SpecError(f"scale is {tuple(scale.shape)} {scale.dtype}: one {residual.dtype} element")
+        summed = summed * scale
+    return summed
+
+
+def add_rms_norm(
+    residual: torch.Tensor,
+    delta: torch.Tensor,
+    spec: NormSpec,
+    weight: torch.Tensor | None = None,
+    *,
+    delta_weight: torch.Tensor | None = None,
+    scale: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(s, rms_norm(s, spec, weight))`` for ``s = residual_add(...)``: the residual step and the
+    norm that reads its sum, which fused kernels compute in one launch."""
+    summed = residual_add(residual, delta, spec, delta_weight=delta_weight, scale=scale)
+    return summed, rms_norm(summed, spec, weight)
+
+
+# ---------------------------------------------------------------------------------- gated activation
+
+
+class GatedActivation(enum.Enum):
+    SILU = "silu"  # SwiGLU: Qwen3, Qwen3.5
+    GELU_TANH = "gelu_tanh"  # GeGLU with the tanh approximation: Gemma
+
+
+def gated_activation(gate_up: torch.Tensor, kind: GatedActivation) -> torch.Tensor:
+    """``act(gate) · up`` for ``gate_up [..., 2I]`` (gate in the first half, up in the second, as the
+    models fuse the two projections), in the storage dtype: the activation computed in fp32 and
+    rounded once (torch's ``F.silu`` / ``F.gelu(approximate="tanh")``), the product rounded once.
+
+    Kernels may differ from this in the last fp32 bit of ``exp`` / ``tanh`` only."""
+    if gate_up.shape[-1] % 2:
+        raise SpecError(f"gate_up last dim {gate_up.shape[-1]} is odd: gate and up halves must match")
+    gate, up = gate_up.chunk(2, dim=-1)
+    act = F.silu(gate) if kind is GatedActivation.SILU else F.gelu(gate, approximate="tanh")
+    return act * up
 
 
 # -------------------------------------------------------------------------------------------- rotary
@@ -532,3 +598,174 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if weight.dim() != 2 or x.shape[-1] != weight.shape[1]:
         raise SpecError(f"linear: x {tuple(x.shape)} and weight {tuple(weight.shape)} do not share K")
     return F.linear(x.to(torch.float32), weight.to(torch.float32)).to(x.dtype)
+
+
+# ------------------------------------------------------------------------- gated DeltaNet (Qwen3.5)
+#
+# The three ops of a Gated DeltaNet layer (docs/kernels.md, "Gated DeltaNet"). Shapes are per token
+# batch: ``T`` tokens of one or more sequences packed back to back, ``cu_seqlens [N + 1]`` their
+# boundaries (host ints). Key heads ``Hk`` and value heads ``Hv`` (``Hv % Hk == 0``): value head
+# ``h`` reads key head ``h // (Hv / Hk)``; q and k are never repeated to Hv heads.
+#
+# The recurrent state of one sequence is ``[Hv, V, K]`` fp32 ("state_v_first", FlashInfer's and
+# vLLM's layout); the conv state of one sequence is ``[W - 1, D]`` in the storage dtype: the last
+# W - 1 raw inputs of the conv (zeros before the first token).
+
+L2_NORM_EPS = 1e-6
+
+
+def check_cu_seqlens(cu_seqlens: Sequence[int], tokens: int) -> None:
+    """``cu_seqlens`` starts at 0, never decreases and ends at ``tokens``."""
+    if len(cu_seqlens) < 2 or cu_seqlens[0] != 0 or cu_seqlens[-1] != tokens:
+        raise SpecError(f"cu_seqlens {list(cu_seqlens)} must run from 0 to the {tokens} tokens")
+    if any(b < a for a, b in itertools.pairwise(cu_seqlens)):
+        raise SpecError(f"cu_seqlens {list(cu_seqlens)} must not decrease")
+
+
+def l2_normalize(
+    x: torch.Tensor, eps: float = L2_NORM_EPS, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """``x · rsqrt(Σx² + eps)`` over the last dim, computed and returned in ``dtype`` (fp32)."""
+    xf = x.to(dtype)
+    return xf * torch.rsqrt(xf.square().sum(dim=-1, keepdim=True) + eps)
+
+
+def gdn_gates(
+    a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The per-token, per-value-head decay and write strength from ``a``, ``b [T, Hv]``.
+
+    ``g = −exp(A_log)·softplus(a + dt_bias)`` in fp32 (log space: the state is multiplied by
+    ``exp(g)``); ``β = R(sigmoid(b))``, rounded to b's storage dtype as transformers computes it."""
+    g = -a_log.to(torch.float32).exp() * F.softplus(a.to(torch.float32) + dt_bias.to(torch.float32))
+    beta = torch.sigmoid(b.to(torch.float32)).to(b.dtype)
+    return g, beta
+
+
+def _check_gdn_inputs(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor
+) -> tuple[int, int]:
+    """(Hv, value heads per key head); SpecError naming the shape that does not fit."""
+    if q.dim() != 3 or q.shape != k.shape:
+        raise SpecError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must both be [T, Hk, K]")
+    if v.dim() != 3 or v.shape[0] != q.shape[0]:
+        raise SpecError(f"v must be [{q.shape[0]}, Hv, V], got {tuple(v.shape)}")
+    heads = v.shape[1]
+    if heads % q.shape[1]:
+        raise SpecError(f"{heads} value heads are not a multiple of {q.shape[1]} key heads")
+    for name, t in (("g", g), ("beta", beta)):
+        if tuple(t.shape) != (v.shape[0], heads):
+            raise SpecError(f"{name} must be [{v.shape[0]}, {heads}], got {tuple(t.shape)}")
+    return heads, heads // q.shape[1]
+
+
+def gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    cu_seqlens: Sequence[int],
+    initial_state: torch.Tensor | None = None,
+    scale: float | None = None,
+    accumulate: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gated delta rule, token by token in fp32: ``(o [T, Hv, V] in v.dtype, final state
+    [N, Hv, V, K] fp32)``. ``accumulate=torch.float64`` runs the same steps in fp64: the oracle
+    tests measure the spec's own fp32 error against, and a fast form's beside it.
+
+    Per sequence, from ``S = initial_state[n]`` (zeros when None), for each token t and value head:
+    ``q̂ = l2(q)·scale`` (scale defaults to ``K^-½``), ``k̂ = l2(k)``;
+    ``S ← S·exp(g)``; ``δ = β·(v − S·k̂)``; ``S ← S + δ ⊗ k̂``; ``o = S·q̂``. Only ``o`` is rounded,
+    once, to the storage dtype. Fast forms (chunked, fused) may differ from this in the order of
+    fp32 sums only (kernels/gdn/)."""
+    heads, group = _check_gdn_inputs(q, k, v, g, beta)
+    check_cu_seqlens(cu_seqlens, q.shape[0])
+    sequences, key_dim, value_dim = len(cu_seqlens) - 1, q.shape[-1], v.shape[-1]
+    shape = (sequences, heads, value_dim, key_dim)
+    if initial_state is not None and tuple(initial_state.shape) != shape:
+        raise SpecError(f"initial_state must be {list(shape)}, got {list(initial_state.shape)}")
+    scale = key_dim**-0.5 if scale is None else scale
+    # Value head h reads key head h // group: index, never copy, the key heads.
+    kq_head = torch.arange(heads, device=q.device) // group
+    qf = (l2_normalize(q, dtype=accumulate) * scale)[:, kq_head]
+    kf = l2_normalize(k, dtype=accumulate)[:, kq_head]
+    vf, gf, bf = v.to(accumulate), g.to(accumulate), beta.to(accumulate)
+    out = torch.empty(v.shape, dtype=accumulate, device=v.device)
+    final = torch.empty(shape, dtype=accumulate, device=v.device)
+    for n in range(sequences):
+        state = (
+            torch.zeros(shape[1:], dtype=accumulate, device=v.device)
+            if initial_state is None
+            else initial_state[n].to(accumulate).clone()
+        )
+        for t in range(cu_seqlens[n], cu_seqlens[n + 1]):
+            state = state * gf[t].exp()[:, None, None]
+            predicted = (state * kf[t][:, None, :]).sum(-1)
+            delta = bf[t][:, None] * (vf[t] - predicted)
+            state = state + delta[:, :, None] * kf[t][:, None, :]
+            out[t] = (state * qf[t][:, None, :]).sum(-1)
+        final[n] = state
+    return out.to(v.dtype), final
+
+
+def causal_conv1d(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    cu_seqlens: Sequence[int],
+    initial_state: torch.Tensor | None = None,
+    accumulate: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Depthwise causal conv over time with SiLU: ``(y [T, D] in x.dtype, final state
+    [N, W - 1, D] in x.dtype)`` for ``x [T, D]`` and ``weight [D, W]`` (transformers'
+    ``conv1d.weight`` without its middle dim).
+
+    Per sequence, the inputs are the state's W - 1 rows (zeros when None) followed by the
+    sequence's tokens; ``y_t = R(silu(R(Σ_j weight[:, j] · x_{t - W + 1 + j})))`` with the sum in
+    fp32: the conv's output is stored, then the activation (two roundings, as transformers' torch
+    path computes in the storage dtype). The final state is the last W - 1 inputs, so a sequence
+    shorter than W - 1 keeps part of its initial state. ``accumulate=torch.float64`` sums in fp64
+    (the tests' oracle; the roundings to the storage dtype stay)."""
+    if x.dim() != 2 or weight.dim() != 2 or weight.shape[0] != x.shape[1]:
+        raise SpecError(
+            f"x [T, D] and weight [D, W] must share D, got {tuple(x.shape)}, {tuple(weight.shape)}"
+        )
+    check_cu_seqlens(cu_seqlens, x.shape[0])
+    sequences, channels, width = len(cu_seqlens) - 1, x.shape[1], weight.shape[1]
+    shape = (sequences, width - 1, channels)
+    if initial_state is not None and tuple(initial_state.shape) != shape:
+        raise SpecError(f"initial_state must be {list(shape)}, got {list(initial_state.shape)}")
+    w = weight.to(accumulate)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    final = torch.empty(shape, dtype=x.dtype, device=x.device)
+    for n in range(sequences):
+        start, end = cu_seqlens[n], cu_seqlens[n + 1]
+        history = (
+            torch.zeros(shape[1:], dtype=x.dtype, device=x.device)
+            if initial_state is None
+            else initial_state[n]
+        )
+        inputs = torch.cat([history.to(x.dtype), x[start:end]])
+        xf = inputs.to(accumulate)
+        for i in range(end - start):
+            window = xf[i : i + width]  # [W, D]: the token (last row) and the W - 1 before it
+            conv = (window * w.T).sum(0).to(x.dtype)
+            out[start + i] = F.silu(conv.to(accumulate)).to(x.dtype)
+        final[n] = inputs[inputs.shape[0] - (width - 1) :]
+    return out, final
+
+
+def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The GDN output norm over the last dim (``V``) of ``x``, gated by ``gate`` (same shape):
+    ``R(w · R(n) · silu(gate))`` with ``n = x·inv_rms(x)`` in fp32, the weight (plain ``w``, kept
+    fp32) and the gate's SiLU in fp32, and one rounding at the end besides the stored ``R(n)``.
+
+    transformers rounds ``n`` to the storage dtype before the weight too; with its weight in bf16 it
+    also rounds ``w · R(n)``, which fp32 weights (as the checkpoints store them) do not."""
+    if gate.shape != x.shape:
+        raise SpecError(f"gate {tuple(gate.shape)} must match x {tuple(x.shape)}")
+    if tuple(weight.shape) != (x.shape[-1],):
+        raise SpecError(f"gated norm weight must be [{x.shape[-1]}], got {tuple(weight.shape)}")
+    normalised = round_to(x.to(torch.float32) * inverse_rms(x, eps), x.dtype)
+    gated = normalised * weight.to(torch.float32) * F.silu(gate.to(torch.float32))
+    return gated.to(x.dtype)

@@ -38,6 +38,8 @@ class TensorSpec:
     shape: tuple[int, ...]
     # None accepts any floating dtype (it is cast to the serving dtype on load).
     dtype: torch.dtype | None = None
+    # Loaded in this dtype instead of the serving dtype (Qwen3.5's fp32 A_log: never rounded down).
+    load_dtype: torch.dtype | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,16 +131,22 @@ def check_tensors(
 
 
 def iter_tensors(
-    stored: Mapping[str, StoredTensor], names: list[str], device: torch.device, dtype: torch.dtype
+    stored: Mapping[str, StoredTensor],
+    names: list[str],
+    device: torch.device,
+    dtype: torch.dtype,
+    load_dtypes: Mapping[str, torch.dtype] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield tensors one at a time (file by file) so peak host memory stays at one tensor."""
+    """Yield tensors one at a time (file by file) so peak host memory stays at one tensor, each in
+    `dtype` or in its own `load_dtypes` entry."""
+    own = load_dtypes or {}
     by_file: dict[Path, list[str]] = {}
     for name in names:
         by_file.setdefault(stored[name].file, []).append(name)
     for file, file_names in by_file.items():
         with safe_open(str(file), framework="pt", device="cpu") as handle:
             for name in file_names:
-                yield name, handle.get_tensor(name).to(device=device, dtype=dtype)
+                yield name, handle.get_tensor(name).to(device=device, dtype=own.get(name, dtype))
 
 
 @dataclass(slots=True)
@@ -183,19 +191,23 @@ def load_checked(
     progress: ProgressSink = SILENT,
 ) -> dict[str, torch.Tensor]:
     """Check every tensor (naming all faults at once), then load the expected ones onto `device` in
-    `dtype`, one `progress` unit per tensor read. Tensors `ignore` accepts stay on disk."""
+    `dtype` (or their spec's `load_dtype`), one `progress` unit per tensor read. Tensors `ignore`
+    accepts stay on disk."""
     check_tensors(checkpoint, expected, stored, ignore=ignore)
+    load_dtypes = {n: s.load_dtype for n, s in expected.items() if s.load_dtype is not None}
     cache = _ACTIVE_CACHE.get()
     names = list(expected)
     weights: dict[str, torch.Tensor] = {}
     if cache is not None:
         tags = {file: WeightCache.file_tag(file) for file in {stored[name].file for name in names}}
-        key_of = {name: (tags[stored[name].file], name, str(device), dtype) for name in names}
+        key_of = {
+            name: (tags[stored[name].file], name, str(device), load_dtypes.get(name, dtype)) for name in names
+        }
         weights = {name: cache.tensors[key_of[name]] for name in names if key_of[name] in cache.tensors}
         cache.hits += len(weights)
     missing = [name for name in names if name not in weights]
     with task(progress, f"loading {checkpoint.name}", len(missing)):
-        for name, tensor in iter_tensors(stored, missing, device, dtype):
+        for name, tensor in iter_tensors(stored, missing, device, dtype, load_dtypes):
             weights[name] = tensor
             if cache is not None:
                 cache.reads += 1

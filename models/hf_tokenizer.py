@@ -1,13 +1,22 @@
 """A checkpoint's own tokenizer (tokenizer.json) and chat template, without transformers.
 
-The chat template is rendered in a sandboxed Jinja environment the way Hugging Face renders it
-(trimmed blocks, `raise_exception`, `tojson`), and the rendered text is encoded without adding
-special tokens: BOS comes from the template, so nothing adds a second one.
+Prompts get the ids transformers' `AutoTokenizer` gives the same checkpoint:
+
+- A completion prompt is encoded with the special tokens of tokenizer.json's post-processor (a
+  Gemma prompt starts with `<bos>`). transformers 5 takes them from the post-processor alone: it
+  drops `add_bos_token` / `add_eos_token` from tokenizer_config.json when a tokenizer.json exists,
+  so a config that disagrees with the post-processor is logged and otherwise not followed. One
+  deliberate difference: a prompt whose text already starts with the token the post-processor
+  prepends (a chat prompt rendered by the client) keeps one of them, not two.
+- A chat is rendered in a sandboxed Jinja environment the way Hugging Face renders it (trimmed
+  blocks, `raise_exception`, `tojson`, `bos_token` and `eos_token` defined), and the text is
+  encoded without adding special tokens: BOS comes from the template, so nothing adds a second one.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -17,6 +26,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as FastTokenizer
 
 from models.registry import ChatMessage, ModelLoadError, PromptRenderError
+
+log = logging.getLogger(__name__)
 
 
 class ChatTemplateError(PromptRenderError):
@@ -58,6 +69,26 @@ class HFTokenizer:
             value, ensure_ascii=False, indent=indent
         )
         self._template = env.from_string(self.chat_template) if self.chat_template else None
+        self._warn_on_config_disagreement(checkpoint, config)
+
+    def _warn_on_config_disagreement(self, checkpoint: Path, config: dict[str, Any]) -> None:
+        added = self._tok.encode("", add_special_tokens=True).ids
+        for field, token in (("add_bos_token", self.bos_token), ("add_eos_token", self.eos_token)):
+            wanted = config.get(field)
+            if not isinstance(wanted, bool) or token is None:
+                continue
+            token_id = self._tok.token_to_id(token)
+            adds = token_id is not None and token_id in added
+            if adds != wanted:
+                log.warning(
+                    "%s: tokenizer_config.json has %s=%s but tokenizer.json's post-processor %s %s; "
+                    "prompts follow the post-processor, as transformers does",
+                    checkpoint,
+                    field,
+                    wanted,
+                    "adds" if adds else "does not add",
+                    token,
+                )
 
     @property
     def vocab_size(self) -> int:
@@ -68,6 +99,16 @@ class HFTokenizer:
         return None if value is None else int(value)
 
     def encode(self, text: str) -> list[int]:
+        """A completion prompt's ids: the text with the post-processor's special tokens."""
+        encoding = self._tok.encode(text, add_special_tokens=True)
+        ids, added = list(encoding.ids), encoding.special_tokens_mask
+        # The text already starts with the token the post-processor prepends: keep one.
+        if len(ids) > 1 and added[0] == 1 and added[1] == 0 and ids[0] == ids[1]:
+            del ids[0]
+        return ids
+
+    def encode_text(self, text: str) -> list[int]:
+        """The text's own ids, no special tokens added (a rendered chat carries its own)."""
         return list(self._tok.encode(text, add_special_tokens=False).ids)
 
     def decode(self, token_ids: Sequence[int]) -> str:
@@ -89,4 +130,4 @@ class HFTokenizer:
             raise ChatTemplateError(f"chat template failed: {exc}") from exc
 
     def render_chat(self, messages: Sequence[ChatMessage]) -> list[int]:
-        return self.encode(self.render_chat_text(messages))
+        return self.encode_text(self.render_chat_text(messages))

@@ -17,11 +17,11 @@ from typing import Generic, Protocol, TypeVar
 import torch
 
 from engine.forward_batch import PagedCausalLM
+from engine.kv.state_pool import state_pools_of
 from engine.paged_startup import start_paged_model
 from engine.scheduler import BatchScheduler
 from kernels.gemm.dispatch import Linear, policy_linear
 from kernels.kv_layout import pages_for
-from kernels.norm_dispatch import NormOps, policy_norms
 from models.checkpoint import StoredTensor, TensorSpec, load_checked, stored_tensors
 from models.context_limit import resolve_max_model_len
 from models.device_choice import pick_attention, pick_device, pick_dtype
@@ -65,7 +65,6 @@ class ModelFactory(Protocol[ConfigIn]):
         device: torch.device,
         max_positions: int,
         linear: Linear,
-        norms: NormOps,
     ) -> PagedCausalLM: ...
 
 
@@ -113,14 +112,14 @@ class PagedLine(Generic[ConfigT]):
             weights,
             device,
             max_model_len,
-            policy_linear(engine.numeric_policy),
-            policy_norms(engine.numeric_policy),
+            policy_linear(engine.numeric_policy, device),
         )
         # The model keeps fused copies: dropping the loaded tensors frees the unfused projections
         # before start-up measures what the weights take.
         del weights
         attention = pick_attention(options, device, dtype, pages_for(max_model_len))
         runner, kv_groups = start_paged_model(model, attention, engine, max_model_len, options.progress)
+        state = state_pools_of(model)
         scheduler = BatchScheduler(
             runner,
             engine,
@@ -129,6 +128,7 @@ class PagedLine(Generic[ConfigT]):
             max_model_len,
             model_id=f"{self.family}:{path.resolve()}",
             vocab_size=config.vocab_size,
+            state_slots=None if state is None else state.num_slots,
         )
         return LoadedModel(
             name=path.name, scheduler=scheduler, tokenizer=tokenizer, max_model_len=max_model_len

@@ -33,7 +33,9 @@ class ChatMessage:
 
 
 class Tokenizer(Protocol):
-    def encode(self, text: str) -> list[int]: ...
+    def encode(self, text: str) -> list[int]:
+        """A completion prompt's ids, as the checkpoint's own tokenizer encodes it (BOS included)."""
+        ...
 
     def decode(self, token_ids: Sequence[int]) -> str: ...
 
@@ -49,6 +51,12 @@ class ModelOptions:
     dtype: str | None = field(default=None, metadata={"help": "Weight and activation dtype (model lines)."})
     device: str | None = field(default=None, metadata={"help": "Device to run on, e.g. cuda or cpu."})
     attention_backend: str | None = field(default=None, metadata={"help": "torch or flashinfer."})
+    gdn_backend: str = field(
+        default="auto",
+        metadata={
+            "help": "Gated DeltaNet kernels (Qwen3.5): auto, flashinfer, fla or torch (only torch is built)."
+        },
+    )
     sim_step_delay_s: float = field(
         default=0.0,
         metadata={
@@ -89,6 +97,7 @@ def _register_builtin_lines() -> None:
     import models.gemma3
     import models.gemma4
     import models.qwen3
+    import models.qwen35
     import models.sim  # noqa: F401
 
 
@@ -107,19 +116,31 @@ def checkpoint_model_type(path: Path) -> str:
 
 
 def load_model(spec: str, options: ModelOptions | None = None) -> LoadedModel:
+    from models.hub import resolve_hub_checkpoint  # models.hub imports this module
+
     _register_builtin_lines()
     options = options or ModelOptions()
     if spec in _BY_NAME:
         return _BY_NAME[spec](spec, options)
     path = Path(spec)
+    # A directory that exists wins over a hub id spelled the same.
+    hub_path = None if path.exists() else resolve_hub_checkpoint(spec, options.progress)
+    path = hub_path or path
+    if path.suffix.lower() == ".gguf" and path.is_file():
+        from models.gguf import converted_checkpoint
+
+        path = converted_checkpoint(path, options.progress)
     if not path.exists():
         known = ", ".join(sorted(_BY_NAME)) or "none"
         raise ModelLoadError(
-            f"--model {spec!r}: neither a built-in model ({known}) nor an existing directory"
+            f"--model {spec!r}: neither a built-in model ({known}), an existing directory nor a hub id (ORG/NAME)"
         )
     model_type = checkpoint_model_type(path)
     loader = _BY_MODEL_TYPE.get(model_type)
     if loader is None:
         supported = ", ".join(sorted(_BY_MODEL_TYPE)) or "none yet"
         raise ModelLoadError(f"{path}: model_type {model_type!r} is not supported (supported: {supported})")
-    return loader(str(path), options)
+    loaded = loader(str(path), options)
+    if hub_path is not None:
+        loaded.name = spec
+    return loaded

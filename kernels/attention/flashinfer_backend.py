@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
+import numpy as np
 import torch
 
 from kernels.attention.base import AttentionBackend, AttentionLayerSpec, GroupBatch, WarmUpStep
@@ -114,9 +115,14 @@ class FlashInferAttention(AttentionBackend):
     ) -> None:
         ps = batch.page_size
         pages_per_seq = [ceil_div(kv, ps) for kv in batch.kv_lens]
-        indices = [p for table, n in zip(batch.page_tables, pages_per_seq, strict=True) for p in table[:n]]
         kv_indptr = _indptr(pages_per_seq)
-        kv_indices = torch.tensor(indices, dtype=torch.int32)
+        kv_indices = torch.from_numpy(
+            np.fromiter(
+                (p for table, n in zip(batch.page_tables, pages_per_seq, strict=True) for p in table[:n]),
+                dtype=np.int32,
+                count=int(kv_indptr[-1]),
+            )
+        )
         last_page_len = torch.tensor(
             [kv - (n - 1) * ps for kv, n in zip(batch.kv_lens, pages_per_seq, strict=True)], dtype=torch.int32
         )
@@ -129,11 +135,13 @@ class FlashInferAttention(AttentionBackend):
         else:
             wrapper = self._eager_wrappers(group, layer.head_dim)[1 if decode_only else 0]
         # Decode and prefill planners take the same paged-KV arguments; prefill also takes the
-        # query offsets first and the causal mask.
+        # query offsets first and the causal mask. They stay on the host: the planners read the
+        # offsets there (a device tensor would cost a copy each way, and a sync) and copy what the
+        # kernels read to the device themselves.
         paged = (
-            kv_indptr.to(self.device),
-            kv_indices.to(self.device),
-            last_page_len.to(self.device),
+            kv_indptr,
+            kv_indices,
+            last_page_len,
             layer.num_heads,
             layer.num_kv_heads,
             layer.head_dim,
@@ -149,7 +157,7 @@ class FlashInferAttention(AttentionBackend):
         if decode_only:
             wrapper.plan(*paged, **options)
         else:
-            wrapper.plan(_indptr(list(batch.q_lens)).to(self.device), *paged, causal=True, **options)
+            wrapper.plan(_indptr(list(batch.q_lens)), *paged, causal=True, **options)
         self._active[group] = wrapper
 
     def split_kwargs(self) -> dict[str, bool]:

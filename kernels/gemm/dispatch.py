@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import torch
@@ -10,9 +11,12 @@ import torch.nn.functional as F
 from kernels.gemm.names import NumericPolicy, parse_policy
 from kernels.gemm.per_token import per_token_linear
 from kernels.gemm.pin import PinnedGemm
+from kernels.gemm.skinny_dispatch import SkinnyDispatch, measured_table
 from kernels.triton.invariant_gemm import GemmTiles, invariant_gemm
 
 Linear = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+log = logging.getLogger("infer.gemm")
 
 # The one configuration `invariant` runs for every shape and every row count.
 INVARIANT_TILES = GemmTiles(block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=3)
@@ -22,11 +26,18 @@ def invariant_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return invariant_gemm(x, weight, INVARIANT_TILES)
 
 
-def policy_linear(policy: NumericPolicy | str) -> Linear:
-    """The linear of a policy. `pin` gets a fresh `PinnedGemm` (its pins live as long as the model)."""
+def policy_linear(policy: NumericPolicy | str, device: torch.device | None = None) -> Linear:
+    """The linear of a policy on `device`. `tuned`: the skinny-GEMM dispatch where a table was
+    measured on this device (`skinny_dispatch.measured_table`), cuBLAS otherwise. `pin` gets a
+    fresh `PinnedGemm` (its pins live as long as the model)."""
     chosen = parse_policy(policy) if isinstance(policy, str) else policy
     if chosen is NumericPolicy.TUNED:
-        return F.linear
+        table = None
+        if device is not None and device.type == "cuda":
+            table = measured_table(torch.cuda.get_device_name(device))
+            if table is None:
+                log.info("no skinny-GEMM table for %s: cuBLAS for every projection", device)
+        return F.linear if table is None else SkinnyDispatch(table)
     if chosen is NumericPolicy.PIN:
         return PinnedGemm()
     if chosen is NumericPolicy.PER_TOKEN:

@@ -13,7 +13,8 @@ skinny kernel was faster. ``SkinnyDispatch(table)`` is a ``linear(x, weight)`` t
   row the same way: within those buckets the dispatch is batch-invariant. Across a bucket boundary
   where the choice switches between cuBLAS and ours it is not (docs/kernels.md).
 
-Not wired into any numeric policy or model: that waits for GPU measurements.
+The `tuned` policy follows the table measured on the device it runs on (`measured_table`), and
+cuBLAS for every projection on a device with none (kernels/gemm/dispatch.py).
 """
 
 from __future__ import annotations
@@ -33,6 +34,10 @@ from kernels.triton.skinny_gemm import MAX_ROWS, SkinnySettings, SkinnyShapeErro
 log = logging.getLogger("infer.gemm")
 
 TABLE_FORMAT = "infer-skinny-dispatch/1"
+
+# Tables measured by `infer bench gemm --save-dispatch` (docs/benchmarks/gemm.md), by the device
+# name torch reports; files beside this module.
+MEASURED_TABLES = {"NVIDIA H200": "skinny_dispatch_h200.json"}
 
 
 class DispatchTableError(ValueError):
@@ -171,6 +176,12 @@ class ChoiceTable:
         )
 
 
+def measured_table(device_name: str) -> ChoiceTable | None:
+    """The shipped table measured on a device of this name, or None."""
+    name = MEASURED_TABLES.get(device_name)
+    return None if name is None else ChoiceTable.load(Path(__file__).with_name(name))
+
+
 class SkinnyDispatch:
     """``linear(x, weight)`` for x [..., K]: the table's backend per shape and M bucket, else F.linear."""
 
@@ -178,12 +189,14 @@ class SkinnyDispatch:
         self.table = table
         self._logged: set[tuple[int, int, str, str]] = set()
 
-    def _fall_back(self, x: torch.Tensor, weight: torch.Tensor, kind: str, why: str) -> torch.Tensor:
+    def _fall_back(
+        self, x: torch.Tensor, weight: torch.Tensor, kind: str, why: str, level: int = logging.WARNING
+    ) -> torch.Tensor:
         n, k = int(weight.shape[0]), int(weight.shape[-1])
         key = (n, k, dtype_name(weight.dtype), kind)
         if key not in self._logged:
             self._logged.add(key)
-            log.warning("skinny GEMM: weight [%d, %d] %s runs F.linear: %s", n, k, key[2], why)
+            log.log(level, "skinny GEMM: weight [%d, %d] %s runs F.linear: %s", n, k, key[2], why)
         return F.linear(x, weight)
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -198,7 +211,9 @@ class SkinnyDispatch:
         picked = choice.backend(m)
         if picked is None:
             largest = choice.rows[-1][0]
-            return self._fall_back(x, weight, "rows", f"M={m} is beyond the largest measured M={largest}")
+            # Prefill: cuBLAS is the design past the skinny range, so this is news, not a warning.
+            why = f"M={m} is beyond the largest measured M={largest}"
+            return self._fall_back(x, weight, "rows", why, level=logging.INFO)
         if picked[1] is Backend.CUBLAS:
             return F.linear(x, weight)
         try:

@@ -5,10 +5,10 @@ so a row normalised alone or inside any batch takes the same bits. Rounding poin
 ``kernels.reference.rms_norm`` (weight `w` or `1 + w`, optionally rounding before the weight),
 through the prep kernel's ``_normalise`` and ``_round_to_storage``. One launch per call; graph-safe.
 
-The same kernel optionally first adds a residual delta (``invariant_add_rms_norm``): the sum is
-rounded to the storage dtype exactly as torch's ``residual + delta`` rounds (fp32 add, one rounding),
-stored, and that stored value is what gets normalised. Its definition is the composition
-``reference.rms_norm(residual + delta, ...)``; nothing else about the norm changes.
+The same kernel optionally first updates the residual stream (``invariant_add_rms_norm``): it adds
+a delta (normalised first when a delta weight is given) and multiplies by a scale when one is given,
+each rounded to the storage dtype as torch's ops round, stores that sum, and normalises the stored
+value. Its definition is ``kernels.reference.add_rms_norm``; nothing else about the norm changes.
 
 ``python -m kernels.triton.invariant_rmsnorm`` compiles every variant for sm_90 without a GPU.
 """
@@ -43,6 +43,8 @@ class NormShapeError(ValueError):
 def _invariant_rmsnorm_kernel(
     x_ptr,
     delta_ptr,
+    delta_w_ptr,
+    scale_ptr,
     w_ptr,
     y_ptr,
     sum_ptr,
@@ -57,25 +59,39 @@ def _invariant_rmsnorm_kernel(
     ROUND_BEFORE_WEIGHT: tl.constexpr,
     STORAGE: tl.constexpr,
     HAS_DELTA: tl.constexpr,
+    DELTA_NORM: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)  # row * stride can pass 2³¹ elements at long prefills
     cols = tl.arange(0, BLOCK_H)[None, :]
     ok = cols < H
     x = tl.load(x_ptr + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
     if HAS_DELTA:
-        # torch's `residual + delta` in a 16-bit dtype: one fp32 add, one rounding to storage.
         delta = tl.load(delta_ptr + row * stride_delta + cols, mask=ok, other=0.0).to(tl.float32)
+        if DELTA_NORM:
+            delta_inv = _row_inverse_rms(delta, H, eps)
+            delta_w = tl.load(delta_w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+            delta = _normalise(delta, delta_inv, delta_w, WEIGHT_MODE, ROUND_BEFORE_WEIGHT, STORAGE)
+        # torch's `residual + delta` in a 16-bit dtype: one fp32 add, one rounding to storage.
         x = _round_to_storage(x + delta, STORAGE)
+        if HAS_SCALE:
+            x = _round_to_storage(x * tl.load(scale_ptr).to(tl.float32), STORAGE)
         # The whole row is loaded above, so sum_ptr may alias x_ptr (an in-place residual update).
         tl.store(sum_ptr + row * stride_sum + cols, x, mask=ok)
-    mean_square = tl.div_rn(tl.sum(x * x, axis=1), H.to(tl.float32))
-    inv_rms = tl.div_rn(1.0, tl.sqrt_rn(mean_square + eps))[:, None]
+    inv_rms = _row_inverse_rms(x, H, eps)
     if WEIGHT_MODE == WEIGHT_NONE:  # noqa: SIM108 (constexpr branch: no weight pointer to load)
         weight = x
     else:
         weight = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
     y = _normalise(x, inv_rms, weight, WEIGHT_MODE, ROUND_BEFORE_WEIGHT, STORAGE)
     tl.store(y_ptr + row * stride_y + cols, y, mask=ok)
+
+
+@triton.jit
+def _row_inverse_rms(x, H, eps):
+    """``1 / sqrt(mean(x²) + eps)`` of a [1, BLOCK_H] row (zeros past H), IEEE divide and sqrt."""
+    mean_square = tl.div_rn(tl.sum(x * x, axis=1), H.to(tl.float32))
+    return tl.div_rn(1.0, tl.sqrt_rn(mean_square + eps))[:, None]
 
 
 def _num_warps(h: int) -> int:
@@ -129,6 +145,8 @@ def _launch(
     y: torch.Tensor,
     summed: torch.Tensor | None,
     spec: NormSpec,
+    delta_weight: torch.Tensor | None = None,
+    scale: torch.Tensor | None = None,
 ) -> None:
     if not rows.shape[0]:
         return
@@ -136,6 +154,8 @@ def _launch(
     _invariant_rmsnorm_kernel[(rows.shape[0],)](
         rows,
         rows if delta is None else delta,  # unread without HAS_DELTA; any valid pointer serves
+        rows if delta_weight is None else delta_weight,
+        rows if scale is None else scale,
         rows if weight is None else weight,
         y,
         y if summed is None else summed,
@@ -150,6 +170,8 @@ def _launch(
         ROUND_BEFORE_WEIGHT=spec.round_before_weight,
         STORAGE=STORAGE_TYPES[rows.dtype],
         HAS_DELTA=delta is not None,
+        DELTA_NORM=delta_weight is not None,
+        HAS_SCALE=scale is not None,
         num_warps=_num_warps(h),
         enable_fp_fusion=False,  # keep every multiply and add separately rounded, as in the spec
     )
@@ -176,14 +198,18 @@ def invariant_add_rms_norm(
     spec: NormSpec,
     weight: torch.Tensor | None = None,
     *,
+    delta_weight: torch.Tensor | None = None,
+    scale: torch.Tensor | None = None,
     residual_out: torch.Tensor | None = None,
     normed_out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(residual + delta, rms_norm(residual + delta))`` in one launch, both in the storage dtype.
+    """``reference.add_rms_norm(residual, delta, spec, weight, delta_weight=, scale=)`` in one launch:
+    the new residual and its norm, both in the storage dtype.
 
-    Bit for bit ``s = residual + delta; reference.rms_norm(s, spec, weight)`` (up to the fp32 order
-    of the sum of squares, as for ``invariant_rms_norm``). ``residual_out`` may be ``residual``
-    itself, updating the residual stream in place.
+    Bit for bit the spec's composition (up to the fp32 order of the sums of squares, as for
+    ``invariant_rms_norm``). ``delta_weight`` normalises the delta first with the same spec;
+    ``scale`` (one element) multiplies the sum. ``residual_out`` may be ``residual`` itself,
+    updating the residual stream in place.
     """
     h = _check_norm(residual, spec, weight)
     if delta.shape != residual.shape or delta.dtype != residual.dtype or delta.device != residual.device:
@@ -191,11 +217,17 @@ def invariant_add_rms_norm(
             f"delta is {tuple(delta.shape)} {delta.dtype} on {delta.device}, residual "
             f"{tuple(residual.shape)} {residual.dtype} on {residual.device}"
         )
+    if delta_weight is not None:
+        if spec.weight is NormWeight.NONE:
+            raise NormShapeError("delta_weight was given, but the norm spec has no weight")
+        _check_norm(delta, spec, delta_weight)
+    if scale is not None and (scale.numel() != 1 or scale.dtype != residual.dtype):
+        raise NormShapeError(f"scale is {tuple(scale.shape)} {scale.dtype}: one {residual.dtype} element")
     rows = _input_rows(residual, h)
     delta_rows = _input_rows(delta, h)
     summed = _output_rows(residual_out, residual, "residual_out")
     y = _output_rows(normed_out, residual, "normed_out")
-    _launch(rows, delta_rows, weight, y, summed, spec)
+    _launch(rows, delta_rows, weight, y, summed, spec, delta_weight, scale)
     new_residual = summed.reshape(residual.shape) if residual_out is None else residual_out
     normed = y.reshape(residual.shape) if normed_out is None else normed_out
     return new_residual, normed
@@ -217,7 +249,14 @@ COMPILE_HIDDEN: tuple[int, ...] = (2560, 5376)
 
 
 def compile_variant(
-    spec: NormSpec, dtype: torch.dtype, hidden: int, *, has_delta: bool, arch: int = 90
+    spec: NormSpec,
+    dtype: torch.dtype,
+    hidden: int,
+    *,
+    has_delta: bool,
+    delta_norm: bool = False,
+    has_scale: bool = False,
+    arch: int = 90,
 ) -> object:
     """The compiled kernel (cubin included) for one variant on ``sm_{arch}``, without a GPU."""
     if interpreted():
@@ -231,6 +270,8 @@ def compile_variant(
         "ROUND_BEFORE_WEIGHT": spec.round_before_weight,
         "STORAGE": STORAGE_TYPES[dtype],
         "HAS_DELTA": has_delta,
+        "DELTA_NORM": delta_norm,
+        "HAS_SCALE": has_scale,
     }
     names = list(_invariant_rmsnorm_kernel.arg_names)
     signature = {
@@ -259,15 +300,28 @@ def compile_variant(
 def main() -> int:
     for has_delta in (False, True):
         for spec in COMPILE_SPECS:
-            for dtype in POINTER_TYPES:
-                for hidden in COMPILE_HIDDEN:
-                    kernel = compile_variant(spec, dtype, hidden, has_delta=has_delta)
-                    if not getattr(kernel, "asm", {}).get("cubin"):
-                        raise RuntimeError(f"no cubin for {spec} {dtype} hidden={hidden}")
-            kind = "add_rms_norm" if has_delta else "rms_norm"
-            print(
-                f"compiled {kind} weight={spec.weight.value} round_before_weight={spec.round_before_weight}"
-            )
+            # Gemma 4's residual steps normalise the delta and scale the sum (they need a weight).
+            gemma_steps = has_delta and spec.weight is not NormWeight.NONE
+            for delta_norm, has_scale in ((False, False), (True, False), (True, True))[
+                : 3 if gemma_steps else 1
+            ]:
+                for dtype in POINTER_TYPES:
+                    for hidden in COMPILE_HIDDEN:
+                        kernel = compile_variant(
+                            spec,
+                            dtype,
+                            hidden,
+                            has_delta=has_delta,
+                            delta_norm=delta_norm,
+                            has_scale=has_scale,
+                        )
+                        if not getattr(kernel, "asm", {}).get("cubin"):
+                            raise RuntimeError(f"no cubin for {spec} {dtype} hidden={hidden}")
+                kind = "add_rms_norm" if has_delta else "rms_norm"
+                print(
+                    f"compiled {kind} weight={spec.weight.value} round_before_weight={spec.round_before_weight}"
+                    f" delta_norm={delta_norm} scale={has_scale}"
+                )
     return 0
 
 

@@ -7,9 +7,10 @@ paged attention with scale 1.0 (sliding layers see the last W positions, their o
 projection → RMSNorm → residual add; RMSNorm → gelu_tanh(gate)·up → down → RMSNorm → residual add;
 then the layer's scalar. Final RMSNorm, tied LM head, logits soft-capped `c·tanh(x/c)`.
 
-The numeric policy arrives as two injected ops, `linear` and `norms` (docs/numerics.md); the
-post-attention norm's sum feeds the pre-feedforward norm, so that add and norm are one
-`norms.add_rms_norm` step. Two KV groups, each with its own pool and page count: the sliding
+The numeric policy arrives as the injected `linear` (docs/numerics.md). Each residual step is one
+`layer_ops.add_rms_norm` (one launch on CUDA): the post-attention norm of the delta, the add and the
+pre-feedforward norm; the post-feedforward norm of the delta, the add, the layer scalar and the next
+layer's input norm (the final norm after the last layer). Two KV groups, each with its own pool and page count: the sliding
 layers', and the global layers'.
 """
 
@@ -23,12 +24,11 @@ import torch.nn.functional as F
 
 from engine.forward_batch import ForwardBatch, RooflineFacts
 from engine.kv.pools import KVGroupShape, KVPools
-from kernels import reference
+from kernels import layer_ops, reference
 from kernels.attention.base import AttentionLayerSpec
 from kernels.gemm.dispatch import Linear
-from kernels.norm_dispatch import REFERENCE_NORMS, NormOps
 from kernels.prep_dispatch import run_attention_prep
-from kernels.reference import NormSpec, NormWeight, PrepSpec
+from kernels.reference import GatedActivation, NormSpec, NormWeight, PrepSpec
 from models.gemma4.config import GLOBAL, SLIDING, Gemma4Config
 from models.gemma4.weights import text_prefix
 
@@ -62,11 +62,9 @@ class Gemma4Model:
         device: torch.device,
         max_positions: int,
         linear: Linear = F.linear,
-        norms: NormOps = REFERENCE_NORMS,
     ) -> None:
         self.config = config
         self.linear = linear
-        self.norms = norms
         self.device = device
         c = config
         prefix = text_prefix(weights)
@@ -162,13 +160,12 @@ class Gemma4Model:
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         c = self.config
-        norms = self.norms
         hidden = F.embedding(batch.input_ids, self.embed) * self.embed_scale
         tokens = hidden.shape[0]
+        x = layer_ops.rms_norm(hidden, self.norm, self.layers[0].input_norm)
         for index, layer in enumerate(self.layers):
             g = c.geometry(layer.kind)
             q_size, kv_size = c.num_heads * g.head_dim, g.num_kv_heads * g.head_dim
-            x = norms.rms_norm(hidden, self.norm, layer.input_norm)
             projected = self.linear(x, layer.qkv)
             if layer.kind == SLIDING:
                 q, k, v = projected.split([q_size, kv_size, kv_size], dim=-1)
@@ -191,19 +188,29 @@ class Gemma4Model:
             spec = self.kv.shapes[layer.group].attention
             attn = batch.attention.run(layer.group, spec, q_rot, pool_layer)
             attn_out = self.linear(attn.reshape(tokens, q_size), layer.o)
-            hidden, x = norms.add_rms_norm(
+            hidden, x = layer_ops.add_rms_norm(
                 hidden,
-                norms.rms_norm(attn_out, self.norm, layer.post_attention_norm),
+                attn_out,
                 self.norm,
                 layer.pre_feedforward_norm,
+                delta_weight=layer.post_attention_norm,
             )
-            gate, up = self.linear(x, layer.gate_up).chunk(2, dim=-1)
-            mlp_out = self.linear(F.gelu(gate, approximate="tanh") * up, layer.down)
-            hidden = hidden + norms.rms_norm(mlp_out, self.norm, layer.post_feedforward_norm)
-            hidden = hidden * layer.scalar
+            activated = layer_ops.gated_activation(self.linear(x, layer.gate_up), GatedActivation.GELU_TANH)
+            mlp_out = self.linear(activated, layer.down)
+            # Norms are per row: normalising every token with the final norm, then picking the
+            # sampled ones, is the same as picking first.
+            next_norm = self.layers[index + 1].input_norm if index + 1 < len(self.layers) else self.final_norm
+            hidden, x = layer_ops.add_rms_norm(
+                hidden,
+                mlp_out,
+                self.norm,
+                next_norm,
+                delta_weight=layer.post_feedforward_norm,
+                scale=layer.scalar,
+            )
             if index in self.probe_layers:
                 self.probes[index] = hidden.clone()
-        return norms.rms_norm(hidden.index_select(0, batch.sample_index), self.norm, self.final_norm)
+        return x.index_select(0, batch.sample_index)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.linear(hidden, self.embed)

@@ -4,8 +4,9 @@ Per layer: RMSNorm → fused QKV projection → attention prep (per-head Q/K RMS
 full RoPE, K and V written to the pool) → paged attention → O projection → residual; RMSNorm →
 SwiGLU MLP (fused gate/up) → residual. Final RMSNorm, tied or untied LM head.
 
-The numeric policy arrives as two injected ops, `linear` and `norms` (docs/numerics.md); each
-residual add goes with the norm that reads its sum (`norms.add_rms_norm`). One KV group.
+The numeric policy arrives as the injected `linear` (docs/numerics.md). Each residual add goes
+with the norm that reads its sum (`layer_ops.add_rms_norm`, one launch on CUDA): the MLP's add with
+the next layer's input norm, the last layer's with the final norm. One KV group.
 """
 
 from __future__ import annotations
@@ -18,12 +19,11 @@ import torch.nn.functional as F
 
 from engine.forward_batch import ForwardBatch, RooflineFacts
 from engine.kv.pools import KVGroupShape, KVPools
-from kernels import reference
+from kernels import layer_ops, reference
 from kernels.attention.base import AttentionLayerSpec
 from kernels.gemm.dispatch import Linear
-from kernels.norm_dispatch import REFERENCE_NORMS, NormOps
 from kernels.prep_dispatch import run_attention_prep
-from kernels.reference import NormSpec, NormWeight
+from kernels.reference import GatedActivation, NormSpec, NormWeight
 from models.qwen3.config import Qwen3Config
 
 
@@ -47,11 +47,9 @@ class Qwen3Model:
         device: torch.device,
         max_positions: int,
         linear: Linear = F.linear,
-        norms: NormOps = REFERENCE_NORMS,
     ) -> None:
         self.config = config
         self.linear = linear
-        self.norms = norms
         self.device = device
         self.embed = weights["model.embed_tokens.weight"]
         self.final_norm = weights["model.norm.weight"]
@@ -100,10 +98,9 @@ class Qwen3Model:
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         c = self.config
-        norms = self.norms
         hidden = F.embedding(batch.input_ids, self.embed)
         tokens = hidden.shape[0]
-        x = norms.rms_norm(hidden, self.norm, self.layers[0].input_norm)
+        x = layer_ops.rms_norm(hidden, self.norm, self.layers[0].input_norm)
         for index, layer in enumerate(self.layers):
             q, k, v = self.linear(x, layer.qkv).split([c.q_size, c.kv_size, c.kv_size], dim=-1)
             pool_layer = self.kv.layer(0, index)
@@ -120,15 +117,15 @@ class Qwen3Model:
             )
             attn = batch.attention.run(0, self.attn_spec, q_rot, pool_layer)
             attn_out = self.linear(attn.reshape(tokens, c.q_size), layer.o)
-            hidden, x = norms.add_rms_norm(hidden, attn_out, self.norm, layer.post_attention_norm)
-            gate, up = self.linear(x, layer.gate_up).chunk(2, dim=-1)
-            mlp_out = self.linear(F.silu(gate) * up, layer.down)
-            if index + 1 < len(self.layers):
-                # The MLP's add and the next layer's input norm read the same sum: one step.
-                hidden, x = norms.add_rms_norm(hidden, mlp_out, self.norm, self.layers[index + 1].input_norm)
-            else:
-                hidden = hidden + mlp_out
-        return norms.rms_norm(hidden.index_select(0, batch.sample_index), self.norm, self.final_norm)
+            hidden, x = layer_ops.add_rms_norm(hidden, attn_out, self.norm, layer.post_attention_norm)
+            activated = layer_ops.gated_activation(self.linear(x, layer.gate_up), GatedActivation.SILU)
+            mlp_out = self.linear(activated, layer.down)
+            # The MLP's add and the norm after it (the next layer's input norm, or the final norm)
+            # read the same sum: one step. Norms are per row, so normalising every token and then
+            # picking the sampled ones is the same as picking first.
+            next_norm = self.layers[index + 1].input_norm if index + 1 < len(self.layers) else self.final_norm
+            hidden, x = layer_ops.add_rms_norm(hidden, mlp_out, self.norm, next_norm)
+        return x.index_select(0, batch.sample_index)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.linear(hidden, self.lm_head).float()

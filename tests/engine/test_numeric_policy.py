@@ -29,6 +29,7 @@ from kernels.gemm import NumericPolicy, UnknownPolicyError, parse_policies, pars
 from kernels.gemm.dispatch import invariant_linear, policy_linear
 from kernels.gemm.per_token import per_token_linear
 from kernels.gemm.pin import PinError, PinnedGemm, WeightShape
+from kernels.gemm.skinny_dispatch import SkinnyDispatch, measured_table
 from kernels.triton.invariant_gemm import GemmTiles
 
 MIB = 1 << 20
@@ -76,6 +77,33 @@ def test_policy_linear_by_name() -> None:
     assert isinstance(pinned, PinnedGemm) and pinned is not policy_linear("pin")
     with pytest.raises(UnknownPolicyError, match="'cublas'"):
         policy_linear("cublas")
+
+
+def test_tuned_follows_the_table_measured_on_its_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert policy_linear("tuned", torch.device("cpu")) is F.linear
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    dispatch = policy_linear("tuned", cuda)
+    assert isinstance(dispatch, SkinnyDispatch)
+    # The shipped table covers every decode projection of Qwen3-4B and Gemma 4 12B in bf16.
+    for n, k in ((6144, 2560), (2560, 4096), (19456, 2560), (2560, 9728), (151936, 2560), (262144, 3840)):
+        assert dispatch.table.lookup(n, k, torch.bfloat16) is not None, (n, k)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Some Other GPU")
+    assert policy_linear("tuned", cuda) is F.linear
+
+
+def test_skinny_dispatch_past_its_rows_is_cublas_and_said_once(caplog: pytest.LogCaptureFixture) -> None:
+    table = measured_table("NVIDIA H200")
+    assert table is not None
+    dispatch = SkinnyDispatch(table)
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(65, 4096, generator=g).bfloat16()
+    w = (torch.randn(2560, 4096, generator=g) / 64).bfloat16()
+    with caplog.at_level("INFO", logger="infer.gemm"):
+        assert torch.equal(dispatch(x, w), F.linear(x, w))
+        dispatch(x, w)
+    said = [r for r in caplog.records if "M=65 is beyond the largest measured M=64" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelname == "INFO"
 
 
 # --- per-token ---------------------------------------------------------------------------------

@@ -106,6 +106,7 @@ def test_serve_hands_every_knob_to_the_model_options(monkeypatch: pytest.MonkeyP
             "--dtype", "float32",
             "--device", "cpu",
             "--attention-backend", "torch",
+            "--gdn-backend", "torch",
             "--sim-step-delay", "0.25",
         ],
     )  # fmt: skip
@@ -127,6 +128,7 @@ def test_serve_hands_every_knob_to_the_model_options(monkeypatch: pytest.MonkeyP
         dtype="float32",
         device="cpu",
         attention_backend="torch",
+        gdn_backend="torch",
         sim_step_delay_s=0.25,
     )
     # Every knob was set away from its default above: a knob added later is caught here until it is too.

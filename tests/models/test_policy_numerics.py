@@ -1,12 +1,12 @@
-"""The numeric policy reaches the models' norms, and a `per-token` model is batch-invariant end to end
-on CPU: the gate body `gates.harness.invariance` run on tiny checkpoints, without graphs.
+"""A `per-token` model is batch-invariant end to end on CPU: the gate body `gates.harness.invariance`
+run on tiny checkpoints, without graphs.
 
 `per-token` is the policy checked here because its GEMM is row by row on every device, so its rows
 are batch-invariant on CPU too. `invariant`'s Triton GEMM runs under the interpreter on CPU, whose
 fp32 `tl.dot` is numpy's matmul: that one gives a row different bits at different positions of a
 tile, which the GPU's kernel does not, so the CPU cannot stand in for it (the GPU gate does).
-The batch-invariant Triton norms are forced on (the interpreter runs them) so the models' dispatched
-norm calls, fused residual adds included, are what computes each row.
+The Triton norm and activation kernels are forced on (the interpreter runs them) so the models'
+dispatched calls, fused residual steps included, are what computes each row.
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-import kernels.norm_dispatch as norm_dispatch
-from engine.config import EngineConfig
+import kernels.layer_ops as layer_ops
 from gates.harness.invariance import (
     InvarianceError,
     TargetRun,
@@ -25,9 +24,6 @@ from gates.harness.invariance import (
     compare_to_alone,
     load_invariant,
 )
-from gates.harness.serving import paged_runner
-from kernels.gemm.names import POLICY_NAMES
-from models.registry import ModelOptions, load_model
 
 
 @pytest.fixture(scope="module")
@@ -49,28 +45,11 @@ def _vocab_size(checkpoint: Path) -> int:
 
 
 @pytest.mark.parametrize("family", ["qwen3", "gemma4"])
-@pytest.mark.parametrize("policy", POLICY_NAMES)
-def test_lines_hand_their_model_the_policy_norms(
-    request: pytest.FixtureRequest, family: str, policy: str
-) -> None:
-    engine = EngineConfig(numeric_policy=policy, num_kv_pages=8)
-    loaded = load_model(str(_checkpoint(request, family)), ModelOptions(engine=engine, device="cpu"))
-    norms = getattr(paged_runner(loaded).model, "norms", None)
-    expected = (
-        norm_dispatch.DISPATCHED_NORMS
-        if policy in ("invariant", "per-token")
-        else norm_dispatch.REFERENCE_NORMS
-    )
-    assert norms is expected
-    assert norm_dispatch.policy_norms(policy) is expected
-
-
-@pytest.mark.parametrize("family", ["qwen3", "gemma4"])
 def test_per_token_rows_are_bitwise_alone_and_in_batches(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, family: str
 ) -> None:
     checkpoint = _checkpoint(request, family)
-    calls = {"rms_norm": 0, "add_rms_norm": 0}
+    calls = {"rms_norm": 0, "add_rms_norm": 0, "gated_activation": 0}
 
     def on_triton(x: object) -> bool:
         # Count which dispatched entry point the model took; True sends it to the Triton kernel.
@@ -80,11 +59,11 @@ def test_per_token_rows_are_bitwise_alone_and_in_batches(
         calls[caller] = calls.get(caller, 0) + 1
         return True
 
-    monkeypatch.setattr(norm_dispatch, "_on_triton", on_triton)
+    monkeypatch.setattr(layer_ops, "_on_triton", on_triton)
     model = load_invariant(checkpoint, "per-token", top_bucket=8)
     replayed = check_batch_invariance(model, "per-token", [2, 5], _vocab_size(checkpoint))
     assert replayed == []  # no graphs on CPU: nothing to replay, nothing claimed
-    assert calls["rms_norm"] > 0 and calls["add_rms_norm"] > 0, calls
+    assert all(count > 0 for count in calls.values()), calls
 
 
 def _run(batch: int, last_logprob: str) -> TargetRun:

@@ -173,3 +173,19 @@ def test_seed_source_is_stable_per_request_and_random_across_sources() -> None:
         num_generated=3,
     )
     assert RowSampling.of(row, source) == RowSampling(unseeded, source.seed_for("req-1", unseeded), 3)
+
+
+def test_greedy_rows_take_no_seed() -> None:
+    # Greedy rows never read the noise, so their seed is not derived (and is 0).
+    greedy = SamplingParams(temperature=0.0)
+    row = BatchRow(
+        request_id="req-1",
+        token_ids=(5,),
+        start_pos=9,
+        page_tables=((1,),),
+        sample=True,
+        sampling=greedy,
+        context=(1, 2, 3, 4, 5, 6, 7, 8, 9, 5),
+        num_generated=3,
+    )
+    assert RowSampling.of(row, SeedSource()) == RowSampling(greedy, 0, 3)

@@ -8,17 +8,17 @@
 # Every call leaves $OUT/runs.tgz (every report, log and plot so far) and prints each step's end.
 # Copy what matters into docs/benchmarks/ with the date, commit, device and command.
 #
-# Order is priority. The default PIPELINE: both manifests at the current commit (the structure
-# issue's GPU point), Qwen3-4B latency, then the GEMM bench. The gemma4 step takes ~12 min on a
-# fresh machine (synth ~45 s, FlashInfer JIT ~3 min): send each STAGE=wait call at once, with
-# WAIT_S near the 600 s limit, so the machine never idles 30 s. Its JSON report is rewritten after every gate, so each call's runs.tgz carries
-# what has passed so far. `git rev-parse` on the device can name an older commit than the tree it
-# runs (2026-12-03); record the commit you sent.
-# The bucket sweep (STAGE=buckets), per-policy start-up (STAGE=startup, STAGE=gemma4-startup),
-# Gemma 4's latency and the invariance run were measured at a4c6193, 3a1aa3d or 261eee0 and run
-# only by name. STAGE=norms-check is for tuned on the fused Triton norms, once that change exists.
-# A step that fails does not stop the ones after it. Single steps can still be run by name
-# (STAGE=gemma4-gates, STAGE=buckets, ...), in the foreground.
+# Order is priority. The default PIPELINE: Qwen3-4B latency, its manifest, Gemma 4 12B latency, its
+# manifest (latency first: it builds FlashInfer's kernels once for the gates after it). The gemma4
+# manifest takes ~12 min on a fresh machine (synth ~45 s, FlashInfer JIT ~3 min): send each
+# STAGE=wait call at once, with WAIT_S near the 600 s limit, so the machine never idles 30 s. Gate
+# reports are rewritten after every gate, so each call's runs.tgz carries what has passed so far.
+# `git rev-parse` on the device can name an older commit than the tree it runs (2026-12-03);
+# record the commit you sent.
+# Other steps run only by name: the bucket sweep (STAGE=buckets), per-policy start-up
+# (STAGE=startup, STAGE=gemma4-startup), the invariance run, the GEMM bench (gemm), the host
+# profile (host-profile), norms-check. A step that fails does not stop the ones after it. Single
+# steps can still be run by name (STAGE=gemma4-gates, STAGE=buckets, ...), in the foreground.
 set -uo pipefail
 export PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1
 infer() { python3 -m infer_cli.main "$@"; }
@@ -44,11 +44,12 @@ qwen3-greedy() {  # the Qwen3 gate that failed on the rounded reference at 3a1aa
 }
 gemma4-latency() {
   synth_g4
-  infer bench latency --model $g4 --batch-sizes 1,8,32,64,128 --breakdown --save-result $work/gemma4-12b-latency.json
+  infer bench latency --model $g4 --batch-sizes 1,8,64 --prefill-lens 1024,8192 --breakdown \
+    --save-result $work/gemma4-12b-latency.json
 }
 norms-check() {  # after a change to the norms: the GPU norm tests, transformers parity, then latency
   synth_g4
-  python3 -m pytest -q --tb=short tests/kernels/test_norm_dispatch.py
+  python3 -m pytest -q --tb=short tests/kernels/test_layer_ops.py tests/kernels/test_gated_act.py
   infer gates --manifest gemma4 --shared-process --checkpoint $g4 --gate gemma4.layers_match_hf_probes \
     --gate gemma4.full_forward_matches_hf --gate gemma4.greedy_matches_hf_generate \
     --gate gemma4.context_waypoints_match_hf --json $work/gemma4-parity-gates.json
@@ -72,7 +73,12 @@ buckets() {  # graph memory per bucket and policy, then the GPU-only numerics te
   gpu-tests
 }
 gpu-tests() {  # the kernel and sampling tests that run on the GPU when there is one
-  python3 -m pytest -q --tb=short tests/kernels/test_invariant_gemm.py tests/kernels/test_norm_dispatch.py tests/sampling
+  python3 -m pytest -q -s --tb=short tests/kernels/test_layer_ops.py tests/kernels/test_gated_act.py \
+    tests/kernels/test_invariant_gemm.py tests/kernels/test_skinny_gemm.py tests/sampling
+}
+host-profile() {  # where the host time of a decode step (bs 1, 8, 64) and a 1k prefill goes
+  synth_q3
+  python3 docs/benchmarks/scripts/host_profile.py $q3 --save $work/qwen3-4b-host-profile.json
 }
 startup() {  # issue 7's start-up point on Qwen3-4B, every policy
   synth_q3
@@ -107,7 +113,7 @@ kernels() {
   infer gates --manifest kernels --tier gpu --json $work/kernels-gates.json
   infer bench kernels --save-result $work/bench-kernels.json
 }
-PIPELINE=${PIPELINE:-"qwen3-gates gemma4-gates qwen3-latency gemm"}
+PIPELINE=${PIPELINE:-"qwen3-latency qwen3-gates gemma4-latency gemma4-gates"}
 
 # The pipeline, in its own session so it outlives the call; $work/STEP.log per step, and
 # $work/steps.txt a line as each step ends.
@@ -145,7 +151,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gpu-tests | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | gemm | decode-paths | kernels)
+  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | gemm | decode-paths | kernels)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac

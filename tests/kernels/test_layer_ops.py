@@ -1,4 +1,4 @@
-"""The Triton RMSNorm and fused residual-add RMSNorm against the spec, bit for bit, under the
+"""The Triton RMSNorm and fused residual step + RMSNorm against the spec, bit for bit, under the
 interpreter (on the GPU when there is one), plus an sm_90 compile check of every variant.
 
 The spec (``kernels.reference.rms_norm``) leaves kernels one freedom: the order of the fp32 sum of
@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import norm_dispatch, reference
+from kernels import layer_ops, reference
 from kernels.reference import NormSpec, NormWeight, SpecError
 from kernels.triton.invariant_rmsnorm import (
     COMPILE_SPECS,
@@ -127,6 +127,55 @@ def test_add_rms_norm_is_the_composition_bit_for_bit(dtype: torch.dtype, spec: N
         _assert_is_spec(normed, _spec_on_host(want_sum, spec, weight), want_sum, spec.eps)
         bit_checked += int(_reference_sqrt_is_ieee(want_sum, spec.eps).sum())
     assert bit_checked >= sum(ROW_COUNTS) // 2, f"only {bit_checked} rows compared bit for bit"
+
+
+@pytest.mark.parametrize("with_scale", (False, True), ids=("post-attention", "post-feedforward"))
+@pytest.mark.parametrize("hidden", HIDDEN)
+@pytest.mark.parametrize("spec", SPECS[1:3], ids=SPEC_IDS[1:3])
+def test_gemma_residual_steps_are_the_composition_bit_for_bit(
+    spec: NormSpec, hidden: int, with_scale: bool
+) -> None:
+    # Gemma 4's steps: the delta normalised with its own weight, added, (times the layer scalar),
+    # then normalised with the next weight. bf16: the sum-of-squares order never shows at these seeds.
+    dtype = torch.bfloat16
+    g = torch.Generator().manual_seed(2000 + hidden)
+    weight = _weight(spec, hidden, dtype, g)
+    delta_weight = _weight(spec, hidden, dtype, g)
+    scale = torch.tensor([0.7], dtype=dtype).to(DEVICE) if with_scale else None
+    for rows in ROW_COUNTS:
+        residual = _values(rows, hidden, dtype, g)
+        delta = _values(rows, hidden, dtype, g) * 8  # a delta far from unit RMS, as an MLP's is
+        summed, normed = invariant_add_rms_norm(
+            residual, delta, spec, weight, delta_weight=delta_weight, scale=scale
+        )
+        want_sum, want_norm = reference.add_rms_norm(
+            residual.cpu(),
+            delta.cpu(),
+            spec,
+            None if weight is None else weight.cpu(),
+            delta_weight=None if delta_weight is None else delta_weight.cpu(),
+            scale=None if scale is None else scale.cpu(),
+        )
+        assert torch.equal(summed.cpu(), want_sum), (
+            f"{rows} rows: {_first_difference(summed.cpu(), want_sum)}"
+        )
+        assert torch.equal(normed.cpu(), want_norm), (
+            f"{rows} rows: {_first_difference(normed.cpu(), want_norm)}"
+        )
+    # The steps are not the plain add: the check above could not pass on a kernel that skipped them.
+    plain_sum, _ = invariant_add_rms_norm(residual, delta, spec, weight)
+    assert not torch.equal(plain_sum, summed)
+
+
+def test_gemma_residual_step_refuses_what_it_cannot_take() -> None:
+    x = torch.zeros(3, 64, device=DEVICE)
+    ones = torch.ones(64, device=DEVICE)
+    with pytest.raises(NormShapeError, match=r"delta_weight was given, but the norm spec has no weight"):
+        invariant_add_rms_norm(x, x, NormSpec(NormWeight.NONE), delta_weight=ones)
+    with pytest.raises(NormShapeError, match=r"scale is \(2,\) torch.float32"):
+        invariant_add_rms_norm(x, x, SPECS[1], ones, scale=torch.ones(2, device=DEVICE))
+    with pytest.raises(SpecError, match=r"scale is \(1,\) torch.bfloat16"):
+        reference.add_rms_norm(x, x, SPECS[1], ones, scale=torch.ones(1, dtype=torch.bfloat16))
 
 
 def test_bf16_sum_rounds_to_nearest_even_like_torch() -> None:
@@ -243,14 +292,12 @@ def test_dispatch_runs_the_spec_off_cuda() -> None:
     residual = _values(3, 96, torch.bfloat16, g)
     delta = _values(3, 96, torch.bfloat16, g)
     weight = _weight(spec, 96, torch.bfloat16, g)
-    assert torch.equal(
-        norm_dispatch.rms_norm(residual, spec, weight), reference.rms_norm(residual, spec, weight)
-    )
-    summed, normed = norm_dispatch.add_rms_norm(residual, delta, spec, weight)
+    assert torch.equal(layer_ops.rms_norm(residual, spec, weight), reference.rms_norm(residual, spec, weight))
+    summed, normed = layer_ops.add_rms_norm(residual, delta, spec, weight)
     assert torch.equal(summed, residual + delta)
     assert torch.equal(normed, reference.rms_norm(residual + delta, spec, weight))
     with pytest.raises(SpecError, match=r"delta is \(3, 96\) torch.float32"):
-        norm_dispatch.add_rms_norm(residual, delta.float(), spec, weight)
+        layer_ops.add_rms_norm(residual, delta.float(), spec, weight)
 
 
 def test_every_variant_compiles_for_sm90() -> None:
@@ -268,4 +315,6 @@ def test_every_variant_compiles_for_sm90() -> None:
     )
     assert result.returncode == 0, result.stderr[-4000:]
     compiled = [line for line in result.stdout.splitlines() if line.startswith("compiled ")]
-    assert len(compiled) == 2 * len(COMPILE_SPECS), result.stdout
+    # Each spec plain and with a delta; specs with a weight also as Gemma 4's two residual steps.
+    weighted = sum(spec.weight is not NormWeight.NONE for spec in COMPILE_SPECS)
+    assert len(compiled) == 2 * len(COMPILE_SPECS) + 2 * weighted, result.stdout

@@ -1,0 +1,131 @@
+"""Where a step's host time goes: cProfile over whole engine steps of a served model, decode at each
+batch size (CUDA graphs on) and one prefill, printing the functions that take the most host time.
+
+    python3 docs/benchmarks/scripts/host_profile.py CKPT [--batch-sizes 1,8,64] [--prefill 1024]
+        [--save FILE.json]
+
+Each decode batch: B requests of a 512-token prompt, prefilled, warmed 5 steps, then 20 profiled
+steps. The prefill: one fresh 1k-token prompt in one step after a warm-up prefill. cProfile adds
+its own cost per Python call, so compare functions against each other, not against the untimed
+step; the untimed median of the same steps is printed beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import pstats
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from engine.config import EngineConfig
+from engine.contract import Request, SamplingParams
+from models.registry import ModelOptions, load_model
+
+CONTEXT = 512
+STEPS = 20
+
+
+def _prompt(length: int, salt: int) -> tuple[int, ...]:
+    g = torch.Generator().manual_seed(salt)
+    return tuple(torch.randint(10, 1000, (length,), generator=g).tolist())
+
+
+def _top(profile: cProfile.Profile, steps: int, limit: int = 25) -> list[dict[str, object]]:
+    stats = pstats.Stats(profile)
+    rows = []
+    for (filename, line, name), (_, calls, tottime, cumtime, _) in stats.stats.items():  # type: ignore[attr-defined]
+        rows.append(
+            {
+                "function": f"{Path(filename).name}:{line}({name})",
+                "calls_per_step": calls / steps,
+                "self_us_per_step": 1e6 * tottime / steps,
+                "cumulative_us_per_step": 1e6 * cumtime / steps,
+            }
+        )
+    rows.sort(key=lambda r: -float(r["self_us_per_step"]))  # type: ignore[arg-type]
+    return rows[:limit]
+
+
+def _print(title: str, rows: list[dict[str, object]], untimed_ms: float) -> None:
+    print(f"\n== {title}: untimed median step {untimed_ms:.3f} ms; by self time per step")
+    for r in rows:
+        print(
+            f"  {r['self_us_per_step']:9.1f} us self  {r['cumulative_us_per_step']:9.1f} us cum  "
+            f"{r['calls_per_step']:7.1f} calls  {r['function']}"
+        )
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _timed_steps(step, n: int) -> float:  # type: ignore[no-untyped-def]
+    times = []
+    for _ in range(n):
+        _sync()
+        start = time.perf_counter()
+        step()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("checkpoint")
+    parser.add_argument("--batch-sizes", default="1,8,64")
+    parser.add_argument("--prefill", type=int, default=1024)
+    parser.add_argument("--save")
+    args = parser.parse_args()
+    batches = [int(b) for b in args.batch_sizes.split(",")]
+    loaded = load_model(args.checkpoint, ModelOptions(engine=EngineConfig(max_num_seqs=max(batches))))
+    scheduler = loaded.scheduler
+    report: dict[str, object] = {}
+    for batch in batches:
+        params = SamplingParams(max_tokens=5 + 2 * STEPS + 2, temperature=0.0, ignore_eos=True)
+        for i in range(batch):
+            scheduler.submit(Request(f"d{batch}-{i}", _prompt(CONTEXT, 1000 * batch + i), params))
+        while scheduler.load().waiting or scheduler.prefilling_count():
+            scheduler.step()
+        for _ in range(5):
+            scheduler.step()
+        untimed = _timed_steps(scheduler.step, STEPS)
+        profile = cProfile.Profile()
+        _sync()
+        profile.enable()
+        for _ in range(STEPS):
+            scheduler.step()
+        profile.disable()
+        rows = _top(profile, STEPS)
+        _print(f"decode batch {batch}", rows, untimed)
+        report[f"decode-{batch}"] = {"untimed_step_ms": untimed, "top": rows}
+        while scheduler.has_work():
+            scheduler.step()
+    once = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    for i in range(2):  # the first warms this shape
+        scheduler.submit(Request(f"p{i}", _prompt(args.prefill, 7_000 + i), once))
+        _sync()
+        start = time.perf_counter()
+        profile = cProfile.Profile()
+        if i:
+            profile.enable()
+        scheduler.step()
+        _sync()
+        profile.disable()
+        elapsed = (time.perf_counter() - start) * 1e3
+        while scheduler.has_work():
+            scheduler.step()
+    rows = _top(profile, 1)
+    _print(f"prefill {args.prefill} (profiled step {elapsed:.2f} ms)", rows, elapsed)
+    report[f"prefill-{args.prefill}"] = {"profiled_step_ms": elapsed, "top": rows}
+    if args.save:
+        Path(args.save).write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

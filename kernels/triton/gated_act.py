@@ -1,0 +1,162 @@
+"""The gated MLP activation ``act(gate) · up`` in one launch (``kernels.reference.gated_activation``).
+
+Input is the fused gate/up projection's output ``[rows, 2I]`` (gate first); output ``[rows, I]``.
+Each program takes one row's block of ``BLOCK`` columns, so a row's bits never depend on the batch.
+The activation is computed in fp32 with libdevice's ``exp`` / ``tanh`` (CUDA's ``expf`` / ``tanhf``,
+which torch's kernels call) in torch's operation order, rounded once to the storage dtype, and the
+product rounded once, as ``F.silu(gate) * up`` rounds. One launch per call; graph-safe.
+
+``python -m kernels.triton.gated_act`` compiles every variant for sm_90 without a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.reference import GatedActivation
+from kernels.triton.prep_kernel import _round_to_storage
+from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted
+
+_SILU = tl.constexpr(0)
+_GELU_TANH = tl.constexpr(1)
+_KINDS = {GatedActivation.SILU: _SILU, GatedActivation.GELU_TANH: _GELU_TANH}
+# Columns per program: 8 warps × 32 lanes × 4 elements (8-byte bf16 loads).
+BLOCK = 1024
+# torch's gelu(approximate="tanh") constants: √2 · (2/√π) · ½ and 0.044715.
+_GELU_BETA = tl.constexpr(0.7978845608028654)
+_GELU_KAPPA = tl.constexpr(0.044715)
+
+
+class GatedActivationError(ValueError):
+    """An input the kernel cannot take; the message names the offending shape, dtype or device."""
+
+
+@triton.jit
+def _exp(x, LIBDEVICE: tl.constexpr):
+    if LIBDEVICE:
+        return tl.extra.cuda.libdevice.exp(x)
+    else:  # the interpreter's exp is numpy's
+        return tl.exp(x)
+
+
+@triton.jit
+def _tanh(x, LIBDEVICE: tl.constexpr):
+    if LIBDEVICE:
+        return tl.extra.cuda.libdevice.tanh(x)
+    else:  # the interpreter has no tanh; this form is exact to a few fp32 ulps
+        return 1.0 - tl.div_rn(2.0, tl.exp(2.0 * x) + 1.0)
+
+
+@triton.jit
+def _gated_act_kernel(
+    gate_up_ptr,
+    out_ptr,
+    intermediate,
+    stride_in,
+    stride_out,
+    KIND: tl.constexpr,
+    STORAGE: tl.constexpr,
+    BLOCK: tl.constexpr,
+    LIBDEVICE: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < intermediate
+    base = gate_up_ptr + row * stride_in
+    gate = tl.load(base + cols, mask=ok, other=0.0).to(tl.float32)
+    up = tl.load(base + intermediate + cols, mask=ok, other=0.0).to(tl.float32)
+    if KIND == _SILU:
+        act = tl.div_rn(gate, 1.0 + _exp(-gate, LIBDEVICE))  # IEEE divide, as CUDA's `/` on floats
+    else:
+        inner = _GELU_BETA * (gate + _GELU_KAPPA * (gate * gate * gate))
+        act = 0.5 * gate * (1.0 + _tanh(inner, LIBDEVICE))
+    y = _round_to_storage(_round_to_storage(act, STORAGE) * up, STORAGE)
+    tl.store(out_ptr + row * stride_out + cols, y.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def gated_act(gate_up: torch.Tensor, kind: GatedActivation) -> torch.Tensor:
+    """``reference.gated_activation(gate_up, kind)`` for ``gate_up [..., 2I]``; a new ``[..., I]``."""
+    width = gate_up.shape[-1]
+    if width % 2:
+        raise GatedActivationError(f"gate_up last dim {width} is odd: gate and up halves must match")
+    if gate_up.dtype not in STORAGE_TYPES:
+        raise GatedActivationError(f"dtype {gate_up.dtype}: must be bf16, fp16 or fp32")
+    if gate_up.device.type != "cuda" and not interpreted():
+        raise GatedActivationError(
+            f"device {gate_up.device}: the Triton activation needs CUDA (or TRITON_INTERPRET=1)"
+        )
+    intermediate = width // 2
+    rows = gate_up.reshape(-1, width)
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    out = torch.empty(rows.shape[0], intermediate, dtype=gate_up.dtype, device=gate_up.device)
+    if rows.shape[0]:
+        _gated_act_kernel[(rows.shape[0], triton.cdiv(intermediate, BLOCK))](
+            rows,
+            out,
+            intermediate,
+            rows.stride(0),
+            out.stride(0),
+            KIND=_KINDS[kind],
+            STORAGE=STORAGE_TYPES[gate_up.dtype],
+            BLOCK=BLOCK,
+            LIBDEVICE=not interpreted(),
+            num_warps=8,
+            enable_fp_fusion=False,  # keep every multiply and add separately rounded, as torch's are
+        )
+    return out.reshape(*gate_up.shape[:-1], intermediate)
+
+
+# ------------------------------------------------------------------ ahead-of-time compile (sm_90)
+
+
+def compile_variant(kind: GatedActivation, dtype: torch.dtype, arch: int = 90) -> object:
+    """The compiled kernel (cubin included) for one variant on ``sm_{arch}``, without a GPU."""
+    if interpreted():
+        raise RuntimeError("ahead-of-time compilation needs TRITON_INTERPRET unset")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    constexprs = {
+        "KIND": _KINDS[kind].value,
+        "STORAGE": STORAGE_TYPES[dtype],
+        "BLOCK": BLOCK,
+        "LIBDEVICE": True,
+    }
+    names = list(_gated_act_kernel.arg_names)
+    signature = {
+        name: "constexpr" if name in constexprs else POINTER_TYPES[dtype] if name.endswith("_ptr") else "i32"
+        for name in names
+    }
+    # Serving shapes have 16-aligned buffers, intermediate sizes and strides, as the JIT specialises.
+    aligned = [name for name in names if name not in constexprs]
+    source = ASTSource(
+        fn=_gated_act_kernel,
+        signature=signature,
+        constexprs={(names.index(name),): value for name, value in constexprs.items()},
+        attrs={(names.index(name),): [["tt.divisibility", 16]] for name in aligned},
+    )
+    return triton.compile(
+        source, target=GPUTarget("cuda", arch, 32), options={"num_warps": 8, "enable_fp_fusion": False}
+    )
+
+
+def main() -> int:
+    for kind in GatedActivation:
+        for dtype in POINTER_TYPES:
+            kernel = compile_variant(kind, dtype)
+            if not getattr(kernel, "asm", {}).get("cubin"):
+                raise RuntimeError(f"no cubin for {kind.value} {dtype}")
+        print(f"compiled gated activation {kind.value}")
+    return 0
+
+
+if __name__ == "__main__":
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        sys.exit("unset TRITON_INTERPRET: the compile check builds real GPU code")
+    sys.exit(main())

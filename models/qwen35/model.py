@@ -1,0 +1,249 @@
+"""The Qwen3.5 forward over paged KV and per-request state slots, written against kernels/ ops.
+
+Every layer: RMSNorm `(1+w)` → token mixer → residual; RMSNorm → SwiGLU MLP → residual. The mixer
+is one of two:
+
+- Gated DeltaNet (`linear_attention`): one fused projection to qkv, z, b, a; the causal conv over
+  all of qkv with SiLU (its state: the last W − 1 inputs); q, k, v split; `g` and `β` from a, b
+  (`reference.gdn_gates`); the gated delta rule over the recurrent state (q and k L2-normed inside,
+  more value heads than key heads, never repeated); the gated RMSNorm by z; the output projection.
+  Conv and recurrent state live in the model's `StatePools`, addressed by each row's state slot.
+- Gated attention (`full_attention`): q_proj is `[q | gate]` per head; the attention-prep op
+  normalises (`1+w`), applies partial RoPE to the leading dims and writes K/V to the one KV group;
+  paged attention; the output times `sigmoid(gate)`; the output projection.
+
+Final RMSNorm, then the LM head (tied to the embedding unless the checkpoint stores its own).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from engine.forward_batch import ForwardBatch, RooflineFacts
+from engine.kv.pools import KVGroupShape, KVPools
+from engine.kv.state_pool import StatePools, StateShape
+from kernels import layer_ops, reference
+from kernels.attention.base import AttentionLayerSpec
+from kernels.gdn import GDNBackend, StateRows, TorchGDN
+from kernels.gemm.dispatch import Linear
+from kernels.prep_dispatch import run_attention_prep
+from kernels.reference import GatedActivation, NormSpec, NormWeight
+from models.qwen35.config import FULL, LINEAR, Qwen35Config
+from models.qwen35.weights import LM_HEAD, text_prefix
+
+
+@dataclass(slots=True)
+class _DeltaNet:
+    state_index: int  # which slice of the state pools
+    in_proj: torch.Tensor  # [conv_dim + value_dim + 2·Hv, hidden]: qkv | z | b | a
+    conv: torch.Tensor  # [conv_dim, W]
+    dt_bias: torch.Tensor
+    a_log: torch.Tensor  # fp32
+    norm: torch.Tensor  # fp32
+    out: torch.Tensor
+
+
+@dataclass(slots=True)
+class _Attention:
+    kv_index: int  # which layer of the KV group
+    qkv: torch.Tensor  # [2·q + k + v, hidden]
+    o: torch.Tensor
+    q_norm: torch.Tensor
+    k_norm: torch.Tensor
+
+
+@dataclass(slots=True)
+class _Layer:
+    input_norm: torch.Tensor
+    post_attention_norm: torch.Tensor
+    mixer: _DeltaNet | _Attention
+    gate_up: torch.Tensor
+    down: torch.Tensor
+
+
+class Qwen35Model:
+    def __init__(
+        self,
+        config: Qwen35Config,
+        weights: Mapping[str, torch.Tensor],
+        device: torch.device,
+        max_positions: int,
+        linear: Linear = F.linear,
+        gdn: GDNBackend | None = None,
+    ) -> None:
+        self.config = config
+        self.linear = linear
+        self.device = device
+        self.gdn = gdn or TorchGDN()
+        prefix = text_prefix(config)
+        self.embed = weights[prefix + "embed_tokens.weight"]
+        self.final_norm = weights[prefix + "norm.weight"]
+        self.lm_head = weights.get(LM_HEAD, self.embed)
+        self.norm = NormSpec(NormWeight.ONE_PLUS_W, eps=config.rms_norm_eps)
+        linear_layers, full_layers = config.layers_of(LINEAR), config.layers_of(FULL)
+        self.layers = [
+            self._layer(weights, prefix, i, linear_layers, full_layers) for i in range(config.num_layers)
+        ]
+        self.prep = reference.qwen35_full_attention_prep(
+            config.head_dim, config.rope_theta, config.partial_rotary_factor, config.rms_norm_eps
+        )
+        self.rope_table = reference.rope_table(self.prep.rope, max_positions, self.embed.dtype, device)
+        self.attn_spec = AttentionLayerSpec(
+            num_heads=config.num_heads,
+            num_kv_heads=config.num_kv_heads,
+            head_dim=config.head_dim,
+            scale=config.head_dim**-0.5,
+        )
+        self.kv = KVPools([KVGroupShape(FULL, self.attn_spec, len(full_layers))], self.embed.dtype, device)
+        g = config.gdn
+        self.state = StatePools(
+            StateShape(
+                len(linear_layers),
+                conv=(g.conv_kernel - 1, g.conv_dim),
+                recurrent=(g.num_value_heads, g.value_head_dim, g.key_head_dim),
+            ),
+            self.embed.dtype,
+            device,
+        )
+
+    @staticmethod
+    def _layer(
+        w: Mapping[str, torch.Tensor], prefix: str, i: int, linear: tuple[int, ...], full: tuple[int, ...]
+    ) -> _Layer:
+        p = f"{prefix}layers.{i}."
+        mixer: _DeltaNet | _Attention
+        if i in linear:
+            a = p + "linear_attn."
+            mixer = _DeltaNet(
+                state_index=linear.index(i),
+                in_proj=torch.cat([w[a + f"in_proj_{n}.weight"] for n in ("qkv", "z", "b", "a")]),
+                conv=w[a + "conv1d.weight"].squeeze(1),
+                dt_bias=w[a + "dt_bias"],
+                a_log=w[a + "A_log"],
+                norm=w[a + "norm.weight"],
+                out=w[a + "out_proj.weight"],
+            )
+        else:
+            s = p + "self_attn."
+            mixer = _Attention(
+                kv_index=full.index(i),
+                qkv=torch.cat([w[s + f"{n}_proj.weight"] for n in ("q", "k", "v")]),
+                o=w[s + "o_proj.weight"],
+                q_norm=w[s + "q_norm.weight"],
+                k_norm=w[s + "k_norm.weight"],
+            )
+        return _Layer(
+            input_norm=w[p + "input_layernorm.weight"],
+            post_attention_norm=w[p + "post_attention_layernorm.weight"],
+            mixer=mixer,
+            gate_up=torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]]),
+            down=w[p + "mlp.down_proj.weight"],
+        )
+
+    def roofline(self) -> RooflineFacts:
+        c, g = self.config, self.config.gdn
+        full, linear = len(c.layers_of(FULL)), len(c.layers_of(LINEAR))
+        attention = c.hidden_size * (2 * c.q_size + 2 * c.kv_size) + c.q_size * c.hidden_size
+        deltanet = (
+            c.hidden_size * (g.conv_dim + g.value_dim + 2 * g.num_value_heads) + g.value_dim * c.hidden_size
+        )
+        mlp = 3 * c.hidden_size * c.intermediate_size
+        matmul_params = (
+            full * attention + linear * deltanet + c.num_layers * mlp + c.vocab_size * c.hidden_size
+        )
+        element = self.embed.element_size()
+        return RooflineFacts(
+            weight_bytes=matmul_params * element,
+            matmul_params=matmul_params,
+            kv_bytes_per_token=2 * full * c.kv_size * element,
+            attention_flops_per_pair=4 * full * c.num_heads * c.head_dim,
+        )
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        hidden = F.embedding(batch.input_ids, self.embed)
+        x = layer_ops.rms_norm(hidden, self.norm, self.layers[0].input_norm)
+        rows = self._state_rows(batch)
+        for index, layer in enumerate(self.layers):
+            mixer = layer.mixer
+            if isinstance(mixer, _DeltaNet):
+                mixed = self._deltanet(mixer, x, rows)
+            else:
+                mixed = self._attention(mixer, x, batch)
+            hidden, x = layer_ops.add_rms_norm(hidden, mixed, self.norm, layer.post_attention_norm)
+            activated = layer_ops.gated_activation(self.linear(x, layer.gate_up), GatedActivation.SILU)
+            mlp_out = self.linear(activated, layer.down)
+            # Norms are per row: the final norm over every token, then the sampled ones, is the
+            # same as picking first.
+            next_norm = self.layers[index + 1].input_norm if index + 1 < len(self.layers) else self.final_norm
+            hidden, x = layer_ops.add_rms_norm(hidden, mlp_out, self.norm, next_norm)
+        return x.index_select(0, batch.sample_index)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.linear(hidden, self.lm_head).float()
+
+    # -- mixers ----------------------------------------------------------------------------------
+
+    @staticmethod
+    def _state_rows(batch: ForwardBatch) -> StateRows:
+        """Each row's slot, and whether its state starts from zero (its first token is at position
+        0: a new prompt, or one recomputed after preemption). A step of one token per row needs
+        nothing from the host (a graph-captured decode step)."""
+        slots = batch.state_slots
+        if slots is None:
+            raise ValueError("a Qwen3.5 step needs state_slots in its ForwardBatch (engine.step_packer)")
+        sequences, tokens = int(slots.shape[0]), batch.num_tokens
+        if sequences == tokens:
+            return StateRows(slots, batch.positions == 0)
+        lengths = torch.bincount(batch.rows[0].seq_index.long(), minlength=sequences).tolist()
+        cu = [0]
+        for n in lengths:
+            cu.append(cu[-1] + int(n))
+        starts = torch.tensor(cu[:-1], dtype=torch.long, device=batch.positions.device)
+        return StateRows(slots, batch.positions.index_select(0, starts) == 0, tuple(cu))
+
+    def _deltanet(self, layer: _DeltaNet, x: torch.Tensor, rows: StateRows) -> torch.Tensor:
+        g = self.config.gdn
+        tokens = x.shape[0]
+        qkv, z, b, a = self.linear(x, layer.in_proj).split(
+            [g.conv_dim, g.value_dim, g.num_value_heads, g.num_value_heads], dim=-1
+        )
+        mixed = self.gdn.conv(qkv.contiguous(), layer.conv, rows, self.state.conv_layer(layer.state_index))
+        q, k, v = mixed.split([g.key_dim, g.key_dim, g.value_dim], dim=-1)
+        decay, beta = reference.gdn_gates(a, b, layer.a_log, layer.dt_bias)
+        core = self.gdn.delta_rule(
+            q.reshape(tokens, g.num_key_heads, g.key_head_dim),
+            k.reshape(tokens, g.num_key_heads, g.key_head_dim),
+            v.reshape(tokens, g.num_value_heads, g.value_head_dim),
+            decay,
+            beta,
+            rows,
+            self.state.recurrent_layer(layer.state_index),
+        )
+        gate = z.reshape(tokens, g.num_value_heads, g.value_head_dim)
+        normed = reference.gated_rms_norm(core, gate, layer.norm, self.config.rms_norm_eps)
+        return self.linear(normed.reshape(tokens, g.value_dim), layer.out)
+
+    def _attention(self, layer: _Attention, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        c = self.config
+        tokens = x.shape[0]
+        q, k, v = self.linear(x, layer.qkv).split([2 * c.q_size, c.kv_size, c.kv_size], dim=-1)
+        pool_layer = self.kv.layer(0, layer.kv_index)
+        q_rot, gate = run_attention_prep(
+            self.prep,
+            q.reshape(tokens, c.num_heads, 2 * c.head_dim),
+            k.reshape(tokens, c.num_kv_heads, c.head_dim),
+            v.reshape(tokens, c.num_kv_heads, c.head_dim),
+            layer.q_norm,
+            layer.k_norm,
+            batch.rows[0],
+            self.rope_table,
+            pool_layer,
+        )
+        assert gate is not None  # the gated-Q prep always returns the gate
+        attn = batch.attention.run(0, self.attn_spec, q_rot, pool_layer)
+        gated = attn.reshape(tokens, c.num_heads, c.head_dim) * torch.sigmoid(gate)
+        return self.linear(gated.reshape(tokens, c.q_size), layer.o)
