@@ -8,9 +8,10 @@ included) → O projection → RMSNorm → residual add; RMSNorm → gelu_tanh(g
 residual add. Final RMSNorm, tied (or stored) LM head, logits soft-capped `c·tanh(x/c)` where the
 config sets a cap. Every RMSNorm multiplies by `1+w`.
 
-The numeric policy arrives as two injected ops, `linear` and `norms` (docs/numerics.md); the
-post-attention norm's sum feeds the pre-feedforward norm, so that add and norm are one
-`norms.add_rms_norm` step. One KV group per layer kind the checkpoint has, each with its own pool:
+The numeric policy arrives as the injected `linear` (docs/numerics.md). Each residual step is one
+`layer_ops.add_rms_norm` (one launch on CUDA): the post-attention norm of the delta, the add and the
+pre-feedforward norm; the post-feedforward norm of the delta, the add and the next layer's input
+norm (the final norm after the last layer). One KV group per layer kind the checkpoint has, each with its own pool:
 the sliding layers' (its pages released as the window moves past them) and the global layers'.
 """
 
@@ -24,12 +25,11 @@ import torch.nn.functional as F
 
 from engine.forward_batch import ForwardBatch, RooflineFacts
 from engine.kv.pools import KVGroupShape, KVPools
-from kernels import reference
+from kernels import layer_ops, reference
 from kernels.attention.base import AttentionLayerSpec
 from kernels.gemm.dispatch import Linear
-from kernels.norm_dispatch import REFERENCE_NORMS, NormOps
 from kernels.prep_dispatch import run_attention_prep
-from kernels.reference import NormSpec, NormWeight, PrepSpec
+from kernels.reference import GatedActivation, NormSpec, NormWeight, PrepSpec
 from models.gemma3.config import LAYER_TYPES, SLIDING, Gemma3Config
 from models.gemma3.weights import lm_head_name, text_prefix
 
@@ -65,11 +65,9 @@ class Gemma3Model:
         device: torch.device,
         max_positions: int,
         linear: Linear = F.linear,
-        norms: NormOps = REFERENCE_NORMS,
     ) -> None:
         self.config = config
         self.linear = linear
-        self.norms = norms
         self.device = device
         c = config
         prefix = text_prefix(weights)
@@ -148,11 +146,10 @@ class Gemma3Model:
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         c = self.config
-        norms = self.norms
         hidden = F.embedding(batch.input_ids, self.embed) * self.embed_scale
         tokens = hidden.shape[0]
-        for layer in self.layers:
-            x = norms.rms_norm(hidden, self.norm, layer.input_norm)
+        x = layer_ops.rms_norm(hidden, self.norm, self.layers[0].input_norm)
+        for index, layer in enumerate(self.layers):
             q, k, v = self.linear(x, layer.qkv).split([c.q_size, c.kv_size, c.kv_size], dim=-1)
             pool_layer = self.kv.layer(layer.group, layer.slot)
             q_rot, _ = run_attention_prep(
@@ -169,16 +166,22 @@ class Gemma3Model:
             spec = self.kv.attention_specs[layer.group]
             attn = batch.attention.run(layer.group, spec, q_rot, pool_layer)
             attn_out = self.linear(attn.reshape(tokens, c.q_size), layer.o)
-            hidden, x = norms.add_rms_norm(
+            hidden, x = layer_ops.add_rms_norm(
                 hidden,
-                norms.rms_norm(attn_out, self.norm, layer.post_attention_norm),
+                attn_out,
                 self.norm,
                 layer.pre_feedforward_norm,
+                delta_weight=layer.post_attention_norm,
             )
-            gate, up = self.linear(x, layer.gate_up).chunk(2, dim=-1)
-            mlp_out = self.linear(F.gelu(gate, approximate="tanh") * up, layer.down)
-            hidden = hidden + norms.rms_norm(mlp_out, self.norm, layer.post_feedforward_norm)
-        return norms.rms_norm(hidden.index_select(0, batch.sample_index), self.norm, self.final_norm)
+            activated = layer_ops.gated_activation(self.linear(x, layer.gate_up), GatedActivation.GELU_TANH)
+            mlp_out = self.linear(activated, layer.down)
+            # Norms are per row: normalising every token with the final norm, then picking the
+            # sampled ones, is the same as picking first.
+            next_norm = self.layers[index + 1].input_norm if index + 1 < len(self.layers) else self.final_norm
+            hidden, x = layer_ops.add_rms_norm(
+                hidden, mlp_out, self.norm, next_norm, delta_weight=layer.post_feedforward_norm
+            )
+        return x.index_select(0, batch.sample_index)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.linear(hidden, self.lm_head)
