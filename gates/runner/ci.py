@@ -5,8 +5,9 @@ For every manifests/*.toml:
 2. if the suite has cpu-tier gates, `infer gates --manifest M --tier cpu --shared-process`, against a tiny
    synthetic checkpoint of the suite's model line (`infer synth FAMILY --preset tiny`, made once
    per family in a temporary folder) when those gates need a checkpoint. A line with real weights
-   on this machine runs on them instead: the Hugging Face directory its variable in
-   REAL_CHECKPOINT_ENV names (INFER_GEMMA3_CHECKPOINT for gemma3).
+   runs on them instead where its variable in REAL_CHECKPOINT_ENV is set: to a Hugging Face
+   directory, or for gemma3 to `embedded`, the packaged Gemma 3 270M (converted once into the
+   cache by models.gguf.embedded_gemma3_dir).
 A suite with no cpu-tier gate is reported as such and does not fail the run. Exit 1 if any step
 failed.
 """
@@ -28,12 +29,24 @@ from gates.runner.manifest import Manifest, load_manifest
 from gates.runner.model_types import line_of
 from gates.runner.needs import CHECKPOINT, HF_REFERENCE, in_tier
 from gates.runner.problems import GateRunError
+from models.registry import ModelLoadError
 
 # Synthetic family per model line (models/synth's families and their model types).
 _FAMILY_OF_LINE = {"qwen3": "qwen3", "gemma3": "gemma3", "gemma4": "gemma4", "qwen3_5": "qwen35"}
 # Per family: the variable naming a Hugging Face directory of its real weights, used in place of
 # the tiny synthetic checkpoint when set.
 REAL_CHECKPOINT_ENV = {"gemma3": "INFER_GEMMA3_CHECKPOINT"}
+# The value that asks for the weights infer ships instead of a directory.
+EMBEDDED = "embedded"
+
+
+def _real_checkpoint(family: str) -> str | None:
+    value = os.environ.get(REAL_CHECKPOINT_ENV.get(family, ""), "").strip()
+    if value != EMBEDDED or family != "gemma3":
+        return value or None
+    from models.gguf import embedded_gemma3_dir
+
+    return str(embedded_gemma3_dir())
 
 
 @dataclass(slots=True, frozen=True)
@@ -75,7 +88,10 @@ def _cpu_run(manifest_path: Path, root: Path, scratch: Path, made: dict[str, Pat
         if family is None:
             types = ", ".join(manifest.suite.model_types)
             return Step(name, "tier cpu", False, f"no synthetic family for model types {types}")
-        real = os.environ.get(REAL_CHECKPOINT_ENV.get(family, ""), "").strip()
+        try:
+            real = _real_checkpoint(family)
+        except ModelLoadError as exc:  # the embedded model's package or conversion
+            return Step(name, "tier cpu", False, f"{REAL_CHECKPOINT_ENV[family]}={EMBEDDED}: {exc}")
         if real:
             args += ["--checkpoint", real]
             note += f" on the real {family} weights at {real}"

@@ -76,3 +76,22 @@ def test_ci_runs_a_cpu_tier_on_real_weights_when_their_variable_names_them(
     assert done.returncode == 0, done.stdout + done.stderr
     assert suite.executed() == ["test_reads_the_real_checkpoint"]
     assert "on the real gemma3 weights" in done.stdout
+
+
+def test_ci_runs_the_gemma3_cpu_tier_on_the_embedded_weights(suite: ThrowawaySuite) -> None:
+    """`INFER_GEMMA3_CHECKPOINT=embedded`: the packaged Gemma 3 270M, converted once into the cache."""
+    suite.name, suite.gates_dir = "gemma3", "gates/gemma3"
+    gate = suite.marking_gate(
+        "test_config.py",
+        "test_reads_the_embedded_checkpoint",
+        "import json, os; "
+        "c = json.load(open(os.path.join(os.environ['INFER_TEST_CHECKPOINT'], 'config.json'))); "
+        "assert (c['model_type'], c['hidden_size'], c['num_hidden_layers']) == ('gemma3_text', 640, 18)",
+    )
+    suite.write_manifest(
+        [gate_entry("gemma3.reads_config", gate, needs=["checkpoint"])], model_types=["gemma3"]
+    )
+    done = run_ci(suite.root, INFER_GEMMA3_CHECKPOINT="embedded")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert suite.executed() == ["test_reads_the_embedded_checkpoint"]
+    assert "on the real gemma3 weights" in done.stdout
