@@ -12,19 +12,14 @@ GPU at least 99 % of bf16 elements must be the spec's bits exactly.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from sm90_compile import compiled_variants
 
 from kernels import layer_ops, reference
 from kernels.reference import GatedActivation, SpecError
 from kernels.triton.gated_act import BLOCK, GatedActivationError, gated_act
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = (torch.float32, torch.bfloat16)
 KINDS = tuple(GatedActivation)
@@ -124,18 +119,5 @@ def test_dispatch_runs_the_spec_off_cuda() -> None:
 
 
 def test_every_variant_compiles_for_sm90() -> None:
-    # The interpreter accepts programs the GPU compiler rejects (and runs numpy's exp, not
-    # libdevice's): compile each variant to a cubin in a child process, since this session interprets.
-    env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
-    result = subprocess.run(
-        [sys.executable, "-m", "kernels.triton.gated_act"],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    compiled = [line for line in result.stdout.splitlines() if line.startswith("compiled ")]
-    assert len(compiled) == len(KINDS), result.stdout
+    compiled = compiled_variants("kernels.triton.gated_act")
+    assert len(compiled) == len(KINDS), compiled
