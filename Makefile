@@ -18,8 +18,8 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 serve: $(STAMP)
-	@echo "infer: serving the sim model at http://$(HOST):$(PORT)/v1"
-	$(VENV)/bin/infer serve --model sim --host $(HOST) --port $(PORT)
+	@echo "infer: serving the embedded Gemma 3 270M at http://$(HOST):$(PORT)/v1 (converted once on first run)"
+	$(VENV)/bin/infer serve --host $(HOST) --port $(PORT)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

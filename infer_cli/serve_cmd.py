@@ -22,7 +22,7 @@ from infer_cli.http.server import ServerStartError, serve
 from infer_cli.progress import RichProgress
 from models.checkpoint import WeightsError
 from models.config_fields import ConfigError
-from models.registry import ModelLoadError, load_model
+from models.registry import DEFAULT_MODEL, ModelLoadError, load_model
 
 
 class LogLevel(StrEnum):
@@ -40,7 +40,12 @@ _stdout = Console()
 # Every engine and model knob (infer_cli.engine_options) follows the options written here.
 @knob_options()
 def serve_command(
-    model: str = typer.Option("sim", "--model", help="'sim' or a Hugging Face checkpoint directory."),
+    model: str = typer.Option(
+        DEFAULT_MODEL,
+        "--model",
+        help=f"'{DEFAULT_MODEL}' (the embedded Gemma 3 270M, converted on first use), 'sim' (the fake "
+        "model), a Hugging Face checkpoint directory, a hub id or a GGUF file.",
+    ),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind."),
     port: int = typer.Option(8000, "--port", help="Port to bind (0: any free port)."),
     api_key: str | None = typer.Option(

@@ -115,32 +115,56 @@ def checkpoint_model_type(path: Path) -> str:
     return model_type
 
 
-def load_model(spec: str, options: ModelOptions | None = None) -> LoadedModel:
+# What `infer serve` loads without `--model`: Gemma 3 270M, shipped as a package and converted once
+# into the cache (models.gguf.embedded).
+DEFAULT_MODEL = "gemma-3-270m"
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedCheckpoint:
+    path: Path
+    # The name clients see when it is not the directory's (a hub id, the embedded model's).
+    name: str | None
+
+
+def resolve_checkpoint(spec: str, progress: ProgressSink = SILENT) -> ResolvedCheckpoint:
+    """The checkpoint directory a `--model` argument that is not a built-in line's name stands
+    for: the embedded model, an existing directory, a hub id, or a GGUF file (converted once)."""
     from models.hub import resolve_hub_checkpoint  # models.hub imports this module
 
-    _register_builtin_lines()
-    options = options or ModelOptions()
-    if spec in _BY_NAME:
-        return _BY_NAME[spec](spec, options)
+    if spec == DEFAULT_MODEL:
+        from models.gguf import embedded_gemma3_dir
+
+        return ResolvedCheckpoint(embedded_gemma3_dir(progress), spec)
     path = Path(spec)
     # A directory that exists wins over a hub id spelled the same.
-    hub_path = None if path.exists() else resolve_hub_checkpoint(spec, options.progress)
+    hub_path = None if path.exists() else resolve_hub_checkpoint(spec, progress)
     path = hub_path or path
     if path.suffix.lower() == ".gguf" and path.is_file():
         from models.gguf import converted_checkpoint
 
-        path = converted_checkpoint(path, options.progress)
+        path = converted_checkpoint(path, progress)
     if not path.exists():
-        known = ", ".join(sorted(_BY_NAME)) or "none"
+        known = ", ".join(sorted([*_BY_NAME, DEFAULT_MODEL])) or "none"
         raise ModelLoadError(
             f"--model {spec!r}: neither a built-in model ({known}), an existing directory nor a hub id (ORG/NAME)"
         )
+    return ResolvedCheckpoint(path, spec if hub_path is not None else None)
+
+
+def load_model(spec: str, options: ModelOptions | None = None) -> LoadedModel:
+    _register_builtin_lines()
+    options = options or ModelOptions()
+    if spec in _BY_NAME:
+        return _BY_NAME[spec](spec, options)
+    resolved = resolve_checkpoint(spec, options.progress)
+    path = resolved.path
     model_type = checkpoint_model_type(path)
     loader = _BY_MODEL_TYPE.get(model_type)
     if loader is None:
         supported = ", ".join(sorted(_BY_MODEL_TYPE)) or "none yet"
         raise ModelLoadError(f"{path}: model_type {model_type!r} is not supported (supported: {supported})")
     loaded = loader(str(path), options)
-    if hub_path is not None:
-        loaded.name = spec
+    if resolved.name is not None:
+        loaded.name = resolved.name
     return loaded

@@ -1,7 +1,8 @@
 """`infer serve` over a Gemma 3 checkpoint (fp32, CPU): the official OpenAI client gets exactly the
 greedy text transformers generates, for a chat and for completion prompts inside and past the
 sliding window. The tiny synthetic checkpoint by default; the real 270M weights where
-INFER_GEMMA3_CHECKPOINT names an HF-layout copy of them."""
+INFER_GEMMA3_CHECKPOINT names an HF-layout copy of them, or is `embedded` (the directory
+`infer serve` loads without --model)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,10 @@ NAME = "gemma3"
 @pytest.fixture(scope="module")
 def checkpoint(tiny_gemma3: Path) -> Path:
     real = os.environ.get("INFER_GEMMA3_CHECKPOINT", "").strip()
+    if real == "embedded":
+        from models.gguf import embedded_gemma3_dir
+
+        return embedded_gemma3_dir()
     return Path(real) if real else tiny_gemma3
 
 
@@ -67,6 +72,12 @@ def test_served_greedy_matches_transformers_across_the_window(
         )
         assert chat.usage is not None and chat.usage.prompt_tokens == len(chat_ids)
         assert chat.choices[0].message.content == tokenizer.decode(hf_greedy(reference, chat_ids, NEW_TOKENS))
+    text_prompt = "The capital of France is"
+    done = client.completions.create(
+        model=NAME, prompt=text_prompt, max_tokens=NEW_TOKENS, temperature=0, extra_body={"ignore_eos": True}
+    )
+    want = tokenizer.decode(hf_greedy(reference, tokenizer.encode(text_prompt), NEW_TOKENS))
+    assert done.choices[0].text == want, "a text prompt, encoded by the server"
     for length in (w - 3, w + 5):
         ids = list(prompt(checkpoint, config, length, seed=length))
         done = client.completions.create(

@@ -90,7 +90,7 @@ def test_infer_serve_refuses_an_unknown_model() -> None:
 
 
 def test_infer_serve_refuses_bad_engine_knobs() -> None:
-    result = CliRunner().invoke(app, ["serve", "--max-num-seqs", "0", "--port", "0"])
+    result = CliRunner().invoke(app, ["serve", "--model", "sim", "--max-num-seqs", "0", "--port", "0"])
     assert result.exit_code == 2
     assert "max_num_seqs" in result.output
 
@@ -100,6 +100,6 @@ def test_infer_serve_reports_a_taken_port() -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        result = CliRunner().invoke(app, ["serve", "--port", str(port)])
+        result = CliRunner().invoke(app, ["serve", "--model", "sim", "--port", str(port)])
     assert result.exit_code == 1
     assert f"could not serve on 127.0.0.1:{port}" in result.output

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
+from models.chat_templates import CHATML
 from models.hf_tokenizer import HFTokenizer
 from models.registry import ChatMessage
-from models.synth.chat_templates import CHATML
 from models.synth.families import get_family
 from models.synth.tokenizer_build import BuiltTokenizer, build_tokenizer
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any
 
-from models.synth import chat_templates
+from models import chat_templates
 from models.synth.family import Family, InitRule, Preset, SpecialToken, TokenLayout, TokenRoles
 
 # Special tokens at the published ids; ids past a preset's vocabulary are dropped.

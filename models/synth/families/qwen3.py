@@ -9,7 +9,7 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any
 
-from models.synth import chat_templates
+from models import chat_templates
 from models.synth.family import Family, InitRule, Preset, RealVocab, SpecialToken, TokenLayout, TokenRoles
 
 # The Qwen2/Qwen3 pre-tokenizer split.

@@ -1,4 +1,5 @@
-"""Chat templates written for the synthetic tokenizers (Jinja, as Hugging Face renders them).
+"""Chat templates (Jinja, as Hugging Face renders them): the synthetic tokenizers' and the one the
+embedded Gemma 3 checkpoint is given (its GGUF carries none).
 
 They reproduce each family's turn markup for plain text conversations: system, user and
 assistant turns, string content or a list of text parts. Tools and images are out of scope.
