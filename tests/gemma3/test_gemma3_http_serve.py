@@ -59,7 +59,7 @@ def test_served_greedy_matches_transformers_across_the_window(
     tokenizer = HFTokenizer(checkpoint)
     config: Gemma3Config = parse_gemma3_config(checkpoint)
     w = config.sliding_window
-    if tokenizer.chat_template is not None:  # the GGUF's tokenizer has none
+    if tokenizer.chat_template is not None:  # a checkpoint saved without a template skips the chat
         text = "The quick brown fox jumps over the lazy dog"
         chat_ids = tokenizer.render_chat([ChatMessage("user", text)])
         assert chat_ids.count(config.bos_token_id) == 1, "BOS comes from the template, once"
