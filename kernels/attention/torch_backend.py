@@ -21,19 +21,27 @@ def attend_one_sequence(
 ) -> torch.Tensor:
     """q: [n, H, D] for the last n of the kv_len positions held in k, v: [kv_len, Hkv, D]."""
     n, kv_len = q.shape[0], k.shape[0]
-    group = layer.num_heads // layer.num_kv_heads
-    qf = q.float().transpose(0, 1)  # [H, n, D]
-    kf = k.float().repeat_interleave(group, dim=1).transpose(0, 1)  # [H, kv, D]
-    vf = v.float().repeat_interleave(group, dim=1).transpose(0, 1)
-    scores = torch.matmul(qf, kf.transpose(1, 2)) * layer.scale  # [H, n, kv]
+    kv_heads, head_dim = layer.num_kv_heads, layer.head_dim
+    group = layer.num_heads // kv_heads
+    # Query head h reads KV head h // group. Folding a KV head's `group` query heads into its rows
+    # ([Hkv, group·n, D]) attends them against K and V as stored, never a repeated copy.
+    qf = (
+        q.float()
+        .reshape(n, kv_heads, group, head_dim)
+        .permute(1, 2, 0, 3)
+        .reshape(kv_heads, group * n, head_dim)
+    )
+    kf = k.float().transpose(0, 1)  # [Hkv, kv, D]
+    vf = v.float().transpose(0, 1)
+    scores = torch.matmul(qf, kf.transpose(1, 2)) * layer.scale  # [Hkv, group·n, kv]
     q_pos = torch.arange(kv_len - n, kv_len, device=q.device).unsqueeze(1)
     k_pos = torch.arange(kv_len, device=q.device).unsqueeze(0)
     visible = k_pos <= q_pos
     if layer.window is not None:
         visible &= k_pos > q_pos - layer.window
-    scores = scores.masked_fill(~visible, float("-inf"))
-    out = torch.matmul(torch.softmax(scores, dim=-1), vf)  # [H, n, D]
-    return out.transpose(0, 1).to(q.dtype)
+    scores = scores.view(kv_heads, group, n, kv_len).masked_fill(~visible, float("-inf"))
+    out = torch.matmul(torch.softmax(scores, dim=-1), vf.unsqueeze(1))  # [Hkv, group, n, D]
+    return out.permute(2, 0, 1, 3).reshape(n, layer.num_heads, head_dim).to(q.dtype)
 
 
 class TorchAttention(AttentionBackend):
