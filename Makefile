@@ -28,8 +28,10 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
+# One worker per core, one torch thread per worker: two workers at torch's default two threads each
+# leave small ops waiting on descheduled OpenMP threads on the 2-core CI machine.
 pytest: $(STAMP)
-	$(PY) -m pytest -q
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto
 
 # Every manifests/*.toml: `infer gates --manifest NAME --check`, then its cpu-tier gates against a
 # tiny synthetic checkpoint made on the spot (`infer synth FAMILY --preset tiny`). A suite with no

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -46,12 +47,20 @@ def _token_text(value: Any) -> str | None:
     return None
 
 
+@lru_cache(maxsize=8)
+def _parsed(path: str, size: int, mtime_ns: int) -> FastTokenizer:
+    """One parse per tokenizer.json version and process: a 262k-token file takes over a second,
+    and gates load the same checkpoint many times. Only read-only methods are called on it."""
+    return FastTokenizer.from_file(path)
+
+
 class HFTokenizer:
     def __init__(self, checkpoint: Path) -> None:
         path = checkpoint / "tokenizer.json"
         if not path.is_file():
             raise ModelLoadError(f"{checkpoint}: no tokenizer.json")
-        self._tok = FastTokenizer.from_file(str(path))
+        stat = path.stat()
+        self._tok = _parsed(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
         config_path = checkpoint / "tokenizer_config.json"
         config: dict[str, Any] = json.loads(config_path.read_text()) if config_path.is_file() else {}
         template = config.get("chat_template")

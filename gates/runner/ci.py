@@ -5,9 +5,9 @@ For every manifests/*.toml:
 2. if the suite has cpu-tier gates, `infer gates --manifest M --tier cpu --shared-process`, against a tiny
    synthetic checkpoint of the suite's model line (`infer synth FAMILY --preset tiny`, made once
    per family in a temporary folder) when those gates need a checkpoint. A line with real weights
-   runs on them instead where its variable in REAL_CHECKPOINT_ENV is set: to a Hugging Face
-   directory, or for gemma3 to `embedded`, the packaged Gemma 3 270M (converted once into the
-   cache by models.gguf.embedded_gemma3_dir).
+   runs on them instead: Gemma 3 on the packaged 270M by default (`embedded`, converted once into
+   the cache by models.gguf.embedded_gemma3_dir), or on the Hugging Face directory its variable in
+   REAL_CHECKPOINT_ENV names; `tiny` there asks for the synthetic checkpoint.
 A suite with no cpu-tier gate is reported as such and does not fail the run. Exit 1 if any step
 failed.
 """
@@ -36,14 +36,22 @@ _FAMILY_OF_LINE = {"qwen3": "qwen3", "gemma3": "gemma3", "gemma4": "gemma4", "qw
 # Per family: the variable naming a Hugging Face directory of its real weights, used in place of
 # the tiny synthetic checkpoint when set.
 REAL_CHECKPOINT_ENV = {"gemma3": "INFER_GEMMA3_CHECKPOINT"}
-# The value that asks for the weights infer ships instead of a directory.
+# The value that asks for the weights infer ships instead of a directory, and the one that asks for
+# the tiny synthetic checkpoint.
 EMBEDDED = "embedded"
+SYNTHETIC = "tiny"
+# What a family's cpu tier runs on when its variable is unset: `make test` gates Gemma 3 on the
+# real weights infer ships.
+REAL_CHECKPOINT_DEFAULT = {"gemma3": EMBEDDED}
 
 
 def _real_checkpoint(family: str) -> str | None:
     value = os.environ.get(REAL_CHECKPOINT_ENV.get(family, ""), "").strip()
+    value = value or REAL_CHECKPOINT_DEFAULT.get(family, SYNTHETIC)
+    if value == SYNTHETIC:
+        return None
     if value != EMBEDDED or family != "gemma3":
-        return value or None
+        return value
     from models.gguf import embedded_gemma3_dir
 
     return str(embedded_gemma3_dir())

@@ -3,11 +3,13 @@
 A file's directory is named by its resolved path, size and mtime (a file rewritten in place
 converts again) and by `FORMAT`, the version of what a conversion writes. A conversion goes to a
 staging directory beside it and is renamed into place when complete, so a directory that exists
-is whole; when two processes convert at once, the first rename wins and the other's is dropped.
+is whole. Two processes that ask for the same directory at once take turns on a lock file beside
+it, so one converts and the other finds the result.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -35,18 +37,17 @@ def build_once(target: Path, build: Callable[[Path], object]) -> Path:
     if target.is_dir():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
-    try:
-        build(staging)
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
+        if target.is_dir():
+            return target
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
         try:
+            build(staging)
             staging.rename(target)
-        except OSError:
-            if not target.is_dir():
-                raise
-            shutil.rmtree(staging)  # another process finished the same conversion first
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
     return target
 
 

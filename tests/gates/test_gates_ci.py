@@ -1,4 +1,5 @@
-"""`python -m gates.runner.ci`: every manifest checked, cpu tiers run on tiny synthetic checkpoints."""
+"""`python -m gates.runner.ci`: every manifest checked, cpu tiers run on tiny synthetic checkpoints
+(Gemma 3 on its real weights)."""
 
 from __future__ import annotations
 
@@ -78,8 +79,8 @@ def test_ci_runs_a_cpu_tier_on_real_weights_when_their_variable_names_them(
     assert "on the real gemma3 weights" in done.stdout
 
 
-def test_ci_runs_the_gemma3_cpu_tier_on_the_embedded_weights(suite: ThrowawaySuite) -> None:
-    """`INFER_GEMMA3_CHECKPOINT=embedded`: the packaged Gemma 3 270M, converted once into the cache."""
+def test_ci_runs_the_gemma3_cpu_tier_on_the_embedded_weights_by_default(suite: ThrowawaySuite) -> None:
+    """No INFER_GEMMA3_CHECKPOINT: the packaged Gemma 3 270M, converted once into the cache."""
     suite.name, suite.gates_dir = "gemma3", "gates/gemma3"
     gate = suite.marking_gate(
         "test_config.py",
@@ -91,7 +92,25 @@ def test_ci_runs_the_gemma3_cpu_tier_on_the_embedded_weights(suite: ThrowawaySui
     suite.write_manifest(
         [gate_entry("gemma3.reads_config", gate, needs=["checkpoint"])], model_types=["gemma3"]
     )
-    done = run_ci(suite.root, INFER_GEMMA3_CHECKPOINT="embedded")
+    done = run_ci(suite.root, INFER_GEMMA3_CHECKPOINT="")
     assert done.returncode == 0, done.stdout + done.stderr
     assert suite.executed() == ["test_reads_the_embedded_checkpoint"]
     assert "on the real gemma3 weights" in done.stdout
+
+
+def test_ci_runs_the_gemma3_cpu_tier_on_the_tiny_checkpoint_when_asked(suite: ThrowawaySuite) -> None:
+    suite.name, suite.gates_dir = "gemma3", "gates/gemma3"
+    gate = suite.marking_gate(
+        "test_config.py",
+        "test_reads_the_tiny_checkpoint",
+        "import json, os; "
+        "c = json.load(open(os.path.join(os.environ['INFER_TEST_CHECKPOINT'], 'config.json'))); "
+        "assert c['model_type'] == 'gemma3_text' and c['hidden_size'] < 640",
+    )
+    suite.write_manifest(
+        [gate_entry("gemma3.reads_config", gate, needs=["checkpoint"])], model_types=["gemma3"]
+    )
+    done = run_ci(suite.root, INFER_GEMMA3_CHECKPOINT="tiny")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert suite.executed() == ["test_reads_the_tiny_checkpoint"]
+    assert "on a tiny synthetic gemma3 checkpoint" in done.stdout

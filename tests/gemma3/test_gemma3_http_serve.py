@@ -1,8 +1,8 @@
 """`infer serve` over a Gemma 3 checkpoint (fp32, CPU): the official OpenAI client gets exactly the
 greedy text transformers generates, for a chat and for completion prompts inside and past the
-sliding window. The tiny synthetic checkpoint by default; the real 270M weights where
-INFER_GEMMA3_CHECKPOINT names an HF-layout copy of them, or is `embedded` (the directory
-`infer serve` loads without --model)."""
+sliding window. The real 270M weights infer ships by default (the directory `infer serve` loads
+without --model); INFER_GEMMA3_CHECKPOINT names another HF-layout copy, or is `tiny` for the tiny
+synthetic checkpoint (gates/runner/ci.py reads the same variable)."""
 
 from __future__ import annotations
 
@@ -28,13 +28,15 @@ NAME = "gemma3"
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tiny_gemma3: Path) -> Path:
-    real = os.environ.get("INFER_GEMMA3_CHECKPOINT", "").strip()
-    if real == "embedded":
+def checkpoint(request: pytest.FixtureRequest) -> Path:
+    chosen = os.environ.get("INFER_GEMMA3_CHECKPOINT", "").strip() or "embedded"
+    if chosen == "embedded":
         from models.gguf import embedded_gemma3_dir
 
         return embedded_gemma3_dir()
-    return Path(real) if real else tiny_gemma3
+    if chosen == "tiny":
+        return Path(request.getfixturevalue("tiny_gemma3"))
+    return Path(chosen)
 
 
 @pytest.fixture(scope="module")

@@ -113,6 +113,38 @@ kernels() {
   infer gates --manifest kernels --tier gpu --json $work/kernels-gates.json
   infer bench kernels --save-result $work/bench-kernels.json
 }
+# Carried parts land in /tmp/parts: each call that carries `.g3/partN` or `.cdsl/partN` copies it
+# there first (`cp -r .g3/partN/. /tmp/parts/`), so a step can wait for what later calls bring.
+parts=/tmp/parts
+await_part() {  # FILE [SECONDS]: wait for a carried part to arrive
+  local waited=0
+  while [ ! -f "$parts/$1" ] && [ $waited -lt "${2:-600}" ]; do sleep 5; waited=$((waited + 5)); done
+  [ -f "$parts/$1" ] || { echo "part $1 never arrived" >&2; return 1; }
+}
+g3=/tmp/ckpt/g3-270m
+real_g3() {  # the real Gemma 3 270M: its GGUF carried in five parts (.g3/part1..5), converted here
+  [ -d $g3 ] && return 0
+  await_part g3.sha256 && await_part g3.chunk-ae || return 1
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $parts/gguf-*.whl
+  cat $parts/g3.chunk-a? > /tmp/gemma3-270m.gguf && (cd /tmp && sha256sum -c $parts/g3.sha256) || return 1
+  infer convert gguf /tmp/gemma3-270m.gguf --out $g3 &&
+    python3 -c "import sys; from pathlib import Path; from models.gguf.embedded import add_gemma3_chat; add_gemma3_chat(Path(sys.argv[1]))" $g3
+}
+gemma3() {  # Gemma 3 270M on its real weights: latency, then its manifest (bf16, FlashInfer)
+  real_g3 || return 1
+  infer bench latency --model $g3 --batch-sizes 1,8,64 --prefill-lens 1024,8192 --breakdown \
+    --save-result $work/gemma3-270m-latency.json
+  infer gates --manifest gemma3 --shared-process --checkpoint $g3 \
+    --json $work/gemma3-gates.json --junit $work/gemma3-gates.xml
+}
+cutlass_dsl() {  # FlashInfer's SM90 GDN prefill needs the CUTLASS DSL: carried in .cdsl/part1..2
+  python3 -c "import cutlass" 2>/dev/null && return 0
+  await_part cu13.sha256 && await_part cu13.chunk-ab && await_part cu13.chunk-aa || return 1
+  local whl=nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl
+  cat $parts/cu13.chunk-a? > $parts/$whl && (cd $parts && sha256sum -c cu13.sha256) || return 1
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $parts/nvidia_cutlass_dsl*.whl \
+    $parts/cuda_bindings-*.whl $parts/cuda_pathfinder-*.whl
+}
 PIPELINE=${PIPELINE:-"qwen3-latency qwen3-gates gemma4-latency gemma4-gates"}
 
 # The pipeline, in its own session so it outlives the call; $work/STEP.log per step, and
@@ -151,7 +183,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | gemm | decode-paths | kernels)
+  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | gemm | decode-paths | kernels | gemma3)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
