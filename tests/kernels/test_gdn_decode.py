@@ -193,3 +193,50 @@ def test_bad_inputs_are_refused_by_name() -> None:
 def test_every_variant_compiles_for_sm90() -> None:
     compiled = compiled_variants("kernels.triton.gdn_decode")
     assert len(compiled) == len(SERVING_VARIANTS), compiled
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@needs_cuda
+def test_serving_geometry_on_the_gpu_matches_the_spec_and_replays_from_a_graph() -> None:
+    """The 4B geometry (Hk 16, Hv 32, K = V = 128) at batch 64, bf16: within the spec bound, a row
+    alone equal to the row in the batch, and a CUDA-graph replay equal to the eager call."""
+    device = torch.device("cuda")
+    gen = torch.Generator(device=device).manual_seed(0)
+    n, hk, hv, dim = 64, 16, 32, 128
+    q = torch.randn(n, hk, dim, generator=gen, device=device).bfloat16()
+    k = torch.randn(n, hk, dim, generator=gen, device=device).bfloat16()
+    v = torch.randn(n, hv, dim, generator=gen, device=device).bfloat16()
+    g = -torch.rand(n, hv, generator=gen, device=device)
+    beta = torch.rand(n, hv, generator=gen, device=device).bfloat16()
+    slots = torch.randperm(n, generator=gen, device=device) + 1
+    fresh = torch.rand(n, generator=gen, device=device) < 0.25
+    base = 0.3 * torch.randn(n + 1, hv, dim, dim, generator=gen, device=device)
+    initial = torch.where(fresh[:, None, None, None], 0.0, base[slots])
+    cu = tuple(range(n + 1))
+    d = torch.float64
+    want_o, want_s = reference.gated_delta_rule(
+        q.to(d), k.to(d), v.to(d), g.to(d), beta.to(d), cu, initial.to(d), accumulate=d
+    )
+    spec_o, spec_s = reference.gated_delta_rule(q, k, v, g, beta, cu, initial)
+    pool = base.clone()
+    out = gdn_decode_step(q, k, v, g, beta, slots, fresh, pool)
+    assert _err(out, want_o) <= SPEC_RATIO * _err(spec_o, want_o)
+    assert _err(pool[slots], want_s) <= SPEC_RATIO * _err(spec_s, want_s)
+    alone = base.clone()
+    row = 17
+    one = gdn_decode_step(
+        q[row : row + 1], k[row : row + 1], v[row : row + 1], g[row : row + 1], beta[row : row + 1],
+        slots[row : row + 1], fresh[row : row + 1], alone,
+    )  # fmt: skip
+    assert torch.equal(one[0], out[row]) and torch.equal(alone[slots[row]], pool[slots[row]])
+    graphed = base.clone()
+    gdn_decode_step(q, k, v, g, beta, slots, fresh, graphed.clone())  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        replayed = gdn_decode_step(q, k, v, g, beta, slots, fresh, graphed)
+    graphed.copy_(base)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(replayed, out) and torch.equal(graphed, pool)
