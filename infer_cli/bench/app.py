@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from infer_cli.bench.buckets_cmd import run_bucket_bench
+from infer_cli.bench.gdn_cmd import bench_gdn_command
 from infer_cli.bench.gemm_cmd import bench_gemm_command
 from infer_cli.bench.kernels_cmd import bench_kernels_command
 from infer_cli.bench.latency_cmd import bench_latency_command
@@ -68,4 +69,7 @@ bench_app.command("latency", help="Decode step time and prefill throughput again
 )
 bench_app.command("gemm", help="Time the skinny Triton GEMM against cuBLAS on the decode projections (GPU).")(
     bench_gemm_command
+)
+bench_app.command("gdn", help="Time one GDN layer's prefill and decode per backend against its floor (GPU).")(
+    bench_gdn_command
 )

@@ -1,9 +1,14 @@
 """Gated DeltaNet backends behind one seam (kernels/gdn/base.py), chosen by `--gdn-backend`.
 
-`torch` (kernels/gdn/torch_backend.py) runs everywhere. `fla` (fla-core's Triton kernels) and
-`flashinfer` (its `gdn_prefill` and decode ops) are named so that asking for them is refused by
-name rather than mistaken for a typo; they are not built yet. `auto` picks the fastest backend
-available on the device, which today is `torch` everywhere.
+- `torch` (torch_backend.py): the spec's math in batched torch ops, on any device.
+- `fla` (fla_backend.py): fla-core's chunked Triton prefill, infer's slot-indexed Triton decode
+  step (kernels/triton/gdn_decode.py); CUDA, with fla-core installed (`pip install 'infer[gdn]'`).
+- `flashinfer` (flashinfer_backend.py): FlashInfer's SM90 prefill, the same decode step; an sm_90
+  GPU with flashinfer-python and nvidia-cutlass-dsl.
+- `auto` (auto.py): per phase, the fastest of those available here that agree with the spec; torch
+  on CPU.
+
+A backend that cannot run here is refused by name, with what is missing.
 """
 
 from __future__ import annotations
@@ -12,31 +17,70 @@ import logging
 
 import torch
 
-from kernels.gdn.base import GDNBackend, StateRows
+from kernels.gdn.base import GDNBackend, GDNBackendError, GDNGeometry, StateRows
 from kernels.gdn.torch_backend import TorchGDN
 
 GDN_BACKENDS = ("auto", "flashinfer", "fla", "torch")
-_NOT_BUILT = {
-    "fla": "fla-core's chunk_gated_delta_rule needs CUDA and is not wired in yet",
-    "flashinfer": "FlashInfer's gdn_prefill needs an sm_90 GPU and is not wired in yet",
-}
 
 log = logging.getLogger("infer.kernels.gdn")
 
 
-class GDNBackendError(ValueError):
-    """A `--gdn-backend` value that this machine or this build cannot run; the message says why."""
+def build_gdn_backend(name: str, device: torch.device) -> GDNBackend:
+    """The named backend (not `auto`) on `device`; GDNBackendError naming what is missing."""
+    if name == "torch":
+        return TorchGDN()
+    if name == "fla":
+        from kernels.gdn.fla_backend import FlaGDN
+
+        return FlaGDN(device)
+    if name == "flashinfer":
+        from kernels.gdn.flashinfer_backend import FlashInferGDN
+
+        return FlashInferGDN(device)
+    raise GDNBackendError(f"--gdn-backend {name!r}: unknown (choose from {', '.join(GDN_BACKENDS)})")
+
+
+def available_gdn_backends(device: torch.device) -> tuple[dict[str, GDNBackend], dict[str, str]]:
+    """Every backend that builds on `device` (torch always), and why each other one does not."""
+    built: dict[str, GDNBackend] = {"torch": TorchGDN()}
+    refused: dict[str, str] = {}
+    for name in ("fla", "flashinfer"):
+        try:
+            built[name] = build_gdn_backend(name, device)
+        except GDNBackendError as exc:
+            refused[name] = str(exc)
+    return built, refused
 
 
 def pick_gdn_backend(name: str, device: torch.device) -> GDNBackend:
     if name not in GDN_BACKENDS:
         raise GDNBackendError(f"--gdn-backend {name!r}: unknown (choose from {', '.join(GDN_BACKENDS)})")
-    if name in _NOT_BUILT:
-        where = "on CPU" if device.type != "cuda" else f"on {device}"
-        raise GDNBackendError(f"--gdn-backend {name!r} is not available {where}: {_NOT_BUILT[name]}")
-    if name == "auto":
-        log.info("--gdn-backend auto: torch on %s (the only GDN backend built so far)", device)
-    return TorchGDN()
+    if name != "auto":
+        backend = build_gdn_backend(name, device)
+        log.info("--gdn-backend %s on %s: %s", name, device, backend.describe())
+        return backend
+    if device.type != "cuda":
+        log.info("--gdn-backend auto on %s: torch (the GPU backends need CUDA)", device)
+        return TorchGDN()
+    built, refused = available_gdn_backends(device)
+    for other, why in refused.items():
+        log.info("--gdn-backend auto: %s left out: %s", other, why)
+    if len(built) == 1:
+        log.info("--gdn-backend auto on %s: torch (no other backend is available)", device)
+        return built["torch"]
+    from kernels.gdn.auto import AutoGDN
+
+    return AutoGDN(device, built)
 
 
-__all__ = ["GDN_BACKENDS", "GDNBackend", "GDNBackendError", "StateRows", "TorchGDN", "pick_gdn_backend"]
+__all__ = [
+    "GDN_BACKENDS",
+    "GDNBackend",
+    "GDNBackendError",
+    "GDNGeometry",
+    "StateRows",
+    "TorchGDN",
+    "available_gdn_backends",
+    "build_gdn_backend",
+    "pick_gdn_backend",
+]

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from kernels.gdn.base import GDNBackend, StateRows, check_state_pool
+from kernels.gdn.base import GDNBackend, StateRows, check_state_pool, initial_states
 from kernels.reference import SpecError, l2_normalize
 
 DEFAULT_CHUNK = 64
@@ -45,7 +45,7 @@ class TorchGDN(GDNBackend):
     ) -> torch.Tensor:
         channels, width = weight.shape
         check_state_pool(conv_pool, (width - 1, channels), "conv state")
-        history = _initial(conv_pool, rows)
+        history = initial_states(conv_pool, rows)
         acc_dtype = self.accumulate
         w = weight.to(acc_dtype).T  # [W, D]
         if rows.cu_seqlens is None:
@@ -95,7 +95,7 @@ class TorchGDN(GDNBackend):
         vh = v.to(acc).view(tokens, key_heads, group, value_dim).permute(1, 2, 0, 3)
         gh = g.to(acc).view(tokens, key_heads, group).permute(1, 2, 0)
         bh = beta.to(acc).view(tokens, key_heads, group).permute(1, 2, 0)
-        state = _initial(state_pool, rows).view(-1, key_heads, group, value_dim, key_dim)
+        state = initial_states(state_pool, rows).view(-1, key_heads, group, value_dim, key_dim)
         if rows.cu_seqlens is None:
             out, final = _recurrent_step(qh, kh, vh, gh, bh, state)
             out = out.permute(2, 0, 1, 3)
@@ -163,14 +163,6 @@ def _gather(token_major: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
 def _silu_stored(conv: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The conv's sum stored, then its SiLU stored (the spec's two roundings)."""
     return F.silu(conv.to(dtype).to(conv.dtype)).to(dtype)
-
-
-def _initial(pool: torch.Tensor, rows: StateRows) -> torch.Tensor:
-    """Each sequence's state from its slot, zeros for fresh sequences (their slot may hold a
-    finished request's state)."""
-    gathered = pool.index_select(0, rows.slots)
-    keep = (~rows.fresh).view(-1, *([1] * (pool.dim() - 1)))
-    return torch.where(keep, gathered, torch.zeros((), dtype=pool.dtype, device=pool.device))
 
 
 def _recurrent_step(

@@ -236,7 +236,7 @@ def test_spec_refuses_shapes_it_does_not_define() -> None:
         reference.gated_delta_rule(q, k, v, g, beta, (0, 3))
 
 
-def test_backend_choice_refuses_what_is_not_built() -> None:
+def test_backend_choice_on_cpu_is_torch_and_refuses_the_gpu_backends_by_name() -> None:
     cpu = torch.device("cpu")
     assert pick_gdn_backend("torch", cpu).name == "torch"
     assert pick_gdn_backend("auto", cpu).name == "torch"

@@ -1,0 +1,148 @@
+"""`--gdn-backend auto`: per phase (prefill, decode), the fastest backend on this device among those
+that agree with the spec (kernels/gdn/agreement.py).
+
+The choice comes from `RECORDED` when it holds this device and geometry (rows written from
+`infer bench gdn` and the agreement gate on that device), otherwise from a measurement at start-up
+(`warm_up`: every available backend on one prefill batch and one decode step of the model's
+geometry, checked for agreement, then timed). Until `warm_up` runs, each phase uses the first
+available backend of `UNMEASURED_ORDER`. Every choice is logged with its reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+
+from kernels.gdn.agreement import AgreementCase, AgreementRun
+from kernels.gdn.base import GDNBackend, GDNGeometry, StateRows
+
+log = logging.getLogger("infer.kernels.gdn")
+
+PHASES = ("prefill", "decode")
+# Before any measurement: fla-core's prefill (verified by the gate before FlashInfer's) and the
+# slot-indexed Triton decode step it carries, then torch.
+UNMEASURED_ORDER = ("fla", "torch")
+# The start-up measurement's batches: a prefill of mixed lengths and a 64-row decode step.
+MEASURE_LENGTHS = (1, 63, 64, 65, 1000)
+MEASURE_DECODE_ROWS = 64
+TIMED_RUNS = 5
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedChoice:
+    prefill: str
+    decode: str
+    source: str  # where the figures are: a docs/benchmarks page and its date
+
+
+# (torch.cuda.get_device_name(), geometry) → choice. Empty until `infer bench gdn` and the gate have
+# run on a device; start-up measures where it holds nothing.
+RECORDED: dict[tuple[str, GDNGeometry], RecordedChoice] = {}
+
+
+class AutoGDN(GDNBackend):
+    """Routes prefill batches (host boundaries given) and decode steps to the backend chosen for
+    each phase; the conv runs on the prefill backend's (every backend's conv is torch's today)."""
+
+    name = "auto"
+
+    def __init__(self, device: torch.device, available: Mapping[str, GDNBackend]) -> None:
+        if "torch" not in available:
+            raise ValueError("auto needs the torch backend among the available ones")
+        self.device = device
+        self.available = dict(available)
+        first = next(name for name in (*UNMEASURED_ORDER, "torch") if name in self.available)
+        self.chosen = {phase: self.available[first] for phase in PHASES}
+        self._measured: set[GDNGeometry] = set()
+        log.info(
+            "--gdn-backend auto on %s: %s for both phases until start-up measures (available: %s)",
+            device,
+            first,
+            ", ".join(self.available),
+        )
+
+    def describe(self) -> str:
+        return f"auto (prefill: {self.chosen['prefill'].name}, decode: {self.chosen['decode'].name})"
+
+    def conv(
+        self, x: torch.Tensor, weight: torch.Tensor, rows: StateRows, conv_pool: torch.Tensor
+    ) -> torch.Tensor:
+        return self.chosen["prefill" if rows.cu_seqlens is not None else "decode"].conv(
+            x, weight, rows, conv_pool
+        )
+
+    def delta_rule(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        g: torch.Tensor,
+        beta: torch.Tensor,
+        rows: StateRows,
+        state_pool: torch.Tensor,
+    ) -> torch.Tensor:
+        phase = "prefill" if rows.cu_seqlens is not None else "decode"
+        return self.chosen[phase].delta_rule(q, k, v, g, beta, rows, state_pool)
+
+    def warm_up(self, geometry: GDNGeometry, dtype: torch.dtype, device: torch.device) -> None:
+        if geometry in self._measured:
+            return
+        self._measured.add(geometry)
+        for backend in self.available.values():
+            backend.warm_up(geometry, dtype, device)
+        if len(self.available) == 1:
+            log.info("--gdn-backend auto on %s: torch, the only backend here", device)
+            return
+        key = (torch.cuda.get_device_name(device), geometry)
+        recorded = RECORDED.get(key)
+        if recorded is not None and {recorded.prefill, recorded.decode} <= set(self.available):
+            self.chosen = {
+                "prefill": self.available[recorded.prefill],
+                "decode": self.available[recorded.decode],
+            }
+            log.info(
+                "--gdn-backend auto: %s, recorded for %s %s (%s)", self.describe(), *key, recorded.source
+            )
+            return
+        for phase in PHASES:
+            self.chosen[phase] = self._measure(phase, geometry, dtype, device)
+        log.info("--gdn-backend auto: %s, measured at start-up on %s", self.describe(), key[0])
+
+    def _measure(
+        self, phase: str, geometry: GDNGeometry, dtype: torch.dtype, device: torch.device
+    ) -> GDNBackend:
+        lengths = MEASURE_LENGTHS if phase == "prefill" else None
+        sequences = len(MEASURE_LENGTHS) if phase == "prefill" else MEASURE_DECODE_ROWS
+        run = AgreementRun(AgreementCase(geometry, lengths, sequences, True, dtype), device)
+        timings: dict[str, float] = {}
+        for name, backend in self.available.items():
+            agreement = run.check(backend)
+            if not agreement.passed:
+                log.warning("--gdn-backend auto: %s left out of %s: %s", name, phase, agreement.line())
+                continue
+            timings[name] = _time(run.timed_call(backend), device)
+        best = min(timings, key=timings.__getitem__)
+        log.info(
+            "--gdn-backend auto, %s: %s",
+            phase,
+            ", ".join(f"{n} {t * 1e3:.3f} ms" for n, t in sorted(timings.items(), key=lambda kv: kv[1])),
+        )
+        return self.available[best]
+
+
+def _time(call: Callable[[], object], device: torch.device) -> float:
+    """Median seconds of `call` after one untimed run."""
+    call()
+    times = []
+    for _ in range(TIMED_RUNS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        call()
+        end.record()
+        torch.cuda.synchronize(device)
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)

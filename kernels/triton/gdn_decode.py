@@ -1,0 +1,292 @@
+"""One decode step of the gated delta rule, reading and writing the state pool in place by slot.
+
+fla-core's recurrent op allocates a new state and takes no slot indices, so a serving decode on it
+would gather ``pool[slots]`` and scatter the result back: two extra round trips of the state,
+which is most of what a decode step of this layer moves. This kernel reads ``pool[slot]``, applies
+one token's update (``kernels.reference.gated_delta_rule`` with one token per sequence) and writes
+it back where it was.
+
+Each program owns one sequence, one value head and ``BLOCK_V`` rows of that head's ``[V, K]``
+state. Rows of the state are independent in the update (row ``i`` reads only ``S[i, :]``, ``k̂``,
+``q̂``, ``v[i]``, ``β`` and ``g``), so splitting V across programs changes nothing, and the sums over
+K stay inside one program whose tile shape depends on the geometry only: a row's bits never depend
+on the batch. q and k are read at key head ``h // (Hv / Hk)`` and L2-normed in fp32 in registers.
+
+Fresh sequences read zeros instead of their slot (the slot may hold a finished request's state).
+Slots must be distinct except for the padding slot 0, which CUDA-graph filler rows share and
+nothing reads. One launch, no host synchronisation: graph-safe.
+
+``python -m kernels.triton.gdn_decode`` compiles every variant for sm_90 without a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.reference import L2_NORM_EPS, SpecError
+from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted
+
+# Value rows per program. 32 × 128 fp32 is 16 KiB of state per program at K = 128: small enough
+# that a batch-1 step still has Hv · V / 32 programs (128 at the 4B geometry) to spread over SMs.
+BLOCK_V = 32
+NUM_WARPS = 4
+
+
+class GDNDecodeError(SpecError):
+    """An input the decode kernel cannot take; the message names the tensor and what is wrong."""
+
+
+@triton.jit
+def _exp(x, LIBDEVICE: tl.constexpr):
+    if LIBDEVICE:
+        return tl.extra.cuda.libdevice.exp(x)
+    else:  # the interpreter's exp is numpy's
+        return tl.exp(x)
+
+
+@triton.jit
+def _gdn_decode_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    g_ptr,
+    beta_ptr,
+    slots_ptr,
+    fresh_ptr,
+    state_ptr,
+    o_ptr,
+    stride_q_tok,
+    stride_q_head,
+    stride_k_tok,
+    stride_k_head,
+    stride_v_tok,
+    stride_v_head,
+    stride_g_tok,
+    stride_beta_tok,
+    stride_state_slot,
+    stride_o_tok,
+    stride_o_head,
+    scale,
+    eps,
+    GROUP: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    LIBDEVICE: tl.constexpr,
+):
+    seq = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    rows = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
+    cols = tl.arange(0, BLOCK_K)
+    row_ok = rows < V
+    col_ok = cols < K
+    key_head = head // GROUP
+
+    q = tl.load(q_ptr + seq * stride_q_tok + key_head * stride_q_head + cols, mask=col_ok, other=0.0)
+    k = tl.load(k_ptr + seq * stride_k_tok + key_head * stride_k_head + cols, mask=col_ok, other=0.0)
+    q = q.to(tl.float32)
+    k = k.to(tl.float32)
+    # l2(x) = x · rsqrt(Σx² + eps), with an IEEE square root and divide (rsqrt is approximate).
+    q_hat = q * tl.div_rn(1.0, tl.sqrt_rn(tl.sum(q * q, axis=0) + eps)) * scale
+    k_hat = k * tl.div_rn(1.0, tl.sqrt_rn(tl.sum(k * k, axis=0) + eps))
+
+    slot = tl.load(slots_ptr + seq).to(tl.int64)
+    fresh = tl.load(fresh_ptr + seq)
+    tile = rows[:, None] * K + cols[None, :]
+    tile_ok = row_ok[:, None] & col_ok[None, :]
+    head_state = state_ptr + slot * stride_state_slot + head * (V * K)
+    # A fresh row's slot is not read at all (the mask broadcast to the tile, as the interpreter
+    # takes no scalar term in a mask).
+    keep = (tl.zeros([BLOCK_V, BLOCK_K], dtype=tl.int32) + (fresh == 0).to(tl.int32)) != 0
+    state = tl.load(head_state + tile, mask=tile_ok & keep, other=0.0)
+
+    decay = _exp(tl.load(g_ptr + seq * stride_g_tok + head).to(tl.float32), LIBDEVICE)
+    beta = tl.load(beta_ptr + seq * stride_beta_tok + head).to(tl.float32)
+    v = tl.load(v_ptr + seq * stride_v_tok + head * stride_v_head + rows, mask=row_ok, other=0.0)
+    state = state * decay
+    predicted = tl.sum(state * k_hat[None, :], axis=1)
+    delta = beta * (v.to(tl.float32) - predicted)
+    state = state + delta[:, None] * k_hat[None, :]
+    out = tl.sum(state * q_hat[None, :], axis=1)
+
+    tl.store(head_state + tile, state, mask=tile_ok)
+    o_row = o_ptr + seq * stride_o_tok + head * stride_o_head
+    tl.store(o_row + rows, out.to(o_ptr.dtype.element_ty), mask=row_ok)
+
+
+def _check(name: str, t: torch.Tensor, shape: tuple[int, ...], device: torch.device) -> None:
+    if tuple(t.shape) != shape:
+        raise GDNDecodeError(f"{name} must be {list(shape)}, got {list(t.shape)}")
+    if t.device != device:
+        raise GDNDecodeError(f"{name} is on {t.device}, the state pool on {device}")
+
+
+def _last_dim_unit(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def gdn_decode_step(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    slots: torch.Tensor,
+    fresh: torch.Tensor,
+    state_pool: torch.Tensor,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """One token per sequence: ``q, k [N, Hk, K]``, ``v [N, Hv, V]``, ``g, beta [N, Hv]`` (g in
+    log space), ``slots [N]`` int64, ``fresh [N]`` bool, ``state_pool [slots, Hv, V, K]`` fp32,
+    updated in place. Returns ``o [N, Hv, V]`` in v's dtype."""
+    if q.dim() != 3 or v.dim() != 3:
+        raise GDNDecodeError(f"q must be [N, Hk, K] and v [N, Hv, V], got {list(q.shape)}, {list(v.shape)}")
+    sequences, key_heads, key_dim = q.shape
+    heads, value_dim = v.shape[1], v.shape[2]
+    device = state_pool.device
+    if heads % key_heads:
+        raise GDNDecodeError(f"{heads} value heads are not a multiple of {key_heads} key heads")
+    if state_pool.dtype != torch.float32:
+        raise GDNDecodeError(f"state_pool must be float32, got {state_pool.dtype}")
+    if state_pool.dim() != 4 or tuple(state_pool.shape[1:]) != (heads, value_dim, key_dim):
+        raise GDNDecodeError(
+            f"state_pool must be [slots, {heads}, {value_dim}, {key_dim}], got {list(state_pool.shape)}"
+        )
+    if not state_pool[0].is_contiguous():
+        raise GDNDecodeError("state_pool must be contiguous within a slot ([Hv, V, K] row-major)")
+    _check("q", q, (sequences, key_heads, key_dim), device)
+    _check("k", k, (sequences, key_heads, key_dim), device)
+    _check("v", v, (sequences, heads, value_dim), device)
+    _check("g", g, (sequences, heads), device)
+    _check("beta", beta, (sequences, heads), device)
+    _check("slots", slots, (sequences,), device)
+    _check("fresh", fresh, (sequences,), device)
+    if slots.dtype != torch.int64 or fresh.dtype != torch.bool:
+        raise GDNDecodeError(f"slots must be int64 and fresh bool, got {slots.dtype}, {fresh.dtype}")
+    if v.dtype not in STORAGE_TYPES or q.dtype != v.dtype or k.dtype != v.dtype:
+        raise GDNDecodeError(
+            f"q, k, v must share one of bf16, fp16, fp32, got {q.dtype}, {k.dtype}, {v.dtype}"
+        )
+    if device.type != "cuda" and not interpreted():
+        raise GDNDecodeError(f"device {device}: the Triton decode kernel needs CUDA (or TRITON_INTERPRET=1)")
+    q, k, v = _last_dim_unit(q), _last_dim_unit(k), _last_dim_unit(v)
+    g, beta = _last_dim_unit(g), _last_dim_unit(beta)
+    out = torch.empty((sequences, heads, value_dim), dtype=v.dtype, device=device)
+    if sequences == 0:
+        return out
+    scale = key_dim**-0.5 if scale is None else scale
+    grid = (sequences, heads, triton.cdiv(value_dim, BLOCK_V))
+    _gdn_decode_kernel[grid](
+        q,
+        k,
+        v,
+        g,
+        beta,
+        slots,
+        fresh.view(torch.uint8),  # a byte per row: the interpreter takes no bool mask from a bool load
+        state_pool,
+        out,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        g.stride(0),
+        beta.stride(0),
+        state_pool.stride(0),
+        out.stride(0),
+        out.stride(1),
+        scale,
+        L2_NORM_EPS,
+        **_constexprs(heads // key_heads, key_dim, value_dim),
+        num_warps=NUM_WARPS,
+        enable_fp_fusion=False,  # every multiply and add rounded on its own, as the spec's torch ops
+    )
+    return out
+
+
+def _constexprs(group: int, key_dim: int, value_dim: int) -> dict[str, int | bool]:
+    return {
+        "GROUP": group,
+        "K": key_dim,
+        "V": value_dim,
+        "BLOCK_K": triton.next_power_of_2(key_dim),
+        "BLOCK_V": min(BLOCK_V, triton.next_power_of_2(value_dim)),
+        "LIBDEVICE": not interpreted(),
+    }
+
+
+# ------------------------------------------------------------------ ahead-of-time compile (sm_90)
+
+# (value heads per key head, K, V): Qwen3.5's GDN geometries (shared/presets.md: 0.8B/2B 16/16,
+# 4B/9B 16/32, 27B 16/48; K = V = 128 throughout).
+SERVING_VARIANTS: tuple[tuple[int, int, int], ...] = ((1, 128, 128), (2, 128, 128), (3, 128, 128))
+
+
+def compile_variant(group: int, key_dim: int, value_dim: int, dtype: torch.dtype, arch: int = 90) -> object:
+    """The compiled kernel (cubin included) for one variant on ``sm_{arch}``, without a GPU."""
+    if interpreted():
+        raise RuntimeError("ahead-of-time compilation needs TRITON_INTERPRET unset")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    constexprs = _constexprs(group, key_dim, value_dim) | {"LIBDEVICE": True}
+    names = list(_gdn_decode_kernel.arg_names)
+    pointer = {
+        "g_ptr": "*fp32",
+        "state_ptr": "*fp32",
+        "slots_ptr": "*i64",
+        "fresh_ptr": "*u8",
+        "beta_ptr": POINTER_TYPES[dtype],
+    }
+    signature: dict[str, str] = {}
+    for name in names:
+        if name in constexprs:
+            signature[name] = "constexpr"
+        elif name in pointer:
+            signature[name] = pointer[name]
+        elif name.endswith("_ptr"):
+            signature[name] = POINTER_TYPES[dtype]
+        elif name in ("scale", "eps"):
+            signature[name] = "fp32"
+        else:
+            signature[name] = "i32"
+    # Serving shapes: 16-byte aligned buffers, strides that are multiples of 16 elements.
+    aligned = [n for n in names if n.endswith("_ptr") and n != "fresh_ptr"] + [
+        n for n in names if n.startswith("stride_")
+    ]
+    source = ASTSource(
+        fn=_gdn_decode_kernel,
+        signature=signature,
+        constexprs={(names.index(name),): value for name, value in constexprs.items()},
+        attrs={(names.index(name),): [["tt.divisibility", 16]] for name in aligned},
+    )
+    return triton.compile(
+        source,
+        target=GPUTarget("cuda", arch, 32),
+        options={"num_warps": NUM_WARPS, "enable_fp_fusion": False},
+    )
+
+
+def main() -> int:
+    for group, key_dim, value_dim in SERVING_VARIANTS:
+        for dtype in POINTER_TYPES:
+            kernel = compile_variant(group, key_dim, value_dim, dtype)
+            if not getattr(kernel, "asm", {}).get("cubin"):
+                print(f"no cubin for group={group} {dtype}", file=sys.stderr)
+                return 1
+        print(f"compiled gdn_decode group={group} K={key_dim} V={value_dim} for sm_90")
+    return 0
+
+
+if __name__ == "__main__":
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        sys.exit("unset TRITON_INTERPRET: the compile check builds real GPU code")
+    sys.exit(main())
