@@ -145,6 +145,16 @@ cutlass_dsl() {  # FlashInfer's SM90 GDN prefill needs the CUTLASS DSL: carried 
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $parts/nvidia_cutlass_dsl*.whl \
     $parts/cuda_bindings-*.whl $parts/cuda_pathfinder-*.whl
 }
+q35=/tmp/ckpt/q35-4b
+gdn() {  # Gated DeltaNet backends: kernel tests, the agreement gate at the 4B geometry, bench gdn
+  cutlass_dsl || echo "no CUTLASS DSL: FlashInfer's GDN prefill is not checked"
+  python3 -m pytest -q -s --tb=short tests/kernels/test_gdn_decode.py tests/kernels/test_gdn_fla.py \
+    tests/kernels/test_gdn_torch.py
+  [ -d $q35 ] || infer synth qwen35 --preset 4b --out $q35 --dtype bfloat16 --device cuda
+  infer gates --manifest qwen35 --checkpoint $q35 --tier gpu --gate qwen35.gdn_backends_agree \
+    --json $work/qwen35-gdn-gate.json
+  infer bench gdn --json > $work/bench-gdn.json
+}
 PIPELINE=${PIPELINE:-"qwen3-latency qwen3-gates gemma4-latency gemma4-gates"}
 
 # The pipeline, in its own session so it outlives the call; $work/STEP.log per step, and
@@ -183,7 +193,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | gemm | decode-paths | kernels | gemma3)
+  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | gemm | decode-paths | kernels | gemma3 | gdn)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
