@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from infer_cli.bench.latency import Ceilings, PolicyRun
 
 
-@knob_options("enforce_eager", "gpu_memory_utilization")
+@knob_options("enforce_eager", "gpu_memory_utilization", "async_scheduling")
 def bench_latency_command(
     model: Path = typer.Option(
         ..., "--model", help="Checkpoint directory (e.g. from `infer synth ... --device cuda`)."
