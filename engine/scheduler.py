@@ -763,7 +763,7 @@ class BatchScheduler:
         self._seqs.pop(seq.request_id, None)
         seq.where = _Where.DONE
         if seq.in_flight or seq.launched_rows:
-            return  # a forward in flight may still touch its pages: `_join` or `_collect` frees them
+            return  # a forward in flight may still touch its pages: `_join` or `_land` frees them
         self.kv.free(seq.request_id)
         self._release_slot(seq)
 
