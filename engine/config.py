@@ -67,6 +67,16 @@ class EngineConfig:
         },
     )
 
+    # Async scheduling (engine/scheduler.py; docs/engine.md). Off by default: see docs/engine.md.
+    async_scheduling: bool = field(
+        default=False,
+        metadata={
+            "help": "Schedule and launch the next step while the device runs this one; sampled ids "
+            "stay on the device and feed the next step's inputs.",
+            "negatable": True,
+        },
+    )
+
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens"):
             value = getattr(self, name)
@@ -84,3 +94,7 @@ class EngineConfig:
             )
         if self.num_kv_pages is not None and self.num_kv_pages < 2:
             raise ContractError("num_kv_pages", self.num_kv_pages, "must be at least 2 (page 0 is padding)")
+        if self.async_scheduling and self.async_prefill:
+            raise ContractError(
+                "async_scheduling", True, "cannot be combined with async_prefill (one of the two at a time)"
+            )

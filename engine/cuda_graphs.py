@@ -256,10 +256,24 @@ class GraphedDecode:
 
     def logits(self, step: ForwardBatch, live_rows: int, replay: bool = True) -> torch.Tensor:
         """Float32 logits [live_rows, vocab] of a decode step packed into its bucket (on the host)."""
+        self.load(step)
+        return self.run(step.num_tokens, live_rows, replay)
+
+    def load(self, step: ForwardBatch, feed: Callable[[torch.Tensor], None] | None = None) -> None:
+        """Copy a decode step packed into its bucket (on the host) into the static inputs; `feed`
+        then rewrites, on the device, the tokens of rows fed from the previous step (async
+        scheduling), given the bucket's view of the static token ids."""
         bucket = step.num_tokens
         if bucket not in self._graphs:
             raise ValueError(f"no graph was captured for bucket {bucket} (buckets {self.buckets})")
         self._load(step)
+        if feed is not None:
+            feed(self.input_ids[:bucket])
+
+    def run(self, bucket: int, live_rows: int, replay: bool = True) -> torch.Tensor:
+        """Float32 logits [live_rows, vocab] of the bucket's graph over what `load` put in place."""
+        if bucket not in self._graphs:
+            raise ValueError(f"no graph was captured for bucket {bucket} (buckets {self.buckets})")
         self.steps_per_bucket[bucket] += 1
         if replay:
             self.replays_per_bucket[bucket] += 1

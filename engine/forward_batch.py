@@ -1,6 +1,6 @@
-"""The model side of a step: the device inputs one forward reads (built by engine.step_packer), and
-the protocol a paged causal LM implements so the generic runner and the CUDA-graph decoder can
-drive it."""
+"""The model side of a step: the device inputs one forward reads (built by engine.step_packer), the
+pinned host buffers they travel through under async scheduling, and the protocol a paged causal LM
+implements so the generic runner and the CUDA-graph decoder can drive it."""
 
 from __future__ import annotations
 
@@ -32,6 +32,29 @@ class ForwardBatch:
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[0])
+
+    def pinned(self, staging: HostStaging) -> ForwardBatch:
+        """The same batch on the host, in `staging`'s pinned buffers: copies from there to the device
+        are truly asynchronous (from pageable memory the driver may wait for the stream)."""
+
+        def staged(name: str, t: torch.Tensor) -> torch.Tensor:
+            return staging.stage(name, t)
+
+        positions, seq_index = (
+            staged("positions", self.positions),
+            staged("seq_index", self.rows[0].seq_index),
+        )
+        return ForwardBatch(
+            input_ids=staged("input_ids", self.input_ids),
+            positions=positions,
+            rows=tuple(
+                PagedRows(positions, seq_index, staged(f"page_table{g}", r.page_table))
+                for g, r in enumerate(self.rows)
+            ),
+            sample_index=staged("sample_index", self.sample_index),
+            attention=self.attention,
+            state_slots=None if self.state_slots is None else staged("state_slots", self.state_slots),
+        )
 
     def to(self, device: torch.device) -> ForwardBatch:
         def moved(t: torch.Tensor) -> torch.Tensor:
@@ -76,3 +99,64 @@ class PagedCausalLM(Protocol):
         ...
 
     def roofline(self) -> RooflineFacts: ...
+
+
+class HostStaging:
+    """Persistent host buffers, one per name, that one launch's inputs and outputs pass through.
+
+    On a CUDA device they are pinned (page-locked), so `non_blocking` copies neither way wait for
+    the stream; elsewhere `stage` and `output` hand tensors back as they are. A buffer grows when a
+    step needs more than it holds. The caller must not restage a name while a copy from it may still
+    be queued: `StagingRing` hands a set out again only once its last launch has finished."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._pinned = device.type == "cuda"
+        self._buffers: dict[str, torch.Tensor] = {}
+
+    def stage(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """`tensor` (host) copied into the pinned buffer `name`."""
+        if not self._pinned:
+            return tensor
+        view = self._view(name, tensor)
+        view.copy_(tensor)
+        return view
+
+    def output(self, name: str, like: torch.Tensor) -> torch.Tensor:
+        """A pinned host tensor shaped like `like` (on the device) to copy it into; on a host device,
+        `like` itself."""
+        if not self._pinned:
+            return like
+        return self._view(name, like)
+
+    def _view(self, name: str, like: torch.Tensor) -> torch.Tensor:
+        numel = like.numel()
+        buffer = self._buffers.get(name)
+        if buffer is None or buffer.dtype != like.dtype or buffer.numel() < numel:
+            size = max(numel, 2 * buffer.numel() if buffer is not None else 0, 64)
+            buffer = torch.empty(size, dtype=like.dtype, pin_memory=True)
+            self._buffers[name] = buffer
+        return buffer[:numel].view(like.shape)
+
+
+class StagingRing:
+    """Two `HostStaging` sets used in turn, one per launch: the launch in flight reads one while the
+    next is packed into the other. A set is handed out again only after the event of the launch that
+    last used it (recorded after its outputs' copies) has completed; under async scheduling that
+    launch was collected a step ago, so the wait is normally already over."""
+
+    def __init__(self, device: torch.device, sets: int = 2) -> None:
+        self._sets = [HostStaging(device) for _ in range(sets)]
+        self._released: list[torch.cuda.Event | None] = [None] * sets
+        self._next = 0
+
+    def take(self) -> tuple[int, HostStaging]:
+        i = self._next
+        self._next = (i + 1) % len(self._sets)
+        released = self._released[i]
+        if released is not None:
+            released.synchronize()
+            self._released[i] = None
+        return i, self._sets[i]
+
+    def release_after(self, index: int, event: torch.cuda.Event | None) -> None:
+        self._released[index] = event

@@ -4,18 +4,32 @@ Rows become tensors in engine.step_packer; decode-only steps that fit a bucket r
 graph (engine.cuda_graphs). The model owns its weights and KV pools; the runner owns no policy.
 Overlapped prefill runs its forward on a side CUDA stream with its own attention instance
 (`AttentionBackend.sibling`) and hands only the logits to the main stream (docs/engine.md).
+
+Async scheduling (`launch_step`) runs a step with no wait on the host: inputs go to the device
+through pinned buffers, rows fed from the previous step take their tokens from its sampled-id
+tensor on the device, and the sampled ids and log-probs come back into pinned buffers behind a CUDA
+event that `collect` waits on. Everything is queued on one stream, so a step reads the KV and the
+tokens every step launched before it wrote.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
 from engine.cuda_graphs import GraphedDecode
-from engine.forward_batch import PagedCausalLM
-from engine.runner import BatchRow, PrefillHandle, ReadyPrefill, SampledToken, StepBatch
-from engine.sampling import sample
+from engine.forward_batch import HostStaging, PagedCausalLM, StagingRing
+from engine.runner import (
+    BatchRow,
+    FeedError,
+    PrefillHandle,
+    ReadyPrefill,
+    SampledToken,
+    StepBatch,
+    StepHandle,
+)
+from engine.sampling import SamplerOutput, sample
 from engine.sampling_batch import RowSampling, SamplingBatch, SeedSource
 from engine.step_packer import pack_step
 from kernels.attention.base import AttentionBackend
@@ -60,6 +74,10 @@ class PagedModelRunner:
         # it is made on the first launch.
         self._stream: torch.cuda.Stream | None = None
         self._side_backend: AttentionBackend | None = side_attention
+        # Async scheduling: the pinned buffers launches pass through, and an event behind the last
+        # launch's input copies (the attention backend's plan copies included).
+        self._staging = StagingRing(model.device)
+        self._inputs_queued: torch.cuda.Event | None = None
 
     @torch.inference_mode()
     def execute(self, batch: StepBatch) -> list[SampledToken | None]:
@@ -73,6 +91,85 @@ class PagedModelRunner:
         else:
             logits = self._eager_logits(rows, self.attention)
         return sample_rows(rows, logits, self.seeds)
+
+    @torch.inference_mode()
+    def launch_step(self, batch: StepBatch, feed: StepHandle | None) -> StepHandle:
+        """Implements `engine.runner.PipelinedRunner`: the step queued on the current stream, its
+        tokens read at `collect`. No host-device synchronisation happens here except the wait for
+        the previous launch's input copies (already done once the step before that was collected):
+        the attention backend may reuse its own pinned planning buffer in `plan`."""
+        rows = batch.rows
+        device = self.model.device
+        on_cuda = device.type == "cuda"
+        if self._inputs_queued is not None:
+            self._inputs_queued.synchronize()
+            self._inputs_queued = None
+        slot, staging = self._staging.take()
+        try:
+            fed = self._feeder(rows, feed, staging)
+            graphs = self.graphs
+            specs = self.model.kv.attention_specs
+            if graphs is not None and graphs.accepts(rows):
+                bucket = graphs.bucket_for(len(rows))
+                assert bucket is not None
+                packed = pack_step(rows, specs, self.attention, bucket=bucket)
+                graphs.load(packed.pinned(staging), fed)
+                self._inputs_queued = _record_event(on_cuda)
+                logits: torch.Tensor | None = graphs.run(bucket, len(rows), replay=self.replay_graphs)
+            else:
+                step = pack_step(rows, specs, self.attention).pinned(staging).to(device)
+                if fed is not None:
+                    fed(step.input_ids)
+                self._inputs_queued = _record_event(on_cuda)
+                hidden = self.model.forward(step)
+                logits = self.model.logits(hidden) if any(r.sample for r in rows) else None
+            host: SamplerOutput | None = None
+            device_tokens: torch.Tensor | None = None
+            requested: tuple[int | None, ...] = ()
+            if logits is not None:
+                params = SamplingBatch.pack([RowSampling.of(r, self.seeds) for r in rows if r.sample])
+                picked = sample(logits, params.to(device, staging), params.plan)
+                device_tokens = picked.token_ids
+                host = picked.to_host(staging)
+                requested = params.logprobs_requested
+            finished = _record_event(on_cuda)
+        except BaseException:
+            # The contract: nothing this launch started is left running behind an exception.
+            if on_cuda:
+                torch.cuda.current_stream(device).synchronize()
+            self._inputs_queued = None
+            raise
+        self._staging.release_after(slot, finished)
+        return _LaunchedStep(self, rows, device_tokens, host, requested, finished)
+
+    def _feeder(
+        self, rows: Sequence[BatchRow], feed: StepHandle | None, staging: HostStaging
+    ) -> Callable[[torch.Tensor], None] | None:
+        """What rewrites the packed token ids of rows fed from `feed` on the device, or None."""
+        targets: list[int] = []
+        sources: list[int] = []
+        offset = 0
+        for row in rows:
+            if row.feed_from is not None:
+                if not isinstance(feed, _LaunchedStep) or feed.runner is not self:
+                    raise FeedError(
+                        f"row of {row.request_id!r} is fed from {type(feed).__name__}, not from a step "
+                        "this runner launched"
+                    )
+                targets.append(offset)
+                sources.append(feed.sampled_index(row.feed_from, row.request_id))
+            offset += len(row.token_ids)
+        if not targets:
+            return None
+        assert isinstance(feed, _LaunchedStep) and feed.device_tokens is not None
+        tokens = feed.device_tokens
+        index = staging.stage("feed", torch.tensor([targets, sources], dtype=torch.long))
+        index = index.to(self.model.device, non_blocking=True)
+
+        def rewrite(input_ids: torch.Tensor) -> None:
+            input_ids.index_copy_(0, index[0], tokens.index_select(0, index[1]))
+
+        return rewrite
 
     @torch.inference_mode()
     def launch_prefill(self, batch: StepBatch) -> PrefillHandle:
@@ -124,6 +221,62 @@ class PagedModelRunner:
         row = BatchRow.whole_prompt("score", token_ids, (tuple(page_table),) * len(specs))
         step = pack_step([row], specs, self.attention, logits_last=len(row.token_ids))
         return self.model.logits(self.model.forward(step.to(self.model.device)))
+
+
+def _record_event(on_cuda: bool) -> torch.cuda.Event | None:
+    if not on_cuda:
+        return None
+    event = torch.cuda.Event()
+    event.record()
+    return event
+
+
+class _LaunchedStep:
+    """A step queued by `PagedModelRunner.launch_step`: its sampled ids on the device (what the next
+    step's fed rows read) and on their way into pinned host buffers, complete at `finished`."""
+
+    def __init__(
+        self,
+        runner: PagedModelRunner,
+        rows: Sequence[BatchRow],
+        device_tokens: torch.Tensor | None,
+        host: SamplerOutput | None,
+        logprobs_requested: tuple[int | None, ...],
+        finished: torch.cuda.Event | None,
+    ) -> None:
+        self.runner = runner
+        self.device_tokens = device_tokens
+        self._samples = tuple(r.sample for r in rows)
+        # Row index -> index among the sampling rows (the sampler's row).
+        self._sampled_at: dict[int, int] = {}
+        for i, row in enumerate(rows):
+            if row.sample:
+                self._sampled_at[i] = len(self._sampled_at)
+        self._host = host
+        self._requested = logprobs_requested
+        self._finished = finished
+
+    def sampled_index(self, row: int, request_id: str) -> int:
+        at = self._sampled_at.get(row)
+        if at is None:
+            raise FeedError(f"row of {request_id!r}: feed_from={row} names a row that sampled nothing")
+        return at
+
+    def done(self) -> bool:
+        return self._finished is None or bool(self._finished.query())
+
+    def collect(self) -> list[SampledToken | None]:
+        if self._finished is not None:
+            self._finished.synchronize()
+        results: list[SampledToken | None] = [None] * len(self._samples)
+        if self._host is None:
+            return results
+        # Host tensors (pinned, complete after the event): reading them waits for nothing.
+        sampled = iter(self._host.to_sampled_tokens(self._requested))
+        for i, samples in enumerate(self._samples):
+            if samples:
+                results[i] = next(sampled)
+        return results
 
 
 class _StreamedPrefill:

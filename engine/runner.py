@@ -4,15 +4,21 @@ The scheduler decides which tokens of which requests run this step and where the
 `ModelRunner` runs the forward over exactly that and samples. It never sees queues or lifecycles.
 Overlapped prefill adds `launch_prefill` (docs/engine.md): a runner with no second stream gets it
 from `launch_prefill(runner, batch)`, which runs the forward at once and hands back a done handle.
+Async scheduling adds `launch_step` the same way: a step launched before the previous one's tokens
+are read, its decode rows fed from that step's sampled ids where they live (`BatchRow.feed_from`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol, runtime_checkable
 
 from engine.contract import SamplingParams, TokenLogprob
+
+# The host's stand-in for a token still on the device (`BatchRow.feed_from`): not a token id, so a
+# runner that used it as one fails instead of computing with a wrong token.
+FED_TOKEN = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +41,10 @@ class BatchRow:
     # The request's state slot (recurrent models, engine/kv/state_pool.py); 0, the padding slot,
     # for models without state and for diagnostic rows.
     state_slot: int = 0
+    # Async scheduling: this decode row's one token is the one sampled for row `feed_from` of the
+    # step launched just before it, not yet known on the host; `token_ids` then holds
+    # `FED_TOKEN` and `context` lacks that token.
+    feed_from: int | None = None
 
     @property
     def end_pos(self) -> int:
@@ -85,7 +95,8 @@ class PrefillHandle(Protocol):
 
 @dataclass(slots=True)
 class ReadyPrefill:
-    """A prefill whose forward already ran to completion when it was launched."""
+    """A forward (a prefill, or a step under async scheduling) that already ran to completion when
+    it was launched: its results are on the host."""
 
     results: list[SampledToken | None]
 
@@ -111,3 +122,65 @@ def launch_prefill(runner: ModelRunner, batch: StepBatch) -> PrefillHandle:
     if isinstance(runner, OverlappingRunner):
         return runner.launch_prefill(batch)
     return ReadyPrefill(runner.execute(batch))
+
+
+class StepHandle(Protocol):
+    """A step launched under async scheduling; collected exactly once, in launch order."""
+
+    def done(self) -> bool:
+        """Whether the step's tokens are ready to read. Never blocks."""
+        ...
+
+    def collect(self) -> list[SampledToken | None]:
+        """Wait for the step if it is still running and read its tokens: one for each row with
+        `sample`, None for the others (as `ModelRunner.execute` answers)."""
+        ...
+
+
+@runtime_checkable
+class PipelinedRunner(ModelRunner, Protocol):
+    def launch_step(self, batch: StepBatch, feed: StepHandle | None) -> StepHandle:
+        """Start one step over `batch` and return without waiting for it or for `feed`, the step
+        launched just before (None when there is none, or it was collected). A row with `feed_from`
+        takes as its token the one `feed` sampled for that row, resolved where `feed`'s tokens are
+        (on the device), and samples with `num_generated` as given (it counts the fed token). The
+        caller keeps every page in the rows' tables allocated until the handle is collected. If
+        this raises, nothing it started is still running."""
+        ...
+
+
+class FeedError(RuntimeError):
+    """A row asked for a fed token that the step it names cannot give."""
+
+
+def resolve_feeds(batch: StepBatch, feed: StepHandle | None) -> StepBatch:
+    """`batch` with every `feed_from` row's token read from `feed`, a step whose results are on the
+    host already (a `ReadyPrefill`): what a runner that cannot keep tokens on a device runs."""
+    if all(row.feed_from is None for row in batch.rows):
+        return batch
+    if not isinstance(feed, ReadyPrefill):
+        raise FeedError(f"rows are fed from {type(feed).__name__}, which holds no host results")
+    rows = []
+    for row in batch.rows:
+        if row.feed_from is not None:
+            if not 0 <= row.feed_from < len(feed.results):
+                raise FeedError(
+                    f"row of {row.request_id!r}: feed_from={row.feed_from} is outside the feeding "
+                    f"step's {len(feed.results)} rows"
+                )
+            sampled = feed.results[row.feed_from]
+            if sampled is None:
+                raise FeedError(
+                    f"row of {row.request_id!r}: feed_from={row.feed_from} names a row that sampled nothing"
+                )
+            row = replace(row, token_ids=(sampled.token_id,), feed_from=None)
+        rows.append(row)
+    return StepBatch(tuple(rows))
+
+
+def launch_step(runner: ModelRunner, batch: StepBatch, feed: StepHandle | None) -> StepHandle:
+    """`runner.launch_step(batch, feed)`, or, for a runner that keeps nothing on a device, the step
+    run now over `batch` with its fed tokens resolved from `feed`'s results."""
+    if isinstance(runner, PipelinedRunner):
+        return runner.launch_step(batch, feed)
+    return ReadyPrefill(runner.execute(resolve_feeds(batch, feed)))

@@ -51,6 +51,7 @@ import torch
 from torch import Tensor
 
 from engine.contract import TokenLogprob
+from engine.forward_batch import HostStaging
 from engine.runner import SampledToken
 from engine.sampling_batch import SamplingPlan, SamplingTensors
 from engine.sampling_noise import gumbel_noise
@@ -67,6 +68,27 @@ class SamplerOutput:
     logprobs: Tensor | None = None
     top_ids: Tensor | None = None
     top_logprobs: Tensor | None = None
+
+    def to_host(self, staging: HostStaging) -> SamplerOutput:
+        """The same tensors copied into `staging`'s pinned host buffers without waiting for the
+        device (read them only after an event recorded behind the copies); on a host device, self."""
+
+        def copied(name: str, t: Tensor | None) -> Tensor | None:
+            if t is None:
+                return None
+            host = staging.output(name, t)
+            if host is not t:
+                host.copy_(t, non_blocking=True)
+            return host
+
+        token_ids = copied("token_ids", self.token_ids)
+        assert token_ids is not None
+        return SamplerOutput(
+            token_ids,
+            copied("logprobs", self.logprobs),
+            copied("top_ids", self.top_ids),
+            copied("top_logprobs", self.top_logprobs),
+        )
 
     def to_sampled_tokens(self, logprobs_requested: Sequence[int | None]) -> list[SampledToken]:
         """Host side: one `SampledToken` per requested row (the first len(...) rows; padding rows

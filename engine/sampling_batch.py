@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from engine.contract import SamplingParams
+from engine.forward_batch import HostStaging
 from engine.runner import BatchRow
 
 # Temperatures below this sample greedily, as vLLM does: dividing logits by a tinier number
@@ -177,8 +178,11 @@ class SamplingBatch:
     def num_rows(self) -> int:
         return len(self.logprobs_requested)
 
-    def to(self, device: torch.device | str) -> SamplingTensors:
-        """The packed parameters on `device`."""
-        floats = self.floats.to(device, non_blocking=True)
-        ints = self.ints.to(device, non_blocking=True)
+    def to(self, device: torch.device | str, staging: HostStaging | None = None) -> SamplingTensors:
+        """The packed parameters on `device`, through `staging`'s pinned buffers when given."""
+        floats, ints = self.floats, self.ints
+        if staging is not None:
+            floats, ints = staging.stage("sampling_floats", floats), staging.stage("sampling_ints", ints)
+        floats = floats.to(device, non_blocking=True)
+        ints = ints.to(device, non_blocking=True)
         return SamplingTensors.from_packed(floats, ints, self.num_rows)

@@ -17,10 +17,20 @@ Overlapped prefill (`async_prefill`; docs/engine.md tells how and why): prefill 
 side forward at a time, joined at a later step. Until the join its requests hold their pages, get
 no row, are never preempted and release no window; an abort retires one at once but frees its
 pages only at the join, when the forward can no longer touch them.
+
+Async scheduling (`async_scheduling`; docs/engine.md): a step schedules and launches step N+1
+before it reads step N's tokens, then applies N's. A decode row whose last token is still on the
+device is fed from N's sampled ids there (`BatchRow.feed_from`); a request that N's token will
+finish by length gets no row; one that N finishes on a stop token wastes its row in N+1, whose
+token is dropped. Facts still go to the ledger once, when N is collected. A request retired while a
+launched step still holds its row (finish, abort, failure) frees its pages only when the last such
+step is collected. A step that would preempt first collects N (drains the pipeline), so a
+preempted request never has a row in flight.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import deque
 from collections.abc import Callable, Collection, Sequence
@@ -40,7 +50,17 @@ from engine.contract import (
 from engine.kv import KVGroupSpec, KVManager
 from engine.kv.state_pool import PADDING_SLOT, SlotPool
 from engine.ledger import RequestLedger
-from engine.runner import BatchRow, ModelRunner, PrefillHandle, SampledToken, StepBatch, launch_prefill
+from engine.runner import (
+    FED_TOKEN,
+    BatchRow,
+    ModelRunner,
+    PrefillHandle,
+    SampledToken,
+    StepBatch,
+    StepHandle,
+    launch_prefill,
+    launch_step,
+)
 
 
 class RunnerContractError(RuntimeError):
@@ -71,18 +91,31 @@ class _Seq:
     in_flight: bool = False
     # The state slot held while running (recurrent models); the padding slot otherwise.
     slot: int = PADDING_SLOT
+    # Async scheduling: tokens sampled by launched steps and not yet applied (not in `tokens`), and
+    # rows in launched steps not yet collected (its pages may still be read or written).
+    pending: int = 0
+    launched_rows: int = 0
+    # The first position of its row in the latest launched step still in flight: a sliding window
+    # releases nothing that row's queries still see.
+    inflight_start: int | None = None
 
     @property
     def request_id(self) -> str:
         return self.request.request_id
 
     @property
+    def num_tokens(self) -> int:
+        """Prompt plus generated tokens, those still on the device included."""
+        return len(self.tokens) + self.pending
+
+    @property
     def num_generated(self) -> int:
-        return len(self.tokens) - self.num_prompt
+        """Generated tokens, those still on the device included (the next row's sampling step)."""
+        return self.num_tokens - self.num_prompt
 
     @property
     def decoding(self) -> bool:
-        return self.num_generated > 0 and self.num_computed == len(self.tokens) - 1
+        return self.num_generated > 0 and self.num_computed == self.num_tokens - 1
 
 
 @dataclass(slots=True)
@@ -99,6 +132,43 @@ class OverlapStats:
     still_running_after_decode: int = 0
     # Requests retired while in flight, whose pages were freed only at the join.
     deferred_frees: int = 0
+
+
+@dataclass(slots=True)
+class AsyncStats:
+    """What async scheduling did, counted since start-up (all zero when it is off)."""
+
+    # Steps launched, and collected.
+    launches: int = 0
+    collects: int = 0
+    # Launches made while the step before them was still running (`done()` false): host work that
+    # overlapped the device. Always 0 where a launch runs to completion at once (CPU, sim).
+    launched_while_running: int = 0
+    # Rows fed on the device from the previous step's sampled ids.
+    fed_rows: int = 0
+    # Rows whose request finished or was retired before their step was collected: their tokens
+    # were dropped.
+    wasted_rows: int = 0
+    # Steps that collected the step in flight before scheduling, because they had to preempt.
+    drains: int = 0
+    # Requests retired with a row in flight, whose pages were freed only at its collection.
+    deferred_frees: int = 0
+
+
+class _DrainFirst(Exception):
+    """Raised inside scheduling: this step must preempt, so the step in flight is collected first."""
+
+
+@dataclass(slots=True, eq=False)
+class _Launched:
+    """A step launched under async scheduling and not yet collected."""
+
+    handle: StepHandle
+    seqs: list[_Seq]
+    rows: tuple[BatchRow, ...]
+    # Row index by id(seq), for the rows that sample: what the next step's fed rows name.
+    sampling_row: dict[int, int]
+    collected: bool = False
 
 
 @dataclass(slots=True, eq=False)
@@ -136,6 +206,12 @@ class BatchScheduler:
             )
         if self._slots is not None and config.async_prefill:
             raise ContractError("async_prefill", True, "not supported for a model with recurrent state")
+        if self._slots is not None and config.async_scheduling:
+            raise ContractError("async_scheduling", True, "not supported for a model with recurrent state")
+        if config.async_prefill and config.async_scheduling:
+            raise ContractError(
+                "async_scheduling", True, "cannot be combined with async_prefill (one of the two at a time)"
+            )
         self._runner = runner
         self._config = config
         self._eos = frozenset(eos_token_ids)
@@ -156,6 +232,10 @@ class BatchScheduler:
         self._side: _SidePrefill | None = None
         self._step_index = 0
         self.prefill_overlap = OverlapStats()
+        # Async scheduling: the step launched and not yet collected, and the one being collected.
+        self._pending: _Launched | None = None
+        self._collecting: _Launched | None = None
+        self.async_stats = AsyncStats()
 
     @property
     def runner(self) -> ModelRunner:
@@ -182,7 +262,11 @@ class BatchScheduler:
     def has_work(self) -> bool:
         # A side forward in flight is work even when every request in it was aborted: its pages
         # are freed only when it is joined.
-        return bool(self._waiting) or bool(self._running) or self._side is not None
+        # So is a launched step: its tokens are still to be applied, and it may hold the pages of
+        # requests already retired.
+        return (
+            bool(self._waiting) or bool(self._running) or self._side is not None or self._pending is not None
+        )
 
     def prefill_in_flight(self) -> tuple[str, ...]:
         """Ids of the requests whose side prefill forward has not been joined yet (aborted ones
@@ -207,6 +291,8 @@ class BatchScheduler:
         self._step_index += 1
         if self._config.async_prefill:
             self._step_overlapped()
+        elif self._config.async_scheduling:
+            self._step_pipelined()
         else:
             rows = self._schedule()
             if rows:
@@ -216,6 +302,13 @@ class BatchScheduler:
         return self._ledger.drain()
 
     def fail_step(self, message: str) -> StepOutputs:
+        # Under async scheduling the step may have launched one step and been collecting another:
+        # both are waited for (their rows may still touch pages) and their requests fail too.
+        for launch in (self._collecting, self._pending):
+            if launch is not None:
+                self._abandon(launch)
+                self._in_step.extend(launch.seqs)
+        self._collecting = self._pending = None
         for seq in self._in_step:
             if seq.where is not _Where.DONE:
                 self._retire(seq)
@@ -251,6 +344,8 @@ class BatchScheduler:
             i += 1
             if seq.decoding != decodes or id(seq) in scheduled:
                 continue
+            if decodes and self._finishes_by_length(seq):
+                continue  # the token in flight is its last: it finishes when that step is collected
             # A decode needs its one token and may preempt itself (it is then the newest). A
             # prefill chunk shrinks to what fits, and one that finds no page waits instead of
             # preempting itself: the rows already scheduled will free or give up pages.
@@ -364,12 +459,122 @@ class BatchScheduler:
         by_seq = {id(s): res for s, res in zip(side.seqs, results, strict=True)}
         self._apply([s for s, _ in live], [r for _, r in live], [by_seq[id(s)] for s, _ in live])
 
+    # -- async scheduling -----------------------------------------------------------------------
+
+    def _step_pipelined(self) -> None:
+        """Schedule and launch this step, then collect the one launched before it."""
+        previous = self._pending
+        first = 0
+        try:
+            rows = self._schedule()
+        except _DrainFirst:
+            # Nothing was admitted or preempted before the raise (admissions follow every row that
+            # may preempt); the rows built so far only hold pages they keep after the drain.
+            self._in_step = []
+            assert previous is not None
+            self._pending = None
+            self._collect(previous)
+            previous = None
+            self.async_stats.drains += 1
+            # `_in_step` now holds the collected step's requests too (for `fail_step`).
+            first = len(self._in_step)
+            rows = self._schedule()
+        if rows:
+            self._launch_step(rows, self._in_step[first:], previous)
+        else:
+            self._pending = None
+        if previous is not None:
+            self._collect(previous)
+
+    def _finishes_by_length(self, seq: _Seq) -> bool:
+        """Whether the tokens in flight end the request on max_tokens or the context length."""
+        if not seq.pending:
+            return False
+        return seq.num_generated >= seq.request.sampling.max_tokens or seq.num_tokens >= self._max_model_len
+
+    def _launch_step(self, rows: list[BatchRow], seqs: list[_Seq], previous: _Launched | None) -> None:
+        feed = previous.handle if previous is not None else None
+        running_before = feed is not None and not feed.done()
+        # If the launch raises, nothing it started is running (the runner's contract).
+        handle = launch_step(self._runner, StepBatch(tuple(rows)), feed)
+        sampling_row: dict[int, int] = {}
+        for i, (seq, row) in enumerate(zip(seqs, rows, strict=True)):
+            seq.launched_rows += 1
+            seq.inflight_start = row.start_pos
+            # The next step schedules from here: this row's KV is being written.
+            seq.num_computed = row.end_pos
+            if row.sample:
+                seq.pending += 1
+                sampling_row[id(seq)] = i
+            if row.feed_from is not None:
+                self.async_stats.fed_rows += 1
+        self._pending = _Launched(handle, seqs, tuple(rows), sampling_row)
+        self.async_stats.launches += 1
+        self.async_stats.launched_while_running += running_before
+
+    def _collect(self, launch: _Launched) -> None:
+        """Wait for a launched step's tokens and apply them, as a synchronous step would."""
+        self._collecting = launch
+        # From here a failure (in sampling, say) fails these requests through `fail_step`.
+        self._in_step.extend(s for s in launch.seqs if s.where is _Where.RUNNING)
+        launch.collected = True
+        results = launch.handle.collect()
+        self._collecting = None
+        self.async_stats.collects += 1
+        self._land(launch)
+        if len(results) != len(launch.rows):
+            raise RunnerContractError(f"runner returned {len(results)} results for {len(launch.rows)} rows")
+        finished = False
+        for seq, row, result in zip(launch.seqs, launch.rows, results, strict=True):
+            if seq.where is not _Where.RUNNING:
+                # Retired before its step was read (a stop token in the step before, an abort):
+                # the row was wasted. Preemption drains first, so no request here is waiting.
+                assert seq.where is _Where.DONE, f"{seq.request_id!r} was preempted with a row in flight"
+                self.async_stats.wasted_rows += 1
+                continue
+            self.kv.computed(seq.request_id, seq.tokens, row.end_pos)
+            if not row.sample:
+                continue
+            if result is None:
+                raise RunnerContractError(f"row of {row.request_id!r} asked for a token and got None")
+            finished |= self._take_token(seq, result)
+        if finished:
+            self._running = [s for s in self._running if s.where is _Where.RUNNING]
+
+    def _land(self, launch: _Launched) -> None:
+        """The launch is over on the device: its rows hold no pages any more, and the pages of
+        requests retired meanwhile, once no other launch holds a row of theirs, are freed."""
+        for seq, row in zip(launch.seqs, launch.rows, strict=True):
+            seq.launched_rows -= 1
+            if seq.launched_rows == 0:
+                seq.inflight_start = None
+            if row.sample:
+                seq.pending -= 1
+            if seq.where is _Where.DONE and seq.launched_rows == 0 and not seq.in_flight:
+                self.kv.free(seq.request_id)
+                self._release_slot(seq)
+                self.async_stats.deferred_frees += 1
+
+    def _abandon(self, launch: _Launched) -> None:
+        """After a failure: wait for a launch without applying it, then let go of its rows."""
+        if not launch.collected:
+            launch.collected = True
+            # The step already failed; what matters here is that this launch is over.
+            with contextlib.suppress(Exception):
+                launch.handle.collect()
+        self._land(launch)
+        for seq in launch.seqs:
+            seq.pending = 0
+
     def _reserve(self, seq: _Seq, want: int, scheduled: set[int], may_preempt_self: bool) -> tuple[int, bool]:
         """Pages for up to `want` tokens of a running request, preempting requests admitted after
         it (newest first, never one already in this step) when none fit. Returns (tokens granted,
         whether anything was preempted); 0 granted means the request gets no row this step."""
         rid = seq.request_id
-        self.kv.release_window(rid, seq.num_computed)
+        frontier = (
+            seq.num_computed if seq.inflight_start is None else min(seq.num_computed, seq.inflight_start)
+        )
+        self.kv.release_window(rid, frontier)
         # The common case: the pages are there (or free), no fitting needed.
         if self.kv.allocate(rid, seq.num_computed + want):
             return want, False
@@ -386,12 +591,18 @@ class BatchScheduler:
                 return 0, preempted
             if victim is seq and not may_preempt_self:
                 return 0, preempted
+            if self._pending is not None:
+                raise _DrainFirst
             self._preempt(victim)
             preempted = True
             if victim is seq:
                 return 0, preempted
 
     def _preempt(self, seq: _Seq) -> None:
+        # Async scheduling collects the step in flight before it preempts (`_DrainFirst`).
+        assert seq.pending == 0 and seq.launched_rows == 0, (
+            f"preempting {seq.request_id!r} with a row in flight"
+        )
         self._running.remove(seq)
         self.kv.free(seq.request_id, keep_hashes=True)
         self._release_slot(seq)
@@ -475,18 +686,26 @@ class BatchScheduler:
         start = seq.num_computed
         end = start + num_tokens
         self._in_step.append(seq)
+        feed_from: int | None = None
+        token_ids = tuple(seq.tokens[start:end])
+        if seq.pending:
+            # Only a decode row has a token in flight: its one token, sampled by the step in flight.
+            assert self._pending is not None and num_tokens == 1 and end == seq.num_tokens
+            feed_from = self._pending.sampling_row[id(seq)]
+            token_ids = (FED_TOKEN,)
         return BatchRow(
             request_id=seq.request_id,
-            token_ids=tuple(seq.tokens[start:end]),
+            token_ids=token_ids,
             start_pos=start,
             page_tables=self.kv.page_tables(seq.request_id, end),
-            sample=end == len(seq.tokens),
+            sample=end == seq.num_tokens,
             sampling=seq.request.sampling,
             # The live token list, not a copy (a copy per row per step would cost O(total tokens)):
             # valid while the step runs; a runner must not keep it.
             context=seq.tokens,
             num_generated=seq.num_generated,
             state_slot=seq.slot,
+            feed_from=feed_from,
         )
 
     # -- applying a step's results -------------------------------------------------------------
@@ -521,7 +740,8 @@ class BatchScheduler:
             logprobs = [sampled.logprob]
         self._ledger.commit(rid, (token,), logprobs)
         seq.tokens.append(token)
-        if seq.num_generated >= sampling.max_tokens or len(seq.tokens) >= self._max_model_len:
+        # Committed tokens only: under async scheduling a later step's token may be in flight.
+        if len(seq.tokens) - seq.num_prompt >= sampling.max_tokens or len(seq.tokens) >= self._max_model_len:
             self._finish(seq, FinishReason.LENGTH)
             return True
         return False
@@ -542,8 +762,8 @@ class BatchScheduler:
     def _forget(self, seq: _Seq) -> None:
         self._seqs.pop(seq.request_id, None)
         seq.where = _Where.DONE
-        if seq.in_flight:
-            return  # a side forward may still touch its pages: `_join` frees them
+        if seq.in_flight or seq.launched_rows:
+            return  # a forward in flight may still touch its pages: `_join` or `_land` frees them
         self.kv.free(seq.request_id)
         self._release_slot(seq)
 

@@ -3,8 +3,8 @@
 A field of `EngineConfig` or `ModelOptions` whose metadata carries a "help" is a knob. Its option is
 derived from the field: the flag is `--` and the name with dashes (or the metadata's "flag"), the
 type and the default are the field's, the help is the metadata's. A bool that defaults to False is a
-plain flag (`--enforce-eager`); one that defaults to True also gets its negation
-(`--enable-prefix-caching/--no-enable-prefix-caching`). Fields without a help (`engine`, `progress`)
+plain flag (`--enforce-eager`); one that defaults to True, or whose metadata says "negatable", also
+gets its negation (`--enable-prefix-caching/--no-enable-prefix-caching`). Fields without a help (`engine`, `progress`)
 are not knobs.
 
 `knob_options(...)` adds the knobs a command takes to its options and hands the command their values
@@ -30,7 +30,8 @@ from models.registry import ModelOptions
 
 HELP = "help"
 FLAG = "flag"
-_METADATA_KEYS = frozenset({HELP, FLAG})
+NEGATABLE = "negatable"
+_METADATA_KEYS = frozenset({HELP, FLAG, NEGATABLE})
 
 # What a knob's option needs beyond its field and cannot say there: engine.config sits below models,
 # so the opt-in's environment variable (models.context_limit) is named here, by its constant.
@@ -48,11 +49,12 @@ class Knob:
     default: Any
     help: str
     flag: str
+    negatable: bool = False
 
     def option(self, help_prefix: str = "") -> Any:
         """A fresh `typer.Option` for this knob (typed Any, as typer's own `Option` is)."""
         decls = self.flag
-        if self.annotation is bool and self.default is True:
+        if self.annotation is bool and (self.default is True or self.negatable):
             decls = f"{self.flag}/--no-{self.flag.removeprefix('--')}"
         return typer.Option(
             self.default, decls, help=help_prefix + self.help, **_OPTION_EXTRAS.get(self.name, {})
@@ -72,7 +74,9 @@ def knobs_of(owner: type) -> dict[str, Knob]:
         if f.default is dataclasses.MISSING:
             raise TypeError(f"{owner.__name__}.{f.name}: a knob needs a plain default")
         flag = f.metadata.get(FLAG, "--" + f.name.replace("_", "-"))
-        knobs[f.name] = Knob(f.name, owner, types[f.name], f.default, f.metadata[HELP], flag)
+        knobs[f.name] = Knob(
+            f.name, owner, types[f.name], f.default, f.metadata[HELP], flag, bool(f.metadata.get(NEGATABLE))
+        )
     return knobs
 
 

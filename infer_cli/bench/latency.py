@@ -2,7 +2,10 @@
 
 Decode: B requests with C-token contexts decode together; a step is timed end to end on the host
 (scheduler, graph replay, sampling, tokens back), and the captured graph's replay alone with CUDA
-events. Floor: (weights + the batch's KV) / measured copy bandwidth.
+events. Floor: (weights + the batch's KV) / measured copy bandwidth. Under async scheduling a step
+launches the next forward and returns the previous one's tokens, so the steps are timed back to back
+with no synchronisation between them: each one's time is the steady-state interval between two
+tokens of every row, host work included wherever it did not overlap the device.
 Prefill: one request of L tokens prefilled in one step. Floor: flops / measured bf16 matmul rate.
 Both ceilings are measured in the same run, never taken from a data sheet.
 One run may cover several numeric policies (`PolicyRun`, one model load each); every result row in
@@ -139,12 +142,20 @@ def bench_decode(
         scheduler.step()
     for _ in range(warmup):
         scheduler.step()
+    pipelined = scheduler.async_stats.launches > 0
     times = []
+    _sync()
     for _ in range(iters):
-        _sync()
+        if not pipelined:
+            # A synchronous step ends on its token readback already; this only keeps it honest.
+            _sync()
         start = time.perf_counter()
-        scheduler.step()
+        outputs = scheduler.step()
         times.append((time.perf_counter() - start) * 1e3)
+        if len(outputs.updates) != batch:
+            raise RuntimeError(
+                f"a timed decode step returned {len(outputs.updates)} updates for {batch} rows"
+            )
     step_ms = statistics.median(times)
     profile = _breakdown(scheduler, step_ms, PROFILED_STEPS) if breakdown else None
     replay = _replay_ms(scheduler.runner, batch)
@@ -178,18 +189,21 @@ def bench_prefill(
 ) -> PrefillResult:
     params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
 
-    def submit(i: int) -> None:
+    def submit(i: int) -> str:
         # A fresh prompt each time: a prefix-cache hit would skip the work being measured.
-        scheduler.submit(
-            Request(f"prefill-{tokens}-{i}", _prompt(tokens, 7_000_000 + 31 * tokens + i), params)
-        )
+        rid = f"prefill-{tokens}-{i}"
+        scheduler.submit(Request(rid, _prompt(tokens, 7_000_000 + 31 * tokens + i), params))
+        return rid
 
     times = []
     for i in range(iters + 1):
-        submit(i)
+        rid = submit(i)
         _sync()
         start = time.perf_counter()
-        scheduler.step()
+        # Until the step that returns its token: the one that ran it, or under async scheduling
+        # the next, which collects it.
+        while not any(u.request_id == rid and u.new_token_ids for u in scheduler.step().updates):
+            pass
         elapsed = (time.perf_counter() - start) * 1e3
         _idle(scheduler)
         if i:  # the first run warms kernels for this shape

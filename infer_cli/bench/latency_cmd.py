@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from infer_cli.bench.latency import Ceilings, PolicyRun
 
 
-@knob_options("enforce_eager", "gpu_memory_utilization")
+@knob_options("enforce_eager", "gpu_memory_utilization", "async_scheduling")
 def bench_latency_command(
     model: Path = typer.Option(
         ..., "--model", help="Checkpoint directory (e.g. from `infer synth ... --device cuda`)."
@@ -83,6 +83,7 @@ def bench_latency_command(
     title = (
         f"{model.name} · {torch.cuda.get_device_name()} · copy {ceilings.copy_gb_per_s:,.0f} GB/s · "
         f"bf16 matmul {ceilings.matmul_tflops:,.0f} TFLOP/s"
+        + (" · async scheduling" if knobs["async_scheduling"] else "")
     )
     _print_tables(console, runs, context, title)
     if breakdown:
@@ -93,6 +94,7 @@ def bench_latency_command(
             "device": torch.cuda.get_device_name(),
             "context": context,
             "graphs": not knobs["enforce_eager"],
+            "async_scheduling": knobs["async_scheduling"],
         }
         save_result.write_text(json.dumps(payload, indent=2))
         console.print(f"saved {save_result}")

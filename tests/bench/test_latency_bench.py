@@ -33,9 +33,14 @@ def test_prefill_floor_counts_projections_and_causal_attention() -> None:
     assert prefill_floor_ms(FACTS, tokens, CEILINGS) == pytest.approx(flops / 800e12 * 1e3)
 
 
-def test_bench_loops_run_and_leave_the_engine_idle(tiny_qwen3: Path) -> None:
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_bench_loops_run_and_leave_the_engine_idle(tiny_qwen3: Path, async_scheduling: bool) -> None:
     engine = EngineConfig(
-        max_num_seqs=4, max_num_batched_tokens=64, enable_prefix_caching=False, num_kv_pages=64
+        max_num_seqs=4,
+        max_num_batched_tokens=64,
+        enable_prefix_caching=False,
+        num_kv_pages=64,
+        async_scheduling=async_scheduling,
     )
     loaded = load_model(str(tiny_qwen3), ModelOptions(engine=engine, device="cpu"))
     scheduler = loaded.scheduler
@@ -47,6 +52,7 @@ def test_bench_loops_run_and_leave_the_engine_idle(tiny_qwen3: Path) -> None:
     assert prefill.tokens == 48 and prefill.ms > 0
     load = scheduler.load()
     assert (load.running, load.waiting, load.kv_pages_used) == (0, 0, 0)
+    assert (scheduler.async_stats.launches > 0) == async_scheduling
 
 
 def test_results_json_tags_every_row_with_its_policy() -> None:

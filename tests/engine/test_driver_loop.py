@@ -8,6 +8,8 @@ import threading
 import time
 from collections.abc import Sequence
 
+import pytest
+
 from engine.config import EngineConfig
 from engine.contract import Failed, Finished, Load, Request, SamplingParams, StepOutputs, Terminal
 from engine.driver import Driver
@@ -92,10 +94,11 @@ def _expect(collector: Collector, requests: Sequence[Request]) -> None:
         assert isinstance(collector.terminals[r.request_id], Finished)
 
 
-def test_driver_serves_hands_outputs_to_the_loop_and_blocks_when_idle() -> None:
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_driver_serves_hands_outputs_to_the_loop_and_blocks_when_idle(async_scheduling: bool) -> None:
     async def scenario() -> None:
         loop = asyncio.get_running_loop()
-        model = build_sim(SimOptions(engine=EngineConfig(max_num_seqs=4)))
+        model = build_sim(SimOptions(engine=EngineConfig(max_num_seqs=4, async_scheduling=async_scheduling)))
         counting = CountingScheduler(model.scheduler)
         collector = Collector(loop)
         driver = Driver(counting, loop, collector.on_outputs)

@@ -41,7 +41,7 @@ def _check_option(option: TyperOption, f: dataclasses.Field[Any]) -> None:
     where = f"option {option.opts} of field {f.name}"
     assert option.opts == [_flag(f)], where
     assert option.default == f.default, f"{where}: default {option.default!r}, field {f.default!r}"
-    if f.default is True:
+    if f.default is True or f.metadata.get("negatable"):
         assert option.secondary_opts == ["--no-" + _flag(f).removeprefix("--")], where
     else:
         assert option.secondary_opts == [], where
@@ -131,9 +131,14 @@ def test_serve_hands_every_knob_to_the_model_options(monkeypatch: pytest.MonkeyP
         gdn_backend="torch",
         sim_step_delay_s=0.25,
     )
+    # Async scheduling excludes --async-prefill, so it is set on its own, both ways.
+    scheduled = _load_options(monkeypatch, ["--async-scheduling"])
+    assert scheduled == ModelOptions(engine=EngineConfig(async_scheduling=True))
+    assert _load_options(monkeypatch, ["--no-async-scheduling"]) == ModelOptions()
     # Every knob was set away from its default above: a knob added later is caught here until it is too.
     for name, knob in KNOBS.items():
-        value = getattr(options.engine if knob.owner is EngineConfig else options, name)
+        values = options if name != "async_scheduling" else scheduled
+        value = getattr(values.engine if knob.owner is EngineConfig else values, name)
         assert value != knob.default, f"{name}: not exercised by this test"
 
 
