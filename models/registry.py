@@ -54,7 +54,7 @@ class ModelOptions:
     gdn_backend: str = field(
         default="auto",
         metadata={
-            "help": "Gated DeltaNet kernels (Qwen3.5): auto, flashinfer, fla or torch (only torch is built)."
+            "help": "Gated DeltaNet kernels (Qwen3.5): auto (per phase, the fastest that agrees with the spec; torch on CPU), flashinfer, fla or torch."
         },
     )
     sim_step_delay_s: float = field(

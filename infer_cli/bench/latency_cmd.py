@@ -1,5 +1,6 @@
 """`infer bench latency`: decode step time per batch size and prefill throughput, against floors,
-under one or more numeric policies (one model load per policy, one row group per policy)."""
+under one or more numeric policies (one model load per policy, one row group per policy). A Qwen3.5
+checkpoint runs on the `--gdn-backend` given; the report says what that backend chose per phase."""
 
 from __future__ import annotations
 
@@ -17,14 +18,14 @@ from infer_cli.bench.options import parse_counts
 from infer_cli.engine_options import Knobs, knob_options
 from infer_cli.progress import RichProgress
 from kernels.gemm.names import UnknownPolicyError, parse_policies
+from models.registry import ModelOptions
 
 if TYPE_CHECKING:
-    from engine.config import EngineConfig
     from engine.forward_batch import RooflineFacts
     from infer_cli.bench.latency import Ceilings, PolicyRun
 
 
-@knob_options("enforce_eager", "gpu_memory_utilization", "async_scheduling")
+@knob_options("enforce_eager", "gpu_memory_utilization", "async_scheduling", "gdn_backend")
 def bench_latency_command(
     model: Path = typer.Option(
         ..., "--model", help="Checkpoint directory (e.g. from `infer synth ... --device cuda`)."
@@ -57,6 +58,12 @@ def bench_latency_command(
         raise typer.BadParameter(str(exc), param_hint="--numeric-policy") from exc
     batches = parse_counts(batch_sizes, "--batch-sizes")
     prompts = parse_counts(prefill_lens, "--prefill-lens")
+    from kernels.gdn import GDN_BACKENDS
+
+    if knobs["gdn_backend"] not in GDN_BACKENDS:
+        raise typer.BadParameter(
+            f"{knobs['gdn_backend']!r}: choose from {', '.join(GDN_BACKENDS)}", param_hint="--gdn-backend"
+        )
     import torch
 
     if not torch.cuda.is_available():
@@ -67,6 +74,7 @@ def bench_latency_command(
     ceilings = measure_ceilings(torch.device("cuda"))
     runs: list[PolicyRun] = []
     facts: RooflineFacts | None = None
+    gdn: str | None = None
     for policy in policies:
         engine = knobs.engine_config(
             max_num_seqs=max(batches),
@@ -74,7 +82,10 @@ def bench_latency_command(
             enable_prefix_caching=False,
             numeric_policy=policy,
         )
-        run, facts = _bench_policy(model, engine, ceilings, batches, prompts, context, breakdown, console)
+        options = knobs.model_options(engine=engine, device="cuda", progress=RichProgress(console))
+        run, facts, gdn = _bench_policy(
+            model, options, ceilings, batches, prompts, context, breakdown, console
+        )
         runs.append(run)
         # One model on the device at a time: the next policy's load measures its own budget.
         gc.collect()
@@ -85,6 +96,8 @@ def bench_latency_command(
         f"bf16 matmul {ceilings.matmul_tflops:,.0f} TFLOP/s"
         + (" · async scheduling" if knobs["async_scheduling"] else "")
     )
+    if gdn is not None:
+        title += f" · GDN {gdn}"
     _print_tables(console, runs, context, title)
     if breakdown:
         console.print(_breakdown_table(runs))
@@ -95,6 +108,7 @@ def bench_latency_command(
             "context": context,
             "graphs": not knobs["enforce_eager"],
             "async_scheduling": knobs["async_scheduling"],
+            "gdn_backend": None if gdn is None else {"asked": knobs["gdn_backend"], "ran": gdn},
         }
         save_result.write_text(json.dumps(payload, indent=2))
         console.print(f"saved {save_result}")
@@ -102,31 +116,33 @@ def bench_latency_command(
 
 def _bench_policy(
     model: Path,
-    engine: EngineConfig,
+    options: ModelOptions,
     ceilings: Ceilings,
     batches: list[int],
     prompts: list[int],
     context: int,
     breakdown: bool,
     console: Console,
-) -> tuple[PolicyRun, RooflineFacts]:
-    """Load `model` under `engine.numeric_policy`, run every decode and prefill measurement, and
-    return them with the model's roofline facts; the model is released when this returns."""
+) -> tuple[PolicyRun, RooflineFacts, str | None]:
+    """Load `model` with `options` (its engine's numeric policy), run every decode and prefill
+    measurement, and return them with the model's roofline facts and, for a model with GDN layers,
+    what its GDN backend runs; the model is released when this returns."""
     import torch
 
     from engine.model_runner import PagedModelRunner
     from engine.scheduler import BatchScheduler
     from infer_cli.bench.latency import PolicyRun, bench_decode, bench_prefill
-    from models.registry import ModelOptions, load_model
+    from kernels.gdn import GDNBackend
+    from models.registry import load_model
 
-    policy = engine.numeric_policy
-    loaded = load_model(
-        str(model), ModelOptions(engine=engine, device="cuda", progress=RichProgress(console))
-    )
+    policy = options.engine.numeric_policy
+    loaded = load_model(str(model), options)
     scheduler = loaded.scheduler
     if not isinstance(scheduler, BatchScheduler) or not isinstance(scheduler.runner, PagedModelRunner):
         raise typer.BadParameter(f"{model}: not a paged model line", param_hint="--model")
     facts = scheduler.runner.model.roofline()
+    backend = getattr(scheduler.runner.model, "gdn", None)
+    gdn = backend.describe() if isinstance(backend, GDNBackend) else None
     decode, prefill = [], []
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task(f"{policy}: benchmarking", total=len(batches) + len(prompts))
@@ -140,7 +156,7 @@ def _bench_policy(
             progress.advance(task)
     del scheduler, loaded
     torch.cuda.synchronize()
-    return PolicyRun(policy, tuple(decode), tuple(prefill)), facts
+    return PolicyRun(policy, tuple(decode), tuple(prefill)), facts, gdn
 
 
 def _print_tables(console: Console, runs: list[PolicyRun], context: int, title: str) -> None:

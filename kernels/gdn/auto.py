@@ -19,6 +19,7 @@ import torch
 
 from kernels.gdn.agreement import AgreementCase, AgreementRun
 from kernels.gdn.base import GDNBackend, GDNGeometry, StateRows
+from kernels.reference import SpecError
 
 log = logging.getLogger("infer.kernels.gdn")
 
@@ -92,34 +93,50 @@ class AutoGDN(GDNBackend):
         if geometry in self._measured:
             return
         self._measured.add(geometry)
-        for backend in self.available.values():
+        usable = self._covering(geometry, dtype)
+        for backend in usable.values():
             backend.warm_up(geometry, dtype, device)
-        if len(self.available) == 1:
-            log.info("--gdn-backend auto on %s: torch, the only backend here", device)
+        if len(usable) == 1:
+            self.chosen = {phase: usable["torch"] for phase in PHASES}
+            log.info("--gdn-backend auto on %s: torch, the only backend here for %s", device, geometry)
             return
         key = (torch.cuda.get_device_name(device), geometry)
         recorded = RECORDED.get(key)
-        if recorded is not None and {recorded.prefill, recorded.decode} <= set(self.available):
-            self.chosen = {
-                "prefill": self.available[recorded.prefill],
-                "decode": self.available[recorded.decode],
-            }
+        if recorded is not None and {recorded.prefill, recorded.decode} <= set(usable):
+            self.chosen = {"prefill": usable[recorded.prefill], "decode": usable[recorded.decode]}
             log.info(
                 "--gdn-backend auto: %s, recorded for %s %s (%s)", self.describe(), *key, recorded.source
             )
             return
         for phase in PHASES:
-            self.chosen[phase] = self._measure(phase, geometry, dtype, device)
+            self.chosen[phase] = self._measure(phase, usable, geometry, dtype, device)
         log.info("--gdn-backend auto: %s, measured at start-up on %s", self.describe(), key[0])
 
+    def _covering(self, geometry: GDNGeometry, dtype: torch.dtype) -> dict[str, GDNBackend]:
+        """The available backends that cover this geometry and dtype (torch covers all)."""
+        usable: dict[str, GDNBackend] = {}
+        for name, backend in self.available.items():
+            try:
+                backend.check(geometry, dtype)
+            except SpecError as exc:
+                log.info("--gdn-backend auto: %s left out for %s, %s: %s", name, geometry, dtype, exc)
+                continue
+            usable[name] = backend
+        return usable
+
     def _measure(
-        self, phase: str, geometry: GDNGeometry, dtype: torch.dtype, device: torch.device
+        self,
+        phase: str,
+        usable: Mapping[str, GDNBackend],
+        geometry: GDNGeometry,
+        dtype: torch.dtype,
+        device: torch.device,
     ) -> GDNBackend:
         lengths = MEASURE_LENGTHS if phase == "prefill" else None
         sequences = len(MEASURE_LENGTHS) if phase == "prefill" else MEASURE_DECODE_ROWS
         run = AgreementRun(AgreementCase(geometry, lengths, sequences, True, dtype), device)
         timings: dict[str, float] = {}
-        for name, backend in self.available.items():
+        for name, backend in usable.items():
             agreement = run.check(backend)
             if not agreement.passed:
                 log.warning("--gdn-backend auto: %s left out of %s: %s", name, phase, agreement.line())
@@ -131,7 +148,7 @@ class AutoGDN(GDNBackend):
             phase,
             ", ".join(f"{n} {t * 1e3:.3f} ms" for n, t in sorted(timings.items(), key=lambda kv: kv[1])),
         )
-        return self.available[best]
+        return usable[best]
 
 
 def _time(call: Callable[[], object], device: torch.device) -> float:

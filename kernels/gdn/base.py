@@ -90,6 +90,11 @@ class GDNBackend(ABC):
         than the first request. Nothing to do by default."""
         return
 
+    def check(self, geometry: GDNGeometry, dtype: torch.dtype) -> None:
+        """Refuse, with a SpecError naming the value, a geometry or q/k/v dtype this backend does
+        not cover: a model line calls it before any weight is read. Everything by default."""
+        return
+
     def describe(self) -> str:
         """What runs each phase, for logs and reports."""
         return self.name

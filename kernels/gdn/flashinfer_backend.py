@@ -101,6 +101,9 @@ class FlashInferGDN(GDNBackend):
     ) -> torch.Tensor:
         return self._conv.conv(x, weight, rows, conv_pool)
 
+    def check(self, geometry: GDNGeometry, dtype: torch.dtype) -> None:
+        check_geometry(geometry, dtype)
+
     def warm_up(self, geometry: GDNGeometry, dtype: torch.dtype, device: torch.device) -> None:
         """The CuTe-DSL kernel JIT-compiles on first use per specialisation (minutes when cold)."""
         check_geometry(geometry, dtype)

@@ -1,23 +1,30 @@
 """Qwen3.5 model line (Gated DeltaNet + gated full attention; text tower).
 
-Loading is the shared `PagedLine`'s, with three facts of this line settled first, before any
-weight is read: the GDN backend (`--gdn-backend`) for the device; prefix caching off (a KV page is
-useless without the recurrent state at its position, and state snapshots are not built); and
-`--async-prefill` refused.
+Loading is the shared `PagedLine`'s, with this line's facts settled around it. Before any weight is
+read: the GDN backend (`--gdn-backend`) for the device, and whether it covers the checkpoint's GDN
+geometry in the serving dtype; prefix caching off (a KV page is useless without the recurrent state
+at its position, and state snapshots are not built); `--async-prefill` refused. After the model is
+built and before start-up sizes the KV pool or captures graphs: the backend's `warm_up` at that
+geometry (`auto` measures and pins its per-phase choice there, fla settles its Triton autotune), so
+neither the budget nor a graph sees a first-use compile.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
 
 import torch
 
 from engine.forward_batch import PagedCausalLM
+from engine.progress import ProgressSink, task
 from kernels.gdn import GDNBackend, GDNBackendError, pick_gdn_backend
 from kernels.gemm.dispatch import Linear
-from models.device_choice import pick_device
+from kernels.reference import SpecError
+from models.device_choice import pick_device, pick_dtype
 from models.paged_line import PagedLine
 from models.qwen35.config import MODEL_TYPES, Qwen35Config, parse_qwen35_config
 from models.qwen35.model import Qwen35Model
@@ -28,11 +35,12 @@ log = logging.getLogger("infer.models")
 
 
 class _WithBackend:
-    """`Qwen35Model` with the GDN backend this load chose (the shared factory signature has no
-    place for it)."""
+    """`Qwen35Model` with the GDN backend this load chose, warmed up at the model's geometry (the
+    shared factory signature has no place for either)."""
 
-    def __init__(self, gdn: GDNBackend) -> None:
+    def __init__(self, gdn: GDNBackend, progress: ProgressSink) -> None:
         self.gdn = gdn
+        self.progress = progress
 
     def __call__(
         self,
@@ -42,7 +50,40 @@ class _WithBackend:
         max_positions: int,
         linear: Linear,
     ) -> PagedCausalLM:
-        return Qwen35Model(config, weights, device, max_positions, linear, gdn=self.gdn)
+        model = Qwen35Model(config, weights, device, max_positions, linear, gdn=self.gdn)
+        warm_up_gdn(self.gdn, config, model.embed.dtype, device, self.progress)
+        return model
+
+
+def warm_up_gdn(
+    gdn: GDNBackend, config: Qwen35Config, dtype: torch.dtype, device: torch.device, progress: ProgressSink
+) -> None:
+    """The backend's warm-up at this model's GDN geometry, then its choice in the log and as a
+    start-up note."""
+    geometry = config.gdn.kernel_geometry()
+    started = time.perf_counter()
+    with task(progress, f"GDN kernels: warming up {gdn.name}", 1):
+        gdn.warm_up(geometry, dtype, device)
+        progress.advance()
+    message = f"GDN backend: {gdn.describe()} ({time.perf_counter() - started:.1f} s warm-up on {device})"
+    log.info("qwen3.5: %s", message)
+    progress.note(message)
+
+
+def _checked_parser(gdn: GDNBackend, options: ModelOptions) -> Callable[[Path], Qwen35Config]:
+    """`parse_qwen35_config`, then the backend's refusal of a GDN geometry or dtype it does not
+    cover: both before the first weight is read."""
+
+    def parse(checkpoint: Path) -> Qwen35Config:
+        config = parse_qwen35_config(checkpoint)
+        dtype = pick_dtype(options, pick_device(options))
+        try:
+            gdn.check(config.gdn.kernel_geometry(), dtype)
+        except SpecError as exc:
+            raise ModelLoadError(f"--gdn-backend {options.gdn_backend}: {checkpoint}: {exc}") from exc
+        return config
+
+    return parse
 
 
 def line_options(options: ModelOptions) -> tuple[ModelOptions, GDNBackend]:
@@ -70,10 +111,10 @@ def load_qwen35(spec: str, options: ModelOptions) -> LoadedModel:
     line = PagedLine(
         family="qwen35",
         model_types=MODEL_TYPES,
-        parse_config=parse_qwen35_config,
+        parse_config=_checked_parser(gdn, options),
         context_field="max_position_embeddings (text config)",
         weight_map=weight_map,
-        build_model=_WithBackend(gdn),
+        build_model=_WithBackend(gdn, options.progress),
     )
     return line.load(spec, options)
 

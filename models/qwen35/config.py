@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from kernels.gdn.base import GDNGeometry as KernelGDNGeometry
 from models.config_fields import ConfigReader, eos_token_ids
 
 TEXT_MODEL_TYPE = "qwen3_5_text"
@@ -50,6 +51,15 @@ class GDNGeometry:
     def conv_dim(self) -> int:
         """Channels of the conv: q, k and v together."""
         return 2 * self.key_dim + self.value_dim
+
+    def kernel_geometry(self) -> KernelGDNGeometry:
+        """The head layout as the GDN backends take it."""
+        return KernelGDNGeometry(
+            key_heads=self.num_key_heads,
+            value_heads=self.num_value_heads,
+            key_dim=self.key_head_dim,
+            value_dim=self.value_head_dim,
+        )
 
 
 @dataclass(frozen=True, slots=True)

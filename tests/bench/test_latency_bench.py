@@ -95,3 +95,39 @@ def test_latency_cli_refuses_an_unknown_policy_by_name_before_anything_loads(tmp
         app, ["bench", "latency", "--model", str(tmp_path), "--numeric-policy", "invariant,invariant"]
     )
     assert duplicate.exit_code == 2 and "twice" in duplicate.output
+
+
+def test_latency_cli_hands_its_gdn_backend_to_the_model_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--gdn-backend` reaches the ModelOptions the checkpoint is loaded with (the load itself is
+    replaced: this machine has no GPU), and an unknown one is refused by name before anything."""
+    import torch
+    from typer.testing import CliRunner
+
+    import infer_cli.bench.latency
+    import models.registry
+    from infer_cli.main import app
+
+    unknown = CliRunner().invoke(app, ["bench", "latency", "--model", str(tmp_path), "--gdn-backend", "cuda"])
+    assert unknown.exit_code == 2 and "--gdn-backend" in unknown.output and "fla" in unknown.output
+
+    seen: list[ModelOptions] = []
+
+    class Loaded(Exception):
+        pass
+
+    def spy(spec: str, options: ModelOptions) -> None:
+        seen.append(options)
+        raise Loaded
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(infer_cli.bench.latency, "measure_ceilings", lambda device: CEILINGS)
+    monkeypatch.setattr(models.registry, "load_model", spy)
+    result = CliRunner().invoke(
+        app, ["bench", "latency", "--model", str(tmp_path), "--gdn-backend", "fla", "--batch-sizes", "1,8"]
+    )
+    assert isinstance(result.exception, Loaded), result.output
+    (options,) = seen
+    assert (options.gdn_backend, options.device, options.engine.max_num_seqs) == ("fla", "cuda", 8)
+    assert not options.engine.enable_prefix_caching

@@ -63,6 +63,9 @@ def test_text_config_parses_and_full_attention_every_fourth_layer(tmp_path: Path
         ("linear_num_value_heads", 3, "multiple of linear_num_key_heads"),
         ("mamba_ssm_dtype", "bfloat16", "not supported"),
         ("attn_output_gate", False, "gated full attention"),
+        ("attention_bias", True, "bias"),
+        ("hidden_act", "gelu", "hidden_act"),
+        ("layer_types", ["linear_attention", "mamba", "linear_attention", "full_attention"], "mamba"),
     ],
 )
 def test_unsupported_values_are_refused_by_name_before_weights(
@@ -110,3 +113,10 @@ def test_nested_checkpoint_skips_vision_and_mtp_and_unties_by_what_is_stored(tmp
         "linear_attn.A_log",
         "norm.weight",
     ]
+
+
+def test_a_nested_config_names_the_field_under_text_config(tmp_path: Path) -> None:
+    outer = {"model_type": "qwen3_5", "text_config": TEXT | {"linear_conv_kernel_dim": 2}}
+    with pytest.raises(ConfigError, match="conv kernel") as caught:
+        load_model(str(write(tmp_path, outer)), ModelOptions(device="cpu"))
+    assert caught.value.field == "text_config.linear_conv_kernel_dim", caught.value

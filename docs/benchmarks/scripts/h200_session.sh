@@ -17,8 +17,11 @@
 # record the commit you sent.
 # Other steps run only by name: the bucket sweep (STAGE=buckets), per-policy start-up
 # (STAGE=startup, STAGE=gemma4-startup), the invariance run, the GEMM bench (gemm), the host
-# profile (host-profile), norms-check. A step that fails does not stop the ones after it. Single
-# steps can still be run by name (STAGE=gemma4-gates, STAGE=buckets, ...), in the foreground.
+# profile (host-profile), norms-check, and Qwen3.5 (issue 19): STAGE=qwen35 runs its steps in the
+# foreground; for the background pipeline name them, e.g.
+#   PIPELINE="qwen35-gpu-tests qwen35-bench-gdn qwen35-gates qwen35-latency qwen35-9b-parity" STAGE=all ...
+# A step that fails does not stop the ones after it. Single steps can still be run by name
+# (STAGE=gemma4-gates, STAGE=buckets, ...), in the foreground.
 set -uo pipefail
 export PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1
 infer() { python3 -m infer_cli.main "$@"; }
@@ -27,9 +30,13 @@ work=/tmp/runs  # survives between calls, unlike $OUT
 mkdir -p "$out" /tmp/ckpt "$work"
 q3=/tmp/ckpt/q3-4b
 g4=/tmp/ckpt/g4-12b
+q35=/tmp/ckpt/q35-4b
+q35_9b=/tmp/ckpt/q35-9b
 
 synth_q3() { [ -d $q3 ] || infer synth qwen3 --preset 4b --out $q3 --dtype bfloat16 --tokenizer trained --device cuda; }
 synth_g4() { [ -d $g4 ] || infer synth gemma4 --preset 12b --out $g4 --dtype bfloat16 --device cuda; }
+synth_q35() { [ -d $q35 ] || infer synth qwen35 --preset 4b --out $q35 --dtype bfloat16 --tokenizer trained --device cuda; }
+synth_q35_9b() { [ -d $q35_9b ] || infer synth qwen35 --preset 9b --out $q35_9b --dtype bfloat16 --tokenizer trained --device cuda; }
 
 # One step per function; each writes its reports into $work.
 gemma4-gates() {
@@ -155,6 +162,38 @@ gdn() {  # Gated DeltaNet backends: kernel tests, the agreement gate at the 4B g
     --json $work/qwen35-gdn-gate.json
   infer bench gdn --json > $work/bench-gdn.json
 }
+qwen35-gpu-tests() {  # the GDN kernel tests that run on the GPU when there is one (fla-core staged)
+  cutlass_dsl || echo "no CUTLASS DSL: FlashInfer's GDN prefill is not checked"
+  python3 -m pytest -q -s --tb=short tests/kernels/test_gdn_decode.py tests/kernels/test_gdn_fla.py \
+    tests/kernels/test_gdn_torch.py
+}
+qwen35-bench-gdn() {  # one GDN layer per backend, 4B and 9B geometry (the JSON on stdout)
+  infer bench gdn --json >$work/qwen35-bench-gdn.json
+}
+qwen35-gates() {  # the whole manifest, GPU tier included, on the 4b
+  synth_q35
+  infer gates --manifest qwen35 --shared-process --checkpoint $q35 \
+    --json $work/qwen35-gates.json --junit $work/qwen35-gates.xml
+}
+qwen35-latency() {  # decode and prefill on the 4b, one load per GDN backend
+  synth_q35
+  for backend in auto fla flashinfer torch; do
+    infer bench latency --model $q35 --gdn-backend $backend --batch-sizes 1,8,64 \
+      --prefill-lens 1024,8192 --breakdown --save-result $work/qwen35-4b-latency-$backend.json
+  done
+}
+qwen35-9b-parity() {  # the numeric-parity gates on the 9b
+  synth_q35_9b
+  infer gates --manifest qwen35 --shared-process --checkpoint $q35_9b \
+    --gate qwen35.full_forward_matches_hf --gate qwen35.greedy_matches_hf_generate \
+    --gate qwen35.gdn_backends_agree --json $work/qwen35-9b-parity-gates.json \
+    --junit $work/qwen35-9b-parity-gates.xml
+}
+qwen35() {  # every Qwen3.5 step, cheapest first; a step that fails does not stop the next
+  for step in qwen35-gpu-tests qwen35-bench-gdn qwen35-gates qwen35-latency qwen35-9b-parity; do
+    echo "== $step"; "$step" || echo "$step failed rc=$?"
+  done
+}
 PIPELINE=${PIPELINE:-"qwen3-latency qwen3-gates gemma4-latency gemma4-gates"}
 
 # The pipeline, in its own session so it outlives the call; $work/STEP.log per step, and
@@ -193,7 +232,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | gemm | decode-paths | kernels | gemma3 | gdn)
+  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | gemm | decode-paths | kernels | gemma3 | gdn | qwen35 | qwen35-gpu-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-9b-parity)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
