@@ -38,11 +38,15 @@ def _index_range(*args: int) -> Iterator[int]:
 
 
 @pytest.fixture(scope="module")
-def fla_backend() -> object:
+def fla_backend() -> Iterator[object]:
     from kernels.gdn.fla_backend import FlaGDN
 
     if not interpreted():
-        return FlaGDN(DEVICE)
+        # fla's fp32 `tl.dot` compiles to TF32 unless asked otherwise; these cases are fp32.
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv("TRITON_F32_DEFAULT", "ieee")
+            yield FlaGDN(DEVICE)
+        return
     import triton.runtime.autotuner as autotuner
 
     original = autotuner.Autotuner.__init__
@@ -60,7 +64,7 @@ def fla_backend() -> object:
     for name, module in list(sys.modules.items()):
         if name.startswith("fla.") and module is not None:
             module.range = _index_range  # type: ignore[attr-defined]
-    return backend
+    yield backend
 
 
 @pytest.mark.parametrize("with_initial", [False, True])
@@ -85,32 +89,32 @@ def test_prefill_then_decode_carries_the_state(fla_backend: object) -> None:
 
     total = 68
     gen = torch.Generator().manual_seed(3)
-    q = torch.randn(total, 2, 32, generator=gen)
-    k = torch.randn(total, 2, 32, generator=gen)
-    v = torch.randn(total, 4, 32, generator=gen)
+    q = torch.randn(total, 2, 32, generator=gen).to(DEVICE)
+    k = torch.randn(total, 2, 32, generator=gen).to(DEVICE)
+    v = torch.randn(total, 4, 32, generator=gen).to(DEVICE)
     g, beta = reference.gdn_gates(
-        torch.randn(total, 4, generator=gen),
-        torch.randn(total, 4, generator=gen),
-        torch.full((4,), 0.1).log(),
-        torch.ones(4),
+        torch.randn(total, 4, generator=gen).to(DEVICE),
+        torch.randn(total, 4, generator=gen).to(DEVICE),
+        torch.full((4,), 0.1, device=DEVICE).log(),
+        torch.ones(4, device=DEVICE),
     )
     d = torch.float64
     want, want_state = reference.gated_delta_rule(
         q.to(d), k.to(d), v.to(d), g.to(d), beta.to(d), (0, total), accumulate=d
     )
     spec, spec_state = reference.gated_delta_rule(q, k, v, g, beta, (0, total))
-    pool = torch.zeros(2, 4, 32, 32)
-    slot = torch.tensor([1])
+    pool = torch.zeros(2, 4, 32, 32, device=DEVICE)
+    slot = torch.tensor([1], device=DEVICE)
     outs = [
         fla_backend.delta_rule(
-            q[:65], k[:65], v[:65], g[:65], beta[:65], StateRows(slot, torch.tensor([True]), (0, 65)), pool
+            q[:65], k[:65], v[:65], g[:65], beta[:65], StateRows(slot, torch.tensor([True], device=DEVICE), (0, 65)), pool
         )
     ]  # type: ignore[attr-defined]
     for t in range(65, total):
         step = slice(t, t + 1)
         outs.append(
             fla_backend.delta_rule(
-                q[step], k[step], v[step], g[step], beta[step], StateRows(slot, torch.tensor([False])), pool
+                q[step], k[step], v[step], g[step], beta[step], StateRows(slot, torch.tensor([False], device=DEVICE)), pool
             )  # type: ignore[attr-defined]
         )
     got = torch.cat(outs)

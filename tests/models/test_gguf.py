@@ -461,8 +461,9 @@ def test_cache_converts_a_file_once(
     again = _Recorder()
     assert converted_checkpoint(gemma3_file, again) == target
     assert again.tasks == []
-    # Leftover staging directories would mean a conversion was not renamed into place.
-    assert [p.name for p in target.parent.iterdir()] == [target.name]
+    # Leftover staging directories would mean a conversion was not renamed into place (the lock file
+    # beside the directory stays, as huggingface-hub's do).
+    assert sorted(p.name for p in target.parent.iterdir()) == sorted([target.name, f".{target.name}.lock"])
     stat = gemma3_file.stat()
     os.utime(gemma3_file, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
     assert converted_checkpoint(gemma3_file) != target
