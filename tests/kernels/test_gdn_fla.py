@@ -107,14 +107,26 @@ def test_prefill_then_decode_carries_the_state(fla_backend: object) -> None:
     slot = torch.tensor([1], device=DEVICE)
     outs = [
         fla_backend.delta_rule(
-            q[:65], k[:65], v[:65], g[:65], beta[:65], StateRows(slot, torch.tensor([True], device=DEVICE), (0, 65)), pool
+            q[:65],
+            k[:65],
+            v[:65],
+            g[:65],
+            beta[:65],
+            StateRows(slot, torch.tensor([True], device=DEVICE), (0, 65)),
+            pool,
         )
     ]  # type: ignore[attr-defined]
     for t in range(65, total):
         step = slice(t, t + 1)
         outs.append(
             fla_backend.delta_rule(
-                q[step], k[step], v[step], g[step], beta[step], StateRows(slot, torch.tensor([False], device=DEVICE)), pool
+                q[step],
+                k[step],
+                v[step],
+                g[step],
+                beta[step],
+                StateRows(slot, torch.tensor([False], device=DEVICE)),
+                pool,
             )  # type: ignore[attr-defined]
         )
     got = torch.cat(outs)
