@@ -8,6 +8,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from kernels.gemm.cpu_gemv import CpuLinear
 from kernels.gemm.names import NumericPolicy, parse_policy
 from kernels.gemm.per_token import per_token_linear
 from kernels.gemm.pin import PinnedGemm
@@ -28,11 +29,14 @@ def invariant_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 def policy_linear(policy: NumericPolicy | str, device: torch.device | None = None) -> Linear:
     """The linear of a policy on `device`. `tuned`: the skinny-GEMM dispatch where a table was
-    measured on this device (`skinny_dispatch.measured_table`), cuBLAS otherwise. `pin` gets a
-    fresh `PinnedGemm` (its pins live as long as the model)."""
+    measured on this device (`skinny_dispatch.measured_table`), cuBLAS otherwise; on the CPU,
+    `CpuLinear` (a column-major copy for a few rows against a large weight). `pin` gets a fresh
+    `PinnedGemm` (its pins live as long as the model)."""
     chosen = parse_policy(policy) if isinstance(policy, str) else policy
     if chosen is NumericPolicy.TUNED:
         table = None
+        if device is not None and device.type == "cpu":
+            return CpuLinear()
         if device is not None and device.type == "cuda":
             table = measured_table(torch.cuda.get_device_name(device))
             if table is None:
