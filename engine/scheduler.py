@@ -14,9 +14,9 @@ and preemption give it back. Its state is only valid at the request's own fronti
 caching needs state snapshots (engine/kv/snapshots.py, `snapshot_slots`): a prefill row that ends on
 a page boundary copies its slot into a snapshot after the forward (`StepBatch.snapshot_state`), and
 a hit stops at the deepest boundary with a snapshot, copied into the new slot before the forward
-(`StepBatch.restore_state`). To give every prompt a snapshot where a later hit can use it, prefill
-chunks end on page boundaries where they can (`_snapshot_chunk`). Overlapped prefill and async
-scheduling are refused for such a model.
+(`StepBatch.restore_state`). To give every prompt a snapshot where a later hit can use it, the last
+prefill chunk stops at the deepest page boundary a resend could resume from (`_snapshot_chunk`).
+Overlapped prefill and async scheduling are refused for such a model.
 
 Overlapped prefill (`async_prefill`; docs/engine.md tells how and why): prefill work goes into one
 side forward at a time, joined at a later step. Until the join its requests hold their pages, get
@@ -715,18 +715,18 @@ class BatchScheduler:
 
     def _snapshot_chunk(self, seq: _Seq, start: int, budget: int) -> int:
         """How many prompt (or recompute) tokens from `start` the next prefill chunk takes: what is
-        left, at most `budget`. With state snapshots it ends on a page boundary where it can, so
-        the state there is snapshotted for free after the forward: a chunk that is not the last
-        ends at the last boundary it crosses, and the last one stops at the deepest boundary a
-        later hit on the same tokens can resume from, (L − 1) // page · page, leaving a tail of at
-        most one page to its own chunk (a prompt of exactly n pages also snapshots at its end)."""
+        left, at most `budget`. With state snapshots the last chunk of a sequence of L tokens stops
+        at (L − 1) // page · page, the deepest boundary from which a later request with the same
+        tokens can resume (a hit leaves at least one token to compute), and the tail of at most one
+        page runs as its own chunk: the state there is snapshotted for free after the forward.
+        Other chunks are left as the budget cuts them (they snapshot when they end on a boundary),
+        so chunked prefill keeps its boundaries."""
         length = len(seq.tokens)
         end = min(length, start + budget)
-        if self._snapshots is None:
-            return end - start
-        boundary = (end if end < length else length - 1) // PAGE_SIZE * PAGE_SIZE
-        if start < boundary < end:
-            end = boundary
+        if self._snapshots is not None and end == length:
+            boundary = (length - 1) // PAGE_SIZE * PAGE_SIZE
+            if start < boundary:
+                end = boundary
         return end - start
 
     def _row(self, seq: _Seq, num_tokens: int) -> BatchRow:

@@ -299,3 +299,14 @@ def test_state_pool_copies_slots_on_the_device() -> None:
     with pytest.raises(ValueError, match="slots must differ"):
         pools.copy_slots([(0, 3)])
     assert PAGE_SIZE == 16  # the chunk arithmetic above assumes 16-token pages
+
+
+def test_only_the_last_chunk_is_cut() -> None:
+    # A 50-token budget ends the first chunk off a boundary (no snapshot there); the last chunk
+    # stops at 96, so a resend still resumes from 96.
+    scheduler, sim = make(budget=50)
+    base = tokens(100, seed=70)
+    serve(scheduler, Request("a", base, greedy(2)))
+    assert sim.chunks["a"][:3] == [(0, 50), (50, 96), (96, 100)]
+    assert serve(scheduler, Request("b", base, greedy(2)))["b"][0] == 96
+    assert serve(scheduler, Request("c", base[:60] + tokens(5, seed=71), greedy(2)))["c"][0] == 0
