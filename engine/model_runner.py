@@ -10,6 +10,10 @@ through pinned buffers, rows fed from the previous step take their tokens from i
 tensor on the device, and the sampled ids and log-probs come back into pinned buffers behind a CUDA
 event that `collect` waits on. Everything is queued on one stream, so a step reads the KV and the
 tokens every step launched before it wrote.
+
+A recurrent model's state snapshots (engine/kv/snapshots.py) are slot copies on the device that a
+synchronous step makes before its forward (`StepBatch.restore_state`) and after it
+(`StepBatch.snapshot_state`).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import torch
 
 from engine.cuda_graphs import GraphedDecode
 from engine.forward_batch import HostStaging, PagedCausalLM, StagingRing
+from engine.kv.state_pool import state_pools_of
 from engine.runner import (
     BatchRow,
     FeedError,
@@ -83,6 +88,7 @@ class PagedModelRunner:
     def execute(self, batch: StepBatch) -> list[SampledToken | None]:
         rows = batch.rows
         graphs = self.graphs
+        self._copy_state(batch.restore_state)
         if graphs is not None and graphs.accepts(rows):
             step = pack_step(
                 rows, self.model.kv.attention_specs, self.attention, bucket=graphs.bucket_for(len(rows))
@@ -90,7 +96,23 @@ class PagedModelRunner:
             logits: torch.Tensor | None = graphs.logits(step, len(rows), replay=self.replay_graphs)
         else:
             logits = self._eager_logits(rows, self.attention)
+        self._copy_state(batch.snapshot_state)
         return sample_rows(rows, logits, self.seeds)
+
+    def _copy_state(self, copies: Sequence[tuple[int, int]]) -> None:
+        if not copies:
+            return
+        state = state_pools_of(self.model)
+        if state is None:
+            raise ValueError(
+                f"{type(self.model).__name__} has no state pool, yet a step asks for state copies"
+            )
+        state.copy_slots(copies)
+
+    @staticmethod
+    def _refuse_state_copies(batch: StepBatch, mode: str) -> None:
+        if batch.restore_state or batch.snapshot_state:
+            raise ValueError(f"state snapshots are not supported with {mode} (the scheduler refuses both)")
 
     @torch.inference_mode()
     def launch_step(self, batch: StepBatch, feed: StepHandle | None) -> StepHandle:
@@ -98,6 +120,7 @@ class PagedModelRunner:
         tokens read at `collect`. No host-device synchronisation happens here except the wait for
         the previous launch's input copies (already done once the step before that was collected):
         the attention backend may reuse its own pinned planning buffer in `plan`."""
+        self._refuse_state_copies(batch, "async scheduling")
         rows = batch.rows
         device = self.model.device
         on_cuda = device.type == "cuda"
@@ -175,6 +198,7 @@ class PagedModelRunner:
     def launch_prefill(self, batch: StepBatch) -> PrefillHandle:
         """Implements `engine.runner.OverlappingRunner`: one eager forward over `batch` on the side
         stream, beside whatever the main stream runs until the handle is collected."""
+        self._refuse_state_copies(batch, "overlapped prefill")
         rows = batch.rows
         attention = self._side_attention()
         if self.model.device.type != "cuda":

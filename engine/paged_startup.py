@@ -21,7 +21,7 @@ from engine.contract import SamplingParams
 from engine.cuda_graphs import CaptureRecord, GraphedDecode, TrialCapture, decode_buckets, trial_capture
 from engine.forward_batch import PagedCausalLM
 from engine.graph_budget import BucketMemory, graphs_available, require_fit
-from engine.kv.sizing import configured_kv_pages, group_costs, split_kv_bytes
+from engine.kv.sizing import configured_kv_pages, group_costs, snapshot_slots, split_kv_bytes
 from engine.kv.spec import KVGroupSpec
 from engine.kv.state_pool import state_pools_of
 from engine.memory_budget import CPU_KV_BYTES, GIB, MemoryBudget
@@ -112,15 +112,19 @@ def _describe(groups: Sequence[KVGroupSpec]) -> str:
 
 def allocate_state_slots(model: PagedCausalLM, config: EngineConfig, progress: ProgressSink) -> None:
     """A recurrent model's state pool: one slot per running request (`--max-num-seqs`) plus the
-    padding slot. Allocated before the KV budget is read, so its bytes are resident there."""
+    padding slot, and the prefix cache's snapshot slots (`kv.sizing.snapshot_slots`). Allocated
+    before the KV budget is read, so its bytes are resident there."""
     state = state_pools_of(model)
     if state is None:
         return
     slots = config.max_num_seqs + 1
-    state.allocate(slots)
+    snapshots = snapshot_slots(config)
+    state.allocate(slots, snapshots)
+    total = slots + snapshots
     message = (
-        f"state slots: {slots} ({config.max_num_seqs} for --max-num-seqs + the padding slot) × "
-        f"{state.bytes_per_slot() / 2**20:.2f} MiB = {slots * state.bytes_per_slot() / GIB:.3f} GiB"
+        f"state slots: {total} ({config.max_num_seqs} for --max-num-seqs + the padding slot + "
+        f"{snapshots} prefix-cache snapshots) × {state.bytes_per_slot() / 2**20:.2f} MiB = "
+        f"{total * state.bytes_per_slot() / GIB:.3f} GiB"
     )
     log.info(message)
     progress.note(message)

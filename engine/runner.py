@@ -62,6 +62,11 @@ class BatchRow:
 @dataclass(frozen=True, slots=True)
 class StepBatch:
     rows: tuple[BatchRow, ...]
+    # Recurrent models with prefix caching (engine/kv/snapshots.py): state-slot copies (source,
+    # destination) a runner makes in order before the forward (a prefix hit's snapshot into the
+    # request's slot) and after it (a row's slot into a snapshot, at a page boundary it ended on).
+    restore_state: tuple[tuple[int, int], ...] = ()
+    snapshot_state: tuple[tuple[int, int], ...] = ()
 
     @property
     def num_tokens(self) -> int:

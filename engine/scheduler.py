@@ -10,8 +10,13 @@ Every fact goes through the `RequestLedger`; the `ModelRunner` only sees rows.
 
 A model with recurrent state (`state_slots`, engine/kv/state_pool.py) also needs one state slot
 per running request: admission takes it together with the pages (all or none), and finish, abort
-and preemption give it back. Its state is only valid at the request's own frontier, so such a
-model runs without the page-only prefix cache and without overlapped prefill (both refused here).
+and preemption give it back. Its state is only valid at the request's own frontier, so prefix
+caching needs state snapshots (engine/kv/snapshots.py, `snapshot_slots`): a prefill row that ends on
+a page boundary copies its slot into a snapshot after the forward (`StepBatch.snapshot_state`), and
+a hit stops at the deepest boundary with a snapshot, copied into the new slot before the forward
+(`StepBatch.restore_state`). To give every prompt a snapshot where a later hit can use it, the last
+prefill chunk stops at the deepest page boundary a resend could resume from (`_snapshot_chunk`).
+Overlapped prefill and async scheduling are refused for such a model.
 
 Overlapped prefill (`async_prefill`; docs/engine.md tells how and why): prefill work goes into one
 side forward at a time, joined at a later step. Until the join its requests hold their pages, get
@@ -48,6 +53,7 @@ from engine.contract import (
     TokenLogprob,
 )
 from engine.kv import KVGroupSpec, KVManager
+from engine.kv.snapshots import SnapshotCache
 from engine.kv.state_pool import PADDING_SLOT, SlotPool
 from engine.ledger import RequestLedger
 from engine.runner import (
@@ -61,6 +67,7 @@ from engine.runner import (
     launch_prefill,
     launch_step,
 )
+from kernels.kv_layout import PAGE_SIZE
 
 
 class RunnerContractError(RuntimeError):
@@ -98,6 +105,8 @@ class _Seq:
     # The first position of its row in the latest launched step still in flight: a sliding window
     # releases nothing that row's queries still see.
     inflight_start: int | None = None
+    # A state snapshot its row in the step being run writes: (the row's end position, the slot).
+    snapshot: tuple[int, int] | None = None
 
     @property
     def request_id(self) -> str:
@@ -195,15 +204,25 @@ class BatchScheduler:
         vocab_size: int | None = None,
         clock: Callable[[], float] = time.monotonic,
         state_slots: int | None = None,
+        snapshot_slots: int = 0,
     ) -> None:
         if max_model_len < 1:
             raise ValueError(f"max_model_len={max_model_len!r}: must be at least 1")
-        # `state_slots`: the state pool's slot count, padding slot included (None: no state).
+        # `state_slots`: the running requests' slot count, padding slot included (None: no state);
+        # `snapshot_slots`: the state snapshots after them, ids [state_slots, + snapshot_slots).
         self._slots = None if state_slots is None else SlotPool(state_slots)
+        snapshots: SnapshotCache | None = None
         if self._slots is not None and config.enable_prefix_caching:
-            raise ContractError(
-                "enable_prefix_caching", True, "a model with recurrent state cannot reuse KV pages alone"
-            )
+            if snapshot_slots < 1:
+                raise ContractError(
+                    "enable_prefix_caching",
+                    True,
+                    "a model with recurrent state cannot reuse KV pages alone: it needs state snapshot slots",
+                )
+            assert state_slots is not None
+            snapshots = SnapshotCache(range(state_slots, state_slots + snapshot_slots))
+        # Recurrent state with prefix caching: snapshots at page boundaries, chunks cut to them.
+        self._snapshots = snapshots
         if self._slots is not None and config.async_prefill:
             raise ContractError("async_prefill", True, "not supported for a model with recurrent state")
         if self._slots is not None and config.async_scheduling:
@@ -218,7 +237,7 @@ class BatchScheduler:
         self._max_model_len = max_model_len
         self._vocab_size = vocab_size
         self._clock = clock
-        self.kv = KVManager(kv_groups, model_id, config.enable_prefix_caching)
+        self.kv = KVManager(kv_groups, model_id, config.enable_prefix_caching, snapshots)
         self._ledger = RequestLedger()
         self._seqs: dict[str, _Seq] = {}
         self._waiting: deque[_Seq] = deque()
@@ -236,6 +255,9 @@ class BatchScheduler:
         self._pending: _Launched | None = None
         self._collecting: _Launched | None = None
         self.async_stats = AsyncStats()
+        # The step being built: state copies before its forward (hits) and after it (snapshots).
+        self._restores: list[tuple[int, int]] = []
+        self._snapshot_copies: list[tuple[int, int]] = []
 
     @property
     def runner(self) -> ModelRunner:
@@ -296,7 +318,10 @@ class BatchScheduler:
         else:
             rows = self._schedule()
             if rows:
-                results = self._runner.execute(StepBatch(tuple(rows)))
+                batch = StepBatch(tuple(rows), tuple(self._restores), tuple(self._snapshot_copies))
+                self._restores.clear()
+                self._snapshot_copies.clear()
+                results = self._runner.execute(batch)
                 self._apply(self._in_step, rows, results)
         self._in_step = []
         return self._ledger.drain()
@@ -309,6 +334,8 @@ class BatchScheduler:
                 self._abandon(launch)
                 self._in_step.extend(launch.seqs)
         self._collecting = self._pending = None
+        self._restores.clear()
+        self._snapshot_copies.clear()
         for seq in self._in_step:
             if seq.where is not _Where.DONE:
                 self._retire(seq)
@@ -349,7 +376,7 @@ class BatchScheduler:
             # A decode needs its one token and may preempt itself (it is then the newest). A
             # prefill chunk shrinks to what fits, and one that finds no page waits instead of
             # preempting itself: the rows already scheduled will free or give up pages.
-            want = 1 if decodes else min(len(seq.tokens) - seq.num_computed, budget)
+            want = 1 if decodes else self._snapshot_chunk(seq, seq.num_computed, budget)
             granted, did_preempt = self._reserve(seq, want, scheduled, may_preempt_self=decodes)
             preempted |= did_preempt
             if granted == 0:
@@ -656,7 +683,7 @@ class BatchScheduler:
         """Move the waiting head to running with pages for its first chunk; 0 if they don't fit."""
         rid = seq.request_id
         hit = self.kv.prefix_hit(rid, seq.tokens)
-        chunk = min(len(seq.tokens) - hit, budget)
+        chunk = self._snapshot_chunk(seq, hit, budget)
         slot = PADDING_SLOT
         if self._slots is not None:
             taken = self._slots.take()
@@ -670,6 +697,10 @@ class BatchScheduler:
                 self._slots.release(slot)
             return 0
         seq.slot = slot
+        restore = self.kv.restore_from(rid)
+        if restore is not None:
+            # The hit resumes from the snapshot's state: into the request's slot before the forward.
+            self._restores.append((restore, slot))
         self._waiting.popleft()
         seq.num_computed = hit
         seq.where = _Where.RUNNING
@@ -682,9 +713,30 @@ class BatchScheduler:
             self._ledger.record_cached(rid, hit)
         return chunk
 
+    def _snapshot_chunk(self, seq: _Seq, start: int, budget: int) -> int:
+        """How many prompt (or recompute) tokens from `start` the next prefill chunk takes: what is
+        left, at most `budget`. With state snapshots the last chunk of a sequence of L tokens stops
+        at (L − 1) // page · page, the deepest boundary from which a later request with the same
+        tokens can resume (a hit leaves at least one token to compute), and the tail of at most one
+        page runs as its own chunk: the state there is snapshotted for free after the forward.
+        Other chunks are left as the budget cuts them (they snapshot when they end on a boundary),
+        so chunked prefill keeps its boundaries."""
+        length = len(seq.tokens)
+        end = min(length, start + budget)
+        if self._snapshots is not None and end == length:
+            boundary = (length - 1) // PAGE_SIZE * PAGE_SIZE
+            if start < boundary:
+                end = boundary
+        return end - start
+
     def _row(self, seq: _Seq, num_tokens: int) -> BatchRow:
         start = seq.num_computed
         end = start + num_tokens
+        if self._snapshots is not None and not seq.decoding and end % PAGE_SIZE == 0:
+            snapshot = self.kv.take_snapshot(seq.request_id, seq.tokens, end)
+            if snapshot is not None:
+                seq.snapshot = (end, snapshot)
+                self._snapshot_copies.append((seq.slot, snapshot))
         self._in_step.append(seq)
         feed_from: int | None = None
         token_ids = tuple(seq.tokens[start:end])
@@ -719,6 +771,10 @@ class BatchScheduler:
         for seq, row, result in zip(seqs, rows, results, strict=True):
             seq.num_computed = row.end_pos
             self.kv.computed(seq.request_id, seq.tokens, seq.num_computed)
+            if seq.snapshot is not None:
+                end, slot = seq.snapshot
+                seq.snapshot = None
+                self.kv.commit_snapshot(seq.request_id, end, slot)
             if not row.sample:
                 continue
             if result is None:
@@ -762,6 +818,11 @@ class BatchScheduler:
     def _forget(self, seq: _Seq) -> None:
         self._seqs.pop(seq.request_id, None)
         seq.where = _Where.DONE
+        if seq.snapshot is not None:
+            # Its step failed before the snapshot was committed: what the slot holds is unknown.
+            assert self._snapshots is not None
+            self._snapshots.release(seq.snapshot[1])
+            seq.snapshot = None
         if seq.in_flight or seq.launched_rows:
             return  # a forward in flight may still touch its pages: `_join` or `_land` frees them
         self.kv.free(seq.request_id)

@@ -128,7 +128,8 @@ class PagedLine(Generic[ConfigT]):
             max_model_len,
             model_id=f"{self.family}:{path.resolve()}",
             vocab_size=config.vocab_size,
-            state_slots=None if state is None else state.num_slots,
+            state_slots=None if state is None else state.running_slots,
+            snapshot_slots=0 if state is None else state.snapshot_slots,
         )
         return LoadedModel(
             name=path.name, scheduler=scheduler, tokenizer=tokenizer, max_model_len=max_model_len

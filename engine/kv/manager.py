@@ -9,6 +9,10 @@ that position's attention reads: a full group every page below h, a sliding grou
 its window still covers (positions > h·page_size − W); older sliding slots start out released
 (the padding page), just as the cold path would have released them by then. Sliding pages enter
 the index when they are full and stay cached (evictable) after the window releases them.
+
+A model with recurrent state also needs the state at position h·page_size (engine/kv/snapshots.py):
+with a `SnapshotCache`, a hit stops at the deepest page boundary that has a snapshot as well as its
+pages, and `restore_from` names the snapshot the request's slot must be filled from.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from dataclasses import dataclass, field
 from engine.contract import GroupLoad
 from engine.kv.group import KVGroup
 from engine.kv.prefix_cache import PageHash, PageHasher
+from engine.kv.snapshots import SnapshotCache
 from engine.kv.spec import KVGroupSpec
 from kernels.kv_layout import PADDING_PAGE, PAGE_SIZE, pages_for
 
@@ -51,18 +56,26 @@ class _RequestKV:
     num_indexed: int = 0
     # Per group: the table as a tuple, rebuilt only when the table changes.
     frozen: list[tuple[int, ...] | None] = field(default_factory=list)
+    # The snapshot slot the latest prefix hit stops at (recurrent models), None without one.
+    restore: int | None = None
 
 
 class KVManager:
     def __init__(
-        self, specs: Sequence[KVGroupSpec], model_id: str, enable_prefix_caching: bool = True
+        self,
+        specs: Sequence[KVGroupSpec],
+        model_id: str,
+        enable_prefix_caching: bool = True,
+        snapshots: SnapshotCache | None = None,
     ) -> None:
         if not specs:
             raise KVConfigError("kv_groups", specs, "a model needs at least one KV group")
         names = [s.name for s in specs]
         if len(set(names)) != len(names):
             raise KVConfigError("kv_groups", names, "group names must be distinct")
-        self.groups = [KVGroup(s) for s in specs]
+        # Recurrent models: a hit needs a state snapshot at its depth, and one goes with its page.
+        self.snapshots = snapshots
+        self.groups = [KVGroup(s, on_forget=self._page_forgotten) for s in specs]
         self.prefix_caching = enable_prefix_caching
         self._hasher = PageHasher(model_id)
         self._requests: dict[str, _RequestKV] = {}
@@ -127,10 +140,18 @@ class KVManager:
                 marks.append(i if page is None else marks[-1])
             last_missing.append(marks)
         hit = 0
+        snapshots = self.snapshots
+        restore: int | None = None
         for h in range(limit, 0, -1):
             if all(last_missing[gi][h] < self._first_needed_slot(gi, h) for gi in range(len(self.groups))):
+                if snapshots is not None:
+                    restore = snapshots.find(state.hashes[h - 1])
+                    if restore is None:
+                        continue  # pages without the state at their end: look shallower
+                    snapshots.touch(restore)
                 hit = h
                 break
+        state.restore = restore
         for gi, (g, pages, table) in enumerate(zip(self.groups, found, state.tables, strict=True)):
             lo = self._first_needed_slot(gi, hit)
             table.extend([PADDING_PAGE] * lo)
@@ -142,6 +163,41 @@ class KVManager:
         state.num_indexed = hit
         self._touched(state)
         return hit * ps
+
+    def restore_from(self, request_id: str) -> int | None:
+        """The snapshot slot whose state the request's latest prefix hit resumes from (None: no
+        hit, or a model without snapshots)."""
+        state = self._requests.get(request_id)
+        return None if state is None else state.restore
+
+    def take_snapshot(self, request_id: str, token_ids: Sequence[int], end_pos: int) -> int | None:
+        """A snapshot slot for the state after positions [0, end_pos) of `token_ids` (end_pos on a
+        page boundary), which the current step's row of this request computes; None when that
+        prefix already has one, or no slot can be taken. Commit or release it after the step."""
+        snapshots = self.snapshots
+        if snapshots is None or not self.prefix_caching or end_pos < PAGE_SIZE or end_pos % PAGE_SIZE:
+            return None
+        state = self._requests[request_id]
+        pages = end_pos // PAGE_SIZE
+        self._hasher.extend(state.hashes, token_ids, pages, PAGE_SIZE)
+        if snapshots.find(state.hashes[pages - 1]) is not None:
+            return None
+        return snapshots.take()
+
+    def commit_snapshot(self, request_id: str, end_pos: int, slot: int) -> None:
+        """The step wrote the state after [0, end_pos) into snapshot `slot` (call after
+        `computed`): findable once every group indexes the page ending there, else freed."""
+        snapshots = self.snapshots
+        assert snapshots is not None
+        page_hash = self._requests[request_id].hashes[end_pos // PAGE_SIZE - 1]
+        if all(g.index.find(page_hash) is not None for g in self.groups):
+            snapshots.commit(slot, page_hash)
+        else:
+            snapshots.release(slot)
+
+    def _page_forgotten(self, page_hash: PageHash) -> None:
+        if self.snapshots is not None:
+            self.snapshots.forget(page_hash)
 
     def _first_needed_slot(self, group: int, num_pages: int) -> int:
         """The first page slot group `group` must hold to compute the token at position
@@ -230,6 +286,7 @@ class KVManager:
                 if page != PADDING_PAGE:
                     g.release(page)
             table.clear()
+        state.restore = None
         if keep_hashes:
             state.released = [0] * len(self.groups)
             state.num_indexed = 0

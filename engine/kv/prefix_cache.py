@@ -63,8 +63,9 @@ class PrefixIndex:
         self._by_page[page] = page_hash
         return True
 
-    def forget_page(self, page: int) -> None:
-        """The pool evicted `page` to reuse it: its old content is gone."""
+    def forget_page(self, page: int) -> PageHash | None:
+        """The pool evicted `page` to reuse it: its old content is gone. Returns the hash it held."""
         page_hash = self._by_page.pop(page, None)
         if page_hash is not None:
             del self._by_hash[page_hash]
+        return page_hash

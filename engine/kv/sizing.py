@@ -104,3 +104,11 @@ def configured_kv_pages(config: EngineConfig, groups: Sequence[KVGroupCost]) -> 
     if config.kv_cache_memory is not None:
         return split_kv_bytes(config.kv_cache_memory, groups)
     return None
+
+
+def snapshot_slots(config: EngineConfig) -> int:
+    """State snapshots a recurrent model reserves beside its running slots (engine/kv/snapshots.py):
+    one per `--max-num-seqs` with prefix caching, none without. Each costs what a running slot
+    costs; a prefix hit needs one at its depth, and the least recently used goes when a new one
+    needs the room, so the count bounds how many distinct cached prefixes stay resumable."""
+    return config.max_num_seqs if config.enable_prefix_caching else 0

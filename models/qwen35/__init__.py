@@ -2,8 +2,9 @@
 
 Loading is the shared `PagedLine`'s, with this line's facts settled around it. Before any weight is
 read: the GDN backend (`--gdn-backend`) for the device, and whether it covers the checkpoint's GDN
-geometry in the serving dtype; prefix caching off (a KV page is useless without the recurrent state
-at its position, and state snapshots are not built); `--async-prefill` refused. After the model is
+geometry in the serving dtype; `--async-prefill` refused (and `--async-scheduling`, by the
+scheduler). Prefix caching runs with state snapshots at page boundaries (engine/kv/snapshots.py;
+the engine takes and restores them, the model reads whatever state its slot holds). After the model is
 built and before start-up sizes the KV pool or captures graphs: the backend's `warm_up` at that
 geometry (`auto` measures and pins its per-phase choice there, fla settles its Triton autotune), so
 neither the budget nor a graph sees a first-use compile.
@@ -11,7 +12,6 @@ neither the budget nor a graph sees a first-use compile.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -97,13 +97,12 @@ def line_options(options: ModelOptions) -> tuple[ModelOptions, GDNBackend]:
         gdn = pick_gdn_backend(options.gdn_backend, pick_device(options))
     except GDNBackendError as exc:
         raise ModelLoadError(str(exc)) from exc
-    if engine.enable_prefix_caching:
-        log.warning(
-            "qwen3.5: prefix caching is off: a cached KV page is useless without the recurrent state "
-            "at its position, and state snapshots are not built yet"
+    if engine.async_scheduling:
+        raise ModelLoadError(
+            "--async-scheduling is not supported for Qwen3.5 (state slots and snapshots are copied "
+            "by synchronous steps only)"
         )
-        engine = dataclasses.replace(engine, enable_prefix_caching=False)
-    return dataclasses.replace(options, engine=engine), gdn
+    return options, gdn
 
 
 def load_qwen35(spec: str, options: ModelOptions) -> LoadedModel:
