@@ -29,6 +29,23 @@ class DecoderDims:
     tie_word_embeddings: bool = True
 
 
+def tiny_dims(*, num_hidden_layers: int, head_dim: int, tie_word_embeddings: bool = True) -> DecoderDims:
+    """The width every family's tiny preset shares: a 1024-token vocabulary, 64 wide, a 192-wide
+    MLP, 4 query heads over 2 KV heads and a 4096-token context; depth and head dim are the
+    family's."""
+    return DecoderDims(
+        vocab_size=1024,
+        hidden_size=64,
+        intermediate_size=192,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=head_dim,
+        max_position_embeddings=4096,
+        tie_word_embeddings=tie_word_embeddings,
+    )
+
+
 def decoder_fields(dims: DecoderDims, **family_fields: Any) -> MappingProxyType[str, Any]:
     """A preset's config fields: the keys all families spell alike, plus the family's own.
 

@@ -13,7 +13,7 @@ from types import MappingProxyType
 from typing import Any
 
 from models import chat_templates
-from models.synth.config_build import DecoderDims, decoder_fields, periodic_layer_types
+from models.synth.config_build import DecoderDims, decoder_fields, periodic_layer_types, tiny_dims
 from models.synth.family import InitRule, SpecialToken, preset_table, published_preset, tiny_preset
 from models.synth.lineages import gemma_family
 
@@ -78,16 +78,7 @@ GEMMA3 = gemma_family(
         # query_pre_attn_scalar 24, not head_dim, so an engine scaling by head_dim^-1/2 is caught.
         tiny_preset(
             _fields(
-                DecoderDims(
-                    vocab_size=1024,
-                    hidden_size=64,
-                    intermediate_size=192,
-                    num_hidden_layers=7,
-                    num_attention_heads=4,
-                    num_key_value_heads=2,
-                    head_dim=16,
-                    max_position_embeddings=4096,
-                ),
+                tiny_dims(num_hidden_layers=7, head_dim=16),
                 query_pre_attn_scalar=24,
                 sliding_window=12,
                 global_period=3,

@@ -14,7 +14,7 @@ from types import MappingProxyType
 from typing import Any
 
 from models import chat_templates
-from models.synth.config_build import DecoderDims, decoder_fields, periodic_layer_types
+from models.synth.config_build import DecoderDims, decoder_fields, periodic_layer_types, tiny_dims
 from models.synth.family import InitRule, SpecialToken, preset_table, published_preset, tiny_preset
 from models.synth.lineages import gemma_family
 
@@ -110,16 +110,7 @@ GEMMA4 = gemma_family(
         # 16, global head dim 32 with one shared K=V head; proportional RoPE rotates 8 of the 32 dims.
         tiny_preset(
             _fields(
-                DecoderDims(
-                    vocab_size=1024,
-                    hidden_size=64,
-                    intermediate_size=192,
-                    num_hidden_layers=6,
-                    num_attention_heads=4,
-                    num_key_value_heads=2,
-                    head_dim=16,
-                    max_position_embeddings=4096,
-                ),
+                tiny_dims(num_hidden_layers=6, head_dim=16),
                 num_global_key_value_heads=1,
                 global_head_dim=32,
                 sliding_window=12,

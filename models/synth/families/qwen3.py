@@ -10,7 +10,7 @@ from types import MappingProxyType
 from typing import Any
 
 from models import chat_templates
-from models.synth.config_build import DecoderDims, decoder_fields
+from models.synth.config_build import DecoderDims, decoder_fields, tiny_dims
 from models.synth.family import InitRule, SpecialToken, preset_table, published_preset, tiny_preset
 from models.synth.lineages import qwen_family
 
@@ -99,21 +99,7 @@ QWEN3 = qwen_family(
     presets=preset_table(
         # 4 layers, GQA 4:2, head_dim 32 with 4·32 ≠ 64 (as the 0.6B's 16·128 ≠ 1024), untied head
         # (as the 8B) so the lm_head tensor is exercised.
-        tiny_preset(
-            _fields(
-                DecoderDims(
-                    vocab_size=1024,
-                    hidden_size=64,
-                    intermediate_size=192,
-                    num_hidden_layers=4,
-                    num_attention_heads=4,
-                    num_key_value_heads=2,
-                    head_dim=32,
-                    max_position_embeddings=4096,
-                    tie_word_embeddings=False,
-                )
-            )
-        ),
+        tiny_preset(_fields(tiny_dims(num_hidden_layers=4, head_dim=32, tie_word_embeddings=False))),
         published_preset(
             "0.6b",
             _published(

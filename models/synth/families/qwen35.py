@@ -12,7 +12,7 @@ from types import MappingProxyType
 from typing import Any
 
 from models import chat_templates
-from models.synth.config_build import DecoderDims, decoder_fields, periodic_layer_types
+from models.synth.config_build import DecoderDims, decoder_fields, periodic_layer_types, tiny_dims
 from models.synth.families.qwen3 import QWEN3_SPECIALS
 from models.synth.family import InitRule, SpecialToken, preset_table, published_preset, tiny_preset
 from models.synth.lineages import qwen_family
@@ -110,16 +110,7 @@ QWEN35 = qwen_family(
         # whose 4 frequencies the mrope sections [2, 1, 1] cover (the 4B's 64 dims: [11, 11, 10]).
         tiny_preset(
             _fields(
-                DecoderDims(
-                    vocab_size=1024,
-                    hidden_size=64,
-                    intermediate_size=192,
-                    num_hidden_layers=8,
-                    num_attention_heads=4,
-                    num_key_value_heads=2,
-                    head_dim=32,
-                    max_position_embeddings=4096,
-                ),
+                tiny_dims(num_hidden_layers=8, head_dim=32),
                 linear_key_head_dim=16,
                 linear_value_head_dim=16,
                 linear_num_key_heads=2,
