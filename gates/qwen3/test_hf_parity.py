@@ -4,10 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.contract import Request
-from gates.harness.compare import assert_full_forward_parity, first_divergence
-from gates.harness.hf_reference import hf_greedy, hf_logprobs
-from gates.harness.serving import drive, greedy, random_prompt, score
+from gates.harness.hf_parity import check_full_forward_matches_hf, check_greedy_matches_hf_generate
 from gates.harness.tolerances import Tolerance
 from gates.qwen3.conftest import prompt_lengths
 from models.qwen3.config import Qwen3Config
@@ -17,29 +14,10 @@ from models.registry import LoadedModel
 def test_full_forward_matches_hf(
     served: LoadedModel, hf: Any, hf_fp32: Any, qwen3_config: Qwen3Config, tol: Tolerance
 ) -> None:
-    tokens = random_prompt(max(prompt_lengths()), seed=1, vocab_size=qwen3_config.vocab_size)
-    baseline = None if hf is hf_fp32 else hf_logprobs(hf, tokens)
-    assert_full_forward_parity(score(served, tokens), hf_logprobs(hf_fp32, tokens), baseline, tokens, tol)
+    check_full_forward_matches_hf(served, hf, hf_fp32, qwen3_config.vocab_size, max(prompt_lengths()), tol)
 
 
 def test_greedy_matches_hf_generate(
     served: LoadedModel, hf: Any, qwen3_config: Qwen3Config, tol: Tolerance
 ) -> None:
-    """Token-identical on fp32; on bf16 the streams may part only where the reference itself is at a
-    near-tie (infer's token within `tol.tie` of the reference's best), and are not compared after."""
-    new_tokens = 24
-    for i, length in enumerate(prompt_lengths()):
-        prompt = random_prompt(length, seed=10 + i, vocab_size=qwen3_config.vocab_size)
-        got = drive(served, [Request(f"g{i}", prompt, greedy(new_tokens))])[f"g{i}"]
-        want = hf_greedy(hf, prompt, new_tokens)
-        assert len(got.tokens) == new_tokens, f"prompt {i}: infer produced {len(got.tokens)} tokens"
-        part = first_divergence(got.tokens, want)
-        if part is None:
-            continue
-        assert tol.tie > 0, f"prompt {i}: infer {got.tokens} vs transformers {want} (fp32 must be identical)"
-        ref = hf_logprobs(hf, list(prompt) + got.tokens[: part + 1])[len(prompt) + part - 1]
-        regret = float(ref.max() - ref[got.tokens[part]])
-        assert regret <= tol.tie, (
-            f"prompt {i}: streams part at token {part} where infer's choice costs the reference {regret:.3g} "
-            f"> {tol.tie} (infer {got.tokens}, transformers {want})"
-        )
+    check_greedy_matches_hf_generate(served, hf, qwen3_config.vocab_size, prompt_lengths(), tol)

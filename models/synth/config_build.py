@@ -6,10 +6,74 @@ ids come from the tokenizer actually written beside it, so they agree by constru
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
+from types import MappingProxyType
 from typing import Any
 
 from models.synth.family import Family, Preset
 from models.synth.tokenizer_build import BuiltTokenizer
+
+
+@dataclass(slots=True, frozen=True)
+class DecoderDims:
+    """The sizes every family's config.json names under the same keys."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    tie_word_embeddings: bool = True
+
+
+def tiny_dims(*, num_hidden_layers: int, head_dim: int, tie_word_embeddings: bool = True) -> DecoderDims:
+    """The width every family's tiny preset shares: a 1024-token vocabulary, 64 wide, a 192-wide
+    MLP, 4 query heads over 2 KV heads and a 4096-token context; depth and head dim are the
+    family's."""
+    return DecoderDims(
+        vocab_size=1024,
+        hidden_size=64,
+        intermediate_size=192,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=head_dim,
+        max_position_embeddings=4096,
+        tie_word_embeddings=tie_word_embeddings,
+    )
+
+
+def decoder_fields(dims: DecoderDims, **family_fields: Any) -> MappingProxyType[str, Any]:
+    """A preset's config fields: the keys all families spell alike, plus the family's own.
+
+    Keys come out sorted, as every published config.json here lists them.
+    """
+    body: dict[str, Any] = {
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "initializer_range": 0.02,
+        "rms_norm_eps": 1e-06,
+        "use_cache": True,
+        **asdict(dims),
+    }
+    clash = sorted(set(body) & set(family_fields))
+    if clash:
+        raise ValueError(
+            f"family config fields {clash} are already set by DecoderDims or the shared defaults"
+        )
+    body.update(family_fields)
+    return MappingProxyType(dict(sorted(body.items())))
+
+
+def periodic_layer_types(num_layers: int, period: int, *, other: str, last_full: bool = False) -> list[str]:
+    """Every `period`-th layer is "full_attention", the rest `other`; `last_full` forces the last one full."""
+    return [
+        "full_attention" if (i + 1) % period == 0 or (last_full and i == num_layers - 1) else other
+        for i in range(num_layers)
+    ]
 
 
 def config_body(

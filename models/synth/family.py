@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, Literal
 
 InitKind = Literal["normal", "centred", "uniform", "log_uniform", "head_scaled"]
@@ -48,6 +49,23 @@ class Preset:
     @property
     def vocab_size(self) -> int:
         return int(self.fields["vocab_size"])
+
+
+def tiny_preset(fields: Mapping[str, Any]) -> Preset:
+    """The CPU-test size: float32, a trained tokenizer, drawn on the CPU."""
+    return Preset("tiny", fields, default_dtype="float32", default_tokenizer="trained", small=True)
+
+
+def published_preset(name: str, fields: Mapping[str, Any], tokenizer: TokenizerKind) -> Preset:
+    """A published size: bfloat16, as the released checkpoints are."""
+    return Preset(name, fields, default_dtype="bfloat16", default_tokenizer=tokenizer)
+
+
+def preset_table(*presets: Preset) -> Mapping[str, Preset]:
+    table = {preset.name: preset for preset in presets}
+    if len(table) != len(presets):
+        raise ValueError(f"duplicate preset names in {[preset.name for preset in presets]}")
+    return MappingProxyType(table)
 
 
 @dataclass(slots=True, frozen=True)

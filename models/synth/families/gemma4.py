@@ -14,17 +14,15 @@ from types import MappingProxyType
 from typing import Any
 
 from models import chat_templates
-from models.synth.family import Family, InitRule, Preset, SpecialToken, TokenLayout, TokenRoles
+from models.synth.config_build import DecoderDims, decoder_fields, periodic_layer_types, tiny_dims
+from models.synth.family import InitRule, SpecialToken, preset_table, published_preset, tiny_preset
+from models.synth.lineages import gemma_family
 
-# Special tokens at their published ids. The turn markers and the tool tokens are taken from
-# public copies of the Gemma 4 tokenizer; the multimodal ones from transformers' Gemma4Config
-# defaults. Ids past a preset's vocabulary are dropped (the tiny preset keeps the low ones).
+# Special tokens above Gemma's low five, at their published ids. The turn markers and the tool
+# tokens are taken from public copies of the Gemma 4 tokenizer; the multimodal ones from
+# transformers' Gemma4Config defaults. Ids past a preset's vocabulary are dropped (the tiny
+# preset keeps the low ones).
 GEMMA4_PINNED: dict[int, SpecialToken] = {
-    0: SpecialToken("<pad>"),
-    1: SpecialToken("<eos>"),
-    2: SpecialToken("<bos>"),
-    3: SpecialToken("<unk>"),
-    4: SpecialToken("<mask>"),
     46: SpecialToken("<|tool>"),
     47: SpecialToken("<tool|>"),
     50: SpecialToken("<|tool_response>"),
@@ -61,157 +59,106 @@ GEMMA4_INIT_RULES = (
 )
 
 
-def _layer_types(num_layers: int, period: int) -> list[str]:
-    # Every `period`-th layer is global, and so is the last.
-    return [
-        "full_attention" if (i + 1) % period == 0 or i == num_layers - 1 else "sliding_attention"
-        for i in range(num_layers)
-    ]
-
-
 def _fields(
+    dims: DecoderDims,
     *,
-    vocab_size: int,
-    hidden_size: int,
-    intermediate_size: int,
-    num_hidden_layers: int,
-    num_attention_heads: int,
-    num_key_value_heads: int,
     num_global_key_value_heads: int,
-    head_dim: int,
     global_head_dim: int,
     sliding_window: int,
     global_period: int = 6,
-    max_position_embeddings: int = 262144,
 ) -> MappingProxyType[str, Any]:
-    return MappingProxyType(
-        {
-            "attention_bias": False,
-            "attention_dropout": 0.0,
-            "attention_k_eq_v": True,
-            "enable_moe_block": False,
-            "final_logit_softcapping": 30.0,
-            "global_head_dim": global_head_dim,
-            "head_dim": head_dim,
-            "hidden_activation": "gelu_pytorch_tanh",
-            "hidden_size": hidden_size,
-            "hidden_size_per_layer_input": 0,
-            "initializer_range": 0.02,
-            "intermediate_size": intermediate_size,
-            "layer_types": _layer_types(num_hidden_layers, global_period),
-            "max_position_embeddings": max_position_embeddings,
-            "moe_intermediate_size": None,
-            "num_attention_heads": num_attention_heads,
-            "num_experts": None,
-            "num_global_key_value_heads": num_global_key_value_heads,
-            "num_hidden_layers": num_hidden_layers,
-            "num_key_value_heads": num_key_value_heads,
-            "num_kv_shared_layers": 0,
-            "rms_norm_eps": 1e-06,
-            "rope_parameters": {
-                "full_attention": {
-                    "partial_rotary_factor": 0.25,
-                    "rope_theta": 1000000.0,
-                    "rope_type": "proportional",
-                },
-                "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"},
+    return decoder_fields(
+        dims,
+        attention_k_eq_v=True,
+        enable_moe_block=False,
+        final_logit_softcapping=30.0,
+        global_head_dim=global_head_dim,
+        hidden_activation="gelu_pytorch_tanh",
+        hidden_size_per_layer_input=0,
+        # Every `global_period`-th layer is global, and so is the last.
+        layer_types=periodic_layer_types(
+            dims.num_hidden_layers, global_period, other="sliding_attention", last_full=True
+        ),
+        moe_intermediate_size=None,
+        num_experts=None,
+        num_global_key_value_heads=num_global_key_value_heads,
+        num_kv_shared_layers=0,
+        rope_parameters={
+            "full_attention": {
+                "partial_rotary_factor": 0.25,
+                "rope_theta": 1000000.0,
+                "rope_type": "proportional",
             },
-            "sliding_window": sliding_window,
-            "tie_word_embeddings": True,
-            "top_k_experts": None,
-            "use_bidirectional_attention": "vision",
-            "use_cache": True,
-            "use_double_wide_mlp": False,
-            "vocab_size": vocab_size,
-            "vocab_size_per_layer_input": vocab_size,
-        }
+            "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"},
+        },
+        sliding_window=sliding_window,
+        top_k_experts=None,
+        use_bidirectional_attention="vision",
+        use_double_wide_mlp=False,
+        vocab_size_per_layer_input=dims.vocab_size,
     )
 
 
-_PRESETS = (
-    # 6 layers with the 5:1 pattern shortened to 2:1 (global at 2 and 5), so a global layer sits
-    # mid-stack and last; window 12 (not a multiple of a 16-token page); sliding head dim 16,
-    # global head dim 32 with one shared K=V head; proportional RoPE rotates 8 of the 32 dims.
-    Preset(
-        "tiny",
-        _fields(
-            vocab_size=1024,
-            hidden_size=64,
-            intermediate_size=192,
-            num_hidden_layers=6,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            num_global_key_value_heads=1,
-            head_dim=16,
-            global_head_dim=32,
-            sliding_window=12,
-            global_period=3,
-            max_position_embeddings=4096,
-        ),
-        default_dtype="float32",
-        default_tokenizer="trained",
-        small=True,
-    ),
-    Preset(
-        "12b",
-        _fields(
-            vocab_size=262144,
-            hidden_size=3840,
-            intermediate_size=15360,
-            num_hidden_layers=48,
-            num_attention_heads=16,
-            num_key_value_heads=8,
-            num_global_key_value_heads=1,
-            head_dim=256,
-            global_head_dim=512,
-            sliding_window=1024,
-        ),
-        default_dtype="bfloat16",
-        default_tokenizer="trained",
-    ),
-    Preset(
-        "31b",
-        _fields(
-            vocab_size=262144,
-            hidden_size=5376,
-            intermediate_size=21504,
-            num_hidden_layers=60,
-            num_attention_heads=32,
-            num_key_value_heads=16,
-            num_global_key_value_heads=4,
-            head_dim=256,
-            global_head_dim=512,
-            sliding_window=1024,
-        ),
-        default_dtype="bfloat16",
-        default_tokenizer="trained",
-    ),
-)
-
-GEMMA4 = Family(
+GEMMA4 = gemma_family(
     name="gemma4",
     model_type="gemma4_text",
     architecture="Gemma4ForCausalLM",
     dtype_key="dtype",
-    presets=MappingProxyType({preset.name: preset for preset in _PRESETS}),
-    tokens=TokenLayout(pinned=MappingProxyType(GEMMA4_PINNED), appended=()),
-    roles=TokenRoles(
-        bos="<bos>",
-        eos="<eos>",
-        pad="<pad>",
-        unk="<unk>",
-        generation_bos="<bos>",
-        generation_eos=("<eos>", "<turn|>", "<|tool_response>"),
-        generation_pad="<pad>",
-        tokenizer_bos="<bos>",
-        tokenizer_eos="<eos>",
-        tokenizer_pad="<pad>",
+    presets=preset_table(
+        # 6 layers with the 5:1 pattern shortened to 2:1 (global at 2 and 5), so a global layer
+        # sits mid-stack and last; window 12 (not a multiple of a 16-token page); sliding head dim
+        # 16, global head dim 32 with one shared K=V head; proportional RoPE rotates 8 of the 32 dims.
+        tiny_preset(
+            _fields(
+                tiny_dims(num_hidden_layers=6, head_dim=16),
+                num_global_key_value_heads=1,
+                global_head_dim=32,
+                sliding_window=12,
+                global_period=3,
+            )
+        ),
+        published_preset(
+            "12b",
+            _fields(
+                DecoderDims(
+                    vocab_size=262144,
+                    hidden_size=3840,
+                    intermediate_size=15360,
+                    num_hidden_layers=48,
+                    num_attention_heads=16,
+                    num_key_value_heads=8,
+                    head_dim=256,
+                    max_position_embeddings=262144,
+                ),
+                num_global_key_value_heads=1,
+                global_head_dim=512,
+                sliding_window=1024,
+            ),
+            "trained",
+        ),
+        published_preset(
+            "31b",
+            _fields(
+                DecoderDims(
+                    vocab_size=262144,
+                    hidden_size=5376,
+                    intermediate_size=21504,
+                    num_hidden_layers=60,
+                    num_attention_heads=32,
+                    num_key_value_heads=16,
+                    head_dim=256,
+                    max_position_embeddings=262144,
+                ),
+                num_global_key_value_heads=4,
+                global_head_dim=512,
+                sliding_window=1024,
+            ),
+            "trained",
+        ),
     ),
-    split_pattern=None,
-    adds_bos=True,
+    pinned=GEMMA4_PINNED,
+    generation_eos=("<eos>", "<turn|>", "<|tool_response>"),
     chat_template=chat_templates.GEMMA4,
-    tokenizer_class="PreTrainedTokenizerFast",
     init_rules=GEMMA4_INIT_RULES,
     generation_defaults=MappingProxyType({"do_sample": True, "temperature": 1.0, "top_k": 64, "top_p": 0.95}),
-    real_vocab=None,
 )

