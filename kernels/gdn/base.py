@@ -83,6 +83,10 @@ class GDNBackend(ABC):
     ``pool[slots]`` (zeros where ``fresh``) and write its final state back there."""
 
     name: str
+    # Where fp32 operands meet inside a kernel's dot products: "ieee" (fp32 products), or "tf32"
+    # where the kernel rounds them to TF32 whatever TRITON_F32_DEFAULT says. The agreement check
+    # holds fp32 inputs to the matching unit (kernels/gdn/agreement.py).
+    fp32_dots: str = "ieee"
 
     def warm_up(self, geometry: GDNGeometry, dtype: torch.dtype, device: torch.device) -> None:
         """Build, tune and pin whatever this backend compiles or chooses on first use for this

@@ -8,8 +8,11 @@ device), with ``state_v_first=True`` so its state is the pool's ``[Hv, V, K]``, 
 each sequence's state is gathered from its slot (zeros where fresh) and the final state it returns
 scattered back. Where it differs from the spec in more than the order of sums: it stores q̂ and k̂
 after the L2 norm in the input dtype (bf16 rounding) and keeps its chunk intermediates in it, and
-its fp32 ``tl.dot`` runs as TF32 unless ``TRITON_F32_DEFAULT=ieee``; the agreement gate measures
-what that costs (kernels/gdn/agreement.py).
+its fp32 ``tl.dot`` runs as TF32 unless ``TRITON_F32_DEFAULT=ieee``. Even then, on sm_80 and
+later fla-core 0.6 runs the block merges of its fused triangular solve in TF32
+(``SOLVE_TRIL_DOT_PRECISION`` in ``fla/ops/gated_delta_rule/chunk_fwd.py``, no switch), so this
+backend declares ``fp32_dots = "tf32"`` there; the agreement gate measures what each costs
+(kernels/gdn/agreement.py).
 
 The causal conv runs the torch backend's form (it reads and writes the conv pool by slot, which
 fla's ``causal_conv1d`` does not).
@@ -76,6 +79,8 @@ class FlaGDN(GDNBackend):
             )
         self._chunk = load_fla_chunk()
         self._conv = TorchGDN()
+        if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 8:
+            self.fp32_dots = "tf32"
 
     def describe(self) -> str:
         return "fla (prefill: fla-core chunk_gated_delta_rule; decode: infer's slot-indexed Triton step)"

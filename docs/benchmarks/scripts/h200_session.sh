@@ -37,8 +37,18 @@ q35_9b=/tmp/ckpt/q35-9b
 
 synth_q3() { [ -d $q3 ] || infer synth qwen3 --preset 4b --out $q3 --dtype bfloat16 --tokenizer trained --device cuda; }
 synth_g4() { [ -d $g4 ] || infer synth gemma4 --preset 12b --out $g4 --dtype bfloat16 --device cuda; }
-synth_q35() { [ -d $q35 ] || infer synth qwen35 --preset 4b --out $q35 --dtype bfloat16 --tokenizer trained --device cuda; }
-synth_q35_9b() { [ -d $q35_9b ] || infer synth qwen35 --preset 9b --out $q35_9b --dtype bfloat16 --tokenizer trained --device cuda; }
+# The Qwen3.5 checkpoints may be written in the background at pipeline start (qwen35_synth_bg):
+# a step that needs one waits for its writer (the marker $work/NAME.running) before it looks.
+synth_wait() { while [ -f $work/$1.running ]; do sleep 5; done; }
+synth_q35() { synth_wait q35-4b; [ -d $q35 ] || infer synth qwen35 --preset 4b --out $q35 --dtype bfloat16 --tokenizer trained --device cuda; }
+synth_q35_9b() { synth_wait q35-9b; [ -d $q35_9b ] || infer synth qwen35 --preset 9b --out $q35_9b --dtype bfloat16 --tokenizer trained --device cuda; }
+qwen35_synth_bg() {  # both checkpoints, one after the other, beside the first steps
+  touch $work/q35-4b.running $work/q35-9b.running
+  ( { [ -d $q35 ] || infer synth qwen35 --preset 4b --out $q35 --dtype bfloat16 --tokenizer trained --device cuda; }
+    rm -f $work/q35-4b.running
+    { [ -d $q35_9b ] || infer synth qwen35 --preset 9b --out $q35_9b --dtype bfloat16 --tokenizer trained --device cuda; }
+    rm -f $work/q35-9b.running ) >$work/q35-synth.log 2>&1 &
+}
 
 # One step per function; each writes its reports into $work.
 gemma4-gates() {
@@ -154,12 +164,16 @@ gemma3-gates() {  # the gemma3 manifest on the real 270M weights (bf16, FlashInf
     --json $work/gemma3-gates.json --junit $work/gemma3-gates.xml
 }
 cutlass_dsl() {  # FlashInfer's SM90 GDN prefill needs the CUTLASS DSL: carried in .cdsl/part1..2
+  # (scripts/stage_cutlass_dsl.sh makes them)
   python3 -c "import cutlass" 2>/dev/null && return 0
   await_part cu13.sha256 && await_part cu13.chunk-ab && await_part cu13.chunk-aa || return 1
   local whl=nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl
   cat $parts/cu13.chunk-a? > $parts/$whl && (cd $parts && sha256sum -c cu13.sha256) || return 1
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $parts/nvidia_cutlass_dsl*.whl \
-    $parts/cuda_bindings-*.whl $parts/cuda_pathfinder-*.whl
+    $parts/cuda_bindings-*.whl $parts/cuda_pathfinder-*.whl || return 1
+  python3 -c "import google.protobuf" 2>/dev/null ||
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $parts/protobuf-*.whl
+  python3 -c "import cutlass; print('cutlass dsl', cutlass.__version__ if hasattr(cutlass, '__version__') else 'ok')"
 }
 qwen35-agree() {  # the GDN backends' agreement gate alone, on the 4b
   synth_q35
@@ -176,6 +190,9 @@ qwen35-gpu-tests() {  # the GDN kernel tests that run on the GPU when there is o
   python3 -m pytest -q -s --tb=short tests/kernels/test_gdn_decode.py tests/kernels/test_gdn_fla.py \
     tests/kernels/test_gdn_torch.py
 }
+qwen35-fla-tests() {  # the fla backend's GPU tests and the agreement check's own
+  python3 -m pytest -q -s --tb=short tests/kernels/test_gdn_fla.py tests/kernels/test_gdn_agreement.py
+}
 qwen35-bench-gdn() {  # one GDN layer per backend, 4B and 9B geometry (the JSON on stdout)
   infer bench gdn --json >$work/qwen35-bench-gdn.json
 }
@@ -184,9 +201,9 @@ qwen35-gates() {  # the whole manifest, GPU tier included, on the 4b
   infer gates --manifest qwen35 --shared-process --checkpoint $q35 \
     --json $work/qwen35-gates.json --junit $work/qwen35-gates.xml
 }
-qwen35-latency() {  # decode and prefill on the 4b, one load per GDN backend
+qwen35-latency() {  # decode and prefill on the 4b, one load per GDN backend (auto picks one of them)
   synth_q35
-  for backend in auto fla flashinfer torch; do
+  for backend in ${GDN_BACKENDS:-fla flashinfer}; do
     infer bench latency --model $q35 --gdn-backend $backend --batch-sizes 1,8,64 \
       --prefill-lens 1024,8192 --breakdown --save-result $work/qwen35-4b-latency-$backend.json
   done
@@ -213,6 +230,7 @@ pipeline() {
     touch $work/real-g3.running
     (real_g3 >$work/real-g3.log 2>&1; rm -f $work/real-g3.running) &
   fi
+  [[ " $PIPELINE " == *" qwen35-"* ]] && qwen35_synth_bg
   for step in $PIPELINE; do
     local started=$SECONDS
     echo "$(date -u +%T) start $step" >>$work/steps.txt
@@ -245,7 +263,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | qwen35-gpu-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-9b-parity)
+  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-9b-parity)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
