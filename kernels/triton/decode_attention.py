@@ -5,7 +5,7 @@ query token, reading K and V straight from one layer's slice of the paged pool
 (`[pages, 2, 16, kv_heads, head_dim]`, kernels/kv_layout.py) through each row's page table. GQA
 without repeating KV: one program holds all `group = num_heads / num_kv_heads` query heads of its
 KV head as the rows of one `[group, head_dim]` tile, so each K/V byte is read once per program.
-Head dims 64, 128 and 256; sliding windows (`window` positions, the query's own included); the
+Head dims 64, 128 and 256 (and 16, 32 for the tiny test checkpoints); sliding windows (`window` positions, the query's own included); the
 softmax scale from the layer spec; bf16, fp16 or fp32 storage, fp32 arithmetic throughout.
 
 Two launches:
@@ -14,8 +14,8 @@ Two launches:
   `[start, kv_len)` (`start = max(0, kv_len - window)`) are cut at absolute multiples of
   `SPLIT_TOKENS`: split `s` covers `[s·SPLIT_TOKENS, (s+1)·SPLIT_TOKENS)`. Program `p` of
   (row, KV head) takes the splits `s ≡ p (mod PROGRAMS_PER_HEAD)` in increasing order and walks
-  each in tiles of `BLOCK_N` tokens (a tile holds `TILE_ELEMENTS` values of K: 64 tokens at head
-  dim 64, 32 at 128, 16 at 256), keeping a running max, sum and `[group, head_dim]` accumulator in
+  each in tiles of `BLOCK_N` tokens (a tile holds up to `TILE_ELEMENTS` values of K and at most
+  a split: 64 tokens at head dim 64 and below, 32 at 128, 16 at 256), keeping a running max, sum and `[group, head_dim]` accumulator in
   fp32 (online softmax), and writes that partial to scratch. A program with no split writes
   nothing. Up to `SPLIT_TOKENS · PROGRAMS_PER_HEAD` = 1024 visible tokens each program holds at
   most one split, so its partial is that split's.
@@ -78,7 +78,8 @@ PROGRAMS_PER_HEAD = 16
 # Values of K (and of V) in one program's tile: 8 KB of bf16, so a tile's K and V in fp32 stay
 # within 64 registers per thread each at 4 warps.
 TILE_ELEMENTS = 4096
-HEAD_DIMS = (64, 128, 256)
+# 64, 128 and 256 serve the real models; 16 and 32 are the tiny synthetic checkpoints' (CPU tests).
+HEAD_DIMS = (16, 32, 64, 128, 256)
 # The query heads of one KV head sit in one tile of at least 16 rows (tl.dot's minimum).
 MAX_GROUP = 64
 NUM_WARPS = 4
@@ -120,7 +121,7 @@ class DecodeGeometry:
 
     @property
     def block_n(self) -> int:
-        return TILE_ELEMENTS // self.head_dim
+        return min(SPLIT_TOKENS, TILE_ELEMENTS // self.head_dim)
 
     @property
     def scratch_bytes_per_row(self) -> int:

@@ -7,7 +7,7 @@ value, measured in the same run. Against itself, bit for bit: a row alone and in
 other rows of other lengths, in another order, behind padding rows; two runs; sentinel values
 (NaN) in every pool position a row may not see. KV lengths around a page (15, 16, 17), around a
 split (`SPLIT_TOKENS` ± 1), several splits, and more splits than a KV head has programs; GQA ratios
-1, 4 and 8; head dims 64, 128 and 256; sliding windows.
+1, 4 and 8; head dims 32 (the tiny checkpoints'), 64, 128 and 256; sliding windows.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ SPEC_ERROR_RATIO = {torch.bfloat16: 2.0, torch.float16: 2.0, torch.float32: 3.0}
 
 # (q heads, kv heads, head dim): GQA 1, 4 and 8, and each head dim once. Small head counts keep
 # the interpreter fast.
-GEOMETRIES = ((2, 2, 128), (8, 2, 128), (8, 1, 256), (4, 1, 64))
+GEOMETRIES = ((2, 2, 128), (8, 2, 128), (8, 1, 256), (4, 1, 64), (4, 2, 32))
 
 
 def _layer(heads: int, kv_heads: int, head_dim: int, window: int | None = None) -> AttentionLayerSpec:
