@@ -170,7 +170,7 @@ def _visible_splits(kv_len, window, SPLIT: tl.constexpr, HAS_WINDOW: tl.constexp
 
 
 @triton.jit(do_not_specialize=["window", "stride_table"])
-def _decode_split_kernel(
+def _decode_attention_split_kernel(
     q_ptr,
     pool_ptr,
     table_ptr,
@@ -246,7 +246,7 @@ def _decode_split_kernel(
 
 
 @triton.jit(do_not_specialize=["window"])
-def _decode_merge_kernel(
+def _decode_attention_merge_kernel(
     acc_ptr,
     ml_ptr,
     kv_len_ptr,
@@ -399,7 +399,7 @@ def decode_attention(
     )
     # No FMA contraction: the spec multiplies and adds separately (as in every kernel here).
     launch: dict[str, object] = {"num_warps": NUM_WARPS, "enable_fp_fusion": False}
-    _decode_split_kernel[(rows, layer.num_kv_heads, PROGRAMS_PER_HEAD)](
+    _decode_attention_split_kernel[(rows, layer.num_kv_heads, PROGRAMS_PER_HEAD)](
         q,
         pool_layer,
         page_table,
@@ -420,7 +420,7 @@ def decode_attention(
         **shared,
         **launch,
     )
-    _decode_merge_kernel[(rows, layer.num_kv_heads)](
+    _decode_attention_merge_kernel[(rows, layer.num_kv_heads)](
         scratch.acc,
         scratch.ml,
         kv_lens,

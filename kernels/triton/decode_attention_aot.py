@@ -24,8 +24,8 @@ from kernels.triton.decode_attention import (
     PROGRAMS_PER_HEAD,
     SPLIT_TOKENS,
     DecodeGeometry,
-    _decode_merge_kernel,
-    _decode_split_kernel,
+    _decode_attention_merge_kernel,
+    _decode_attention_split_kernel,
 )
 from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted
 
@@ -105,14 +105,14 @@ def compile_variant(
         "stride_q_head",
     }
     split = _compile(
-        _decode_split_kernel,
+        _decode_attention_split_kernel,
         {**shared, "BLOCK_N": geometry.block_n, "PAGE": PAGE_SIZE},
         dtype,
         pool_strides,
         arch,
     )
     merge = _compile(
-        _decode_merge_kernel,
+        _decode_attention_merge_kernel,
         {**shared, "STORAGE": STORAGE_TYPES[dtype]},
         dtype,
         {"stride_out_row", "stride_out_head"},
