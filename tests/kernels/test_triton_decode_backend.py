@@ -141,3 +141,22 @@ def test_tiny_qwen3_decodes_the_torch_backends_tokens(tiny_qwen3: Path) -> None:
     assert isinstance(attention, TritonDecodeAttention)
     assert attention.decode_plans > 0 and attention.inner_plans > 0  # both paths ran
     assert got == want and all(len(t) == 12 for t in want.values())
+
+
+def test_pick_attention_builds_it_and_refuses_a_cpu_without_the_interpreter(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from models.device_choice import pick_attention
+    from models.registry import ModelLoadError
+
+    options = ModelOptions(engine=EngineConfig(max_num_seqs=3), attention_backend="triton")
+    cpu = torch.device("cpu")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # what the CPU tests run under (set here for a GPU box)
+    backend = pick_attention(options, cpu, torch.float32, max_pages_per_seq=4)
+    assert isinstance(backend, TritonDecodeAttention) and isinstance(backend.inner, TorchAttention)
+    assert backend.max_rows == 3
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ModelLoadError, match=r"triton on cpu.*needs a CUDA device"):
+        pick_attention(options, cpu, torch.float32, max_pages_per_seq=4)
+    with pytest.raises(ModelLoadError, match="available: torch, flashinfer, triton"):
+        pick_attention(ModelOptions(attention_backend="cutlass"), cpu, torch.float32, max_pages_per_seq=4)
