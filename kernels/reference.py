@@ -24,6 +24,10 @@ table below removes from the comparison altogether).
 
 Linear (the projections and the LM head, ``linear`` at the end): products and their sum in fp32,
 rounded once to the storage dtype.
+
+Attention over the paged pool (``paged_kv`` and ``attend_one_sequence``, after the slot addresses):
+scores, softmax and the weighted sum of V in fp32 from the stored Q, K and V, rounded once to the
+storage dtype. Every attention backend is compared with it; the torch backend runs it.
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels.kv_layout import K_INDEX, PAGE_SIZE, V_INDEX, check_pool_layer
+from kernels.attention.base import AttentionLayerSpec
+from kernels.kv_layout import K_INDEX, PAGE_SIZE, V_INDEX, ceil_div, check_pool_layer
 
 
 class SpecError(ValueError):
@@ -358,6 +363,58 @@ def write_kv(pool_layer: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: 
     pages, offsets = slot_pages_offsets(slots.to(pool_layer.device))
     pool_layer[pages, K_INDEX, offsets] = k
     pool_layer[pages, V_INDEX, offsets] = v
+
+
+# ------------------------------------------------------------------------------------- attention
+
+
+def paged_kv(
+    pool_layer: torch.Tensor, table: Sequence[int], kv_len: int, kv_heads: int, head_dim: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V ``[kv_len, kv_heads, head_dim]`` of one sequence whose positions live on the pages of
+    ``table`` (position p on page ``table[p // 16]``, offset ``p % 16``), gathered from one pool layer."""
+    pages = torch.tensor(table[: ceil_div(kv_len, PAGE_SIZE)], device=pool_layer.device, dtype=torch.long)
+    kv = pool_layer.index_select(0, pages)  # [p, 2, page_size, Hkv, D]
+    k = kv[:, K_INDEX].reshape(-1, kv_heads, head_dim)[:kv_len]
+    v = kv[:, V_INDEX].reshape(-1, kv_heads, head_dim)[:kv_len]
+    return k, v
+
+
+def attend_one_sequence(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    layer: AttentionLayerSpec,
+    accumulate: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """q: [n, H, D] for the last n of the kv_len positions held in k, v: [kv_len, Hkv, D].
+
+    Query i (position ``kv_len - n + i``) sees the positions up to its own and, with
+    ``layer.window``, only the last ``window`` of them, its own included. Scores ``q·k · scale``,
+    softmax and the sum over V in ``accumulate`` (fp32; tests pass fp64 for the exact value), then
+    one rounding to q's dtype."""
+    n, kv_len = q.shape[0], k.shape[0]
+    kv_heads, head_dim = layer.num_kv_heads, layer.head_dim
+    group = layer.num_heads // kv_heads
+    # Query head h reads KV head h // group. Folding a KV head's `group` query heads into its rows
+    # ([Hkv, group·n, D]) attends them against K and V as stored, never a repeated copy.
+    qf = (
+        q.to(accumulate)
+        .reshape(n, kv_heads, group, head_dim)
+        .permute(1, 2, 0, 3)
+        .reshape(kv_heads, group * n, head_dim)
+    )
+    kf = k.to(accumulate).transpose(0, 1)  # [Hkv, kv, D]
+    vf = v.to(accumulate).transpose(0, 1)
+    scores = torch.matmul(qf, kf.transpose(1, 2)) * layer.scale  # [Hkv, group·n, kv]
+    q_pos = torch.arange(kv_len - n, kv_len, device=q.device).unsqueeze(1)
+    k_pos = torch.arange(kv_len, device=q.device).unsqueeze(0)
+    visible = k_pos <= q_pos
+    if layer.window is not None:
+        visible &= k_pos > q_pos - layer.window
+    scores = scores.view(kv_heads, group, n, kv_len).masked_fill(~visible, float("-inf"))
+    out = torch.matmul(torch.softmax(scores, dim=-1), vf.unsqueeze(1))  # [Hkv, group, n, D]
+    return out.permute(2, 0, 1, 3).reshape(n, layer.num_heads, head_dim).to(q.dtype)
 
 
 # ---------------------------------------------------------------------------------- fused prep op

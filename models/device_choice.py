@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import torch
 
 from kernels.attention.base import AttentionBackend
@@ -39,17 +41,43 @@ def pick_attention(
     if name == "flashinfer":
         if device.type != "cuda":
             raise ModelLoadError("--attention-backend flashinfer needs a CUDA device")
-        try:
-            from kernels.attention.flashinfer_backend import FlashInferAttention
-        except ImportError as exc:
-            raise ModelLoadError(
-                f"--attention-backend flashinfer: flashinfer is not installed ({exc})"
-            ) from exc
-        # The end-to-end invariant policies need a KV split that does not follow the batch.
-        return FlashInferAttention(
-            device,
-            dtype,
-            max_pages_per_seq,
-            batch_invariant=is_end_to_end_invariant(options.engine.numeric_policy),
+        return _flashinfer(options, device, dtype, max_pages_per_seq)
+    if name == "triton":
+        return _triton(options, device, dtype, max_pages_per_seq)
+    raise ModelLoadError(f"--attention-backend {name!r}: unknown (available: torch, flashinfer, triton)")
+
+
+def _flashinfer(
+    options: ModelOptions, device: torch.device, dtype: torch.dtype, max_pages_per_seq: int
+) -> AttentionBackend:
+    try:
+        from kernels.attention.flashinfer_backend import FlashInferAttention
+    except ImportError as exc:
+        raise ModelLoadError(f"--attention-backend flashinfer: flashinfer is not installed ({exc})") from exc
+    # The end-to-end invariant policies need a KV split that does not follow the batch.
+    return FlashInferAttention(
+        device,
+        dtype,
+        max_pages_per_seq,
+        batch_invariant=is_end_to_end_invariant(options.engine.numeric_policy),
+    )
+
+
+def _triton(
+    options: ModelOptions, device: torch.device, dtype: torch.dtype, max_pages_per_seq: int
+) -> AttentionBackend:
+    """The split-KV Triton decode kernel, prefill steps by FlashInfer on CUDA (the torch backend
+    where FlashInfer is not installed, or on a CPU under the Triton interpreter)."""
+    from kernels.attention.triton_decode_backend import TritonDecodeAttention
+    from kernels.triton.storage import interpreted
+
+    if device.type != "cuda" and not interpreted():
+        raise ModelLoadError(
+            f"--attention-backend triton on {device}: the Triton kernel needs a CUDA device "
+            "(or TRITON_INTERPRET=1, the interpreter, for tests)"
         )
-    raise ModelLoadError(f"--attention-backend {name!r}: unknown (available: torch, flashinfer)")
+    with_flashinfer = device.type == "cuda" and importlib.util.find_spec("flashinfer") is not None
+    inner = _flashinfer(options, device, dtype, max_pages_per_seq) if with_flashinfer else TorchAttention()
+    return TritonDecodeAttention(
+        inner, device, dtype, max_pages_per_seq, max_rows=options.engine.max_num_seqs
+    )

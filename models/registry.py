@@ -50,7 +50,12 @@ class ModelOptions:
     # A field's metadata "help" makes it a knob of `infer serve` (infer_cli/engine_options.py).
     dtype: str | None = field(default=None, metadata={"help": "Weight and activation dtype (model lines)."})
     device: str | None = field(default=None, metadata={"help": "Device to run on, e.g. cuda or cpu."})
-    attention_backend: str | None = field(default=None, metadata={"help": "torch or flashinfer."})
+    attention_backend: str | None = field(
+        default=None,
+        metadata={
+            "help": "torch, flashinfer or triton (split-KV Triton decode; prefill by flashinfer, else torch)."
+        },
+    )
     gdn_backend: str = field(
         default="auto",
         metadata={

@@ -25,7 +25,9 @@ if TYPE_CHECKING:
     from infer_cli.bench.latency import Ceilings, PolicyRun
 
 
-@knob_options("enforce_eager", "gpu_memory_utilization", "async_scheduling", "gdn_backend")
+@knob_options(
+    "enforce_eager", "gpu_memory_utilization", "async_scheduling", "gdn_backend", "attention_backend"
+)
 def bench_latency_command(
     model: Path = typer.Option(
         ..., "--model", help="Checkpoint directory (e.g. from `infer synth ... --device cuda`)."
@@ -95,6 +97,7 @@ def bench_latency_command(
         f"{model.name} · {torch.cuda.get_device_name()} · copy {ceilings.copy_gb_per_s:,.0f} GB/s · "
         f"bf16 matmul {ceilings.matmul_tflops:,.0f} TFLOP/s"
         + (" · async scheduling" if knobs["async_scheduling"] else "")
+        + (f" · attention {knobs['attention_backend']}" if knobs["attention_backend"] else "")
     )
     if gdn is not None:
         title += f" · GDN {gdn}"
@@ -109,6 +112,7 @@ def bench_latency_command(
             "graphs": not knobs["enforce_eager"],
             "async_scheduling": knobs["async_scheduling"],
             "gdn_backend": None if gdn is None else {"asked": knobs["gdn_backend"], "ran": gdn},
+            "attention_backend": knobs["attention_backend"],
         }
         save_result.write_text(json.dumps(payload, indent=2))
         console.print(f"saved {save_result}")

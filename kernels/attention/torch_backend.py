@@ -1,5 +1,7 @@
 """The reference attention backend: gathers each sequence's pages and attends in fp32.
 
+It runs the spec (`kernels.reference.paged_kv` and `attend_one_sequence`) one sequence at a time.
+
 Runs on CPU and GPU. It is the semantics every fast backend is compared with, not a fast path.
 
 Batch-invariant under every numeric policy: `run` attends one sequence at a time, and every op for
@@ -13,35 +15,7 @@ from __future__ import annotations
 import torch
 
 from kernels.attention.base import AttentionBackend, AttentionLayerSpec, GroupBatch
-from kernels.kv_layout import ceil_div
-
-
-def attend_one_sequence(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: AttentionLayerSpec
-) -> torch.Tensor:
-    """q: [n, H, D] for the last n of the kv_len positions held in k, v: [kv_len, Hkv, D]."""
-    n, kv_len = q.shape[0], k.shape[0]
-    kv_heads, head_dim = layer.num_kv_heads, layer.head_dim
-    group = layer.num_heads // kv_heads
-    # Query head h reads KV head h // group. Folding a KV head's `group` query heads into its rows
-    # ([Hkv, group·n, D]) attends them against K and V as stored, never a repeated copy.
-    qf = (
-        q.float()
-        .reshape(n, kv_heads, group, head_dim)
-        .permute(1, 2, 0, 3)
-        .reshape(kv_heads, group * n, head_dim)
-    )
-    kf = k.float().transpose(0, 1)  # [Hkv, kv, D]
-    vf = v.float().transpose(0, 1)
-    scores = torch.matmul(qf, kf.transpose(1, 2)) * layer.scale  # [Hkv, group·n, kv]
-    q_pos = torch.arange(kv_len - n, kv_len, device=q.device).unsqueeze(1)
-    k_pos = torch.arange(kv_len, device=q.device).unsqueeze(0)
-    visible = k_pos <= q_pos
-    if layer.window is not None:
-        visible &= k_pos > q_pos - layer.window
-    scores = scores.view(kv_heads, group, n, kv_len).masked_fill(~visible, float("-inf"))
-    out = torch.matmul(torch.softmax(scores, dim=-1), vf.unsqueeze(1))  # [Hkv, group, n, D]
-    return out.permute(2, 0, 1, 3).reshape(n, layer.num_heads, head_dim).to(q.dtype)
+from kernels.reference import attend_one_sequence, paged_kv
 
 
 class TorchAttention(AttentionBackend):
@@ -67,12 +41,7 @@ class TorchAttention(AttentionBackend):
         out = torch.empty_like(q)
         row = 0
         for q_len, kv_len, table in zip(batch.q_lens, batch.kv_lens, batch.page_tables, strict=True):
-            pages = torch.tensor(
-                table[: ceil_div(kv_len, batch.page_size)], device=q.device, dtype=torch.long
-            )
-            kv = pool_layer.index_select(0, pages)  # [p, 2, page_size, Hkv, D]
-            k = kv[:, 0].reshape(-1, layer.num_kv_heads, layer.head_dim)[:kv_len]
-            v = kv[:, 1].reshape(-1, layer.num_kv_heads, layer.head_dim)[:kv_len]
+            k, v = paged_kv(pool_layer, table, kv_len, layer.num_kv_heads, layer.head_dim)
             out[row : row + q_len] = attend_one_sequence(q[row : row + q_len], k, v, layer)
             row += q_len
         return out

@@ -97,10 +97,10 @@ def test_latency_cli_refuses_an_unknown_policy_by_name_before_anything_loads(tmp
     assert duplicate.exit_code == 2 and "twice" in duplicate.output
 
 
-def test_latency_cli_hands_its_gdn_backend_to_the_model_load(
+def test_latency_cli_hands_its_gdn_and_attention_backends_to_the_model_load(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`--gdn-backend` reaches the ModelOptions the checkpoint is loaded with (the load itself is
+    """`--gdn-backend` and `--attention-backend` reach the ModelOptions the checkpoint is loaded with (the load itself is
     replaced: this machine has no GPU), and an unknown one is refused by name before anything."""
     import torch
     from typer.testing import CliRunner
@@ -125,9 +125,22 @@ def test_latency_cli_hands_its_gdn_backend_to_the_model_load(
     monkeypatch.setattr(infer_cli.bench.latency, "measure_ceilings", lambda device: CEILINGS)
     monkeypatch.setattr(models.registry, "load_model", spy)
     result = CliRunner().invoke(
-        app, ["bench", "latency", "--model", str(tmp_path), "--gdn-backend", "fla", "--batch-sizes", "1,8"]
+        app,
+        [
+            "bench",
+            "latency",
+            "--model",
+            str(tmp_path),
+            "--gdn-backend",
+            "fla",
+            "--attention-backend",
+            "triton",
+            "--batch-sizes",
+            "1,8",
+        ],
     )
     assert isinstance(result.exception, Loaded), result.output
     (options,) = seen
     assert (options.gdn_backend, options.device, options.engine.max_num_seqs) == ("fla", "cuda", 8)
+    assert options.attention_backend == "triton"
     assert not options.engine.enable_prefix_caching

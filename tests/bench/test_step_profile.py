@@ -24,6 +24,8 @@ NAMED = {
     "void flashinfer::BatchDecodeWithPagedKVCacheKernel<(flashinfer::PosEncodingMode)0, 2u>": "attention",
     "void flashinfer::BatchPrefillWithPagedKVCacheKernel<flashinfer::KernelTraits<>>": "attention",
     "attention_prep_kernel": "prep",
+    "_decode_attention_split_kernel": "attention",
+    "_decode_attention_merge_kernel": "attention",
     "_invariant_rmsnorm_kernel": "norm",
     "void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float>": "sampling",
     "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>>": "elementwise",

@@ -17,8 +17,9 @@
 # record the commit you sent.
 # Other steps run only by name: the bucket sweep (STAGE=buckets), per-policy start-up
 # (STAGE=startup, STAGE=gemma4-startup), the invariance run, the GEMM bench (gemm), the host
-# profile (host-profile), norms-check, and Qwen3.5 (issue 19): STAGE=qwen35 runs its steps in the
-# foreground; for the background pipeline name them, e.g.
+# profile (host-profile), norms-check, the Triton decode attention (attn-triton), and Qwen3.5
+# (issue 19): STAGE=qwen35 runs its steps in the foreground; for the background pipeline name
+# them, e.g.
 #   PIPELINE="qwen35-gpu-tests qwen35-bench-gdn qwen35-gates qwen35-latency qwen35-9b-parity" STAGE=all ...
 # A step that fails does not stop the ones after it. Single steps can still be run by name
 # (STAGE=gemma4-gates, STAGE=buckets, ...), in the foreground.
@@ -127,6 +128,12 @@ gemm() {  # the skinny Triton GEMM's GPU tests, then cuBLAS against it per proje
 decode-paths() {  # where a served decode parts from a teacher-forced prefill, per attention path
   synth_g4
   python3 docs/benchmarks/scripts/decode_paths.py $g4 --save $work/gemma4-decode-paths.json
+}
+attn-triton() {  # the split-KV Triton decode attention: its tests on the GPU, then Qwen3-4B latency with it
+  python3 -m pytest -q -s --tb=short tests/kernels/test_decode_attention.py tests/kernels/test_triton_decode_backend.py
+  synth_q3
+  infer bench latency --model $q3 --attention-backend triton --batch-sizes 1,8,64 --prefill-lens 1024 \
+    --breakdown --save-result $work/qwen3-4b-latency-attn-triton.json
 }
 kernels() {
   infer gates --manifest kernels --tier gpu --json $work/kernels-gates.json
@@ -263,7 +270,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-9b-parity)
+  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-9b-parity)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac

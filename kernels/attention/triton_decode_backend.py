@@ -1,0 +1,187 @@
+"""The `triton` attention backend: decode steps through the split-KV Triton kernel, everything else
+through an inner backend.
+
+A step whose every sequence has one query token, on a layer geometry the kernel takes (head dims
+64/128/256, kernels/triton/decode_attention.py), runs `decode_attention`. Any step holding a
+prefill chunk, and any geometry the kernel refuses (Gemma 4's head-dim-512 global layers), is
+planned and run by the inner backend: FlashInfer on CUDA, the torch reference backend where
+FlashInfer is absent (so CPU tests drive this backend under the Triton interpreter).
+
+CUDA graphs: each (group, bucket) gets a page table `[bucket, max_pages_per_seq]` and a KV-length
+vector `[bucket]`, int32, allocated at its first graph plan and rewritten in place by every later
+plan (a stream-ordered copy, so a step still running on the old contents finishes first). The
+kernel's grid depends on the bucket and the geometry only, so the captured launch replays against
+the new step. Steps the inner backend serves in a bucket use its own graph buffers.
+
+Scratch: the kernel's fp32 partials, `DecodeGeometry.scratch_bytes_per_row` per row (266,240 B for
+Qwen3-4B), one buffer per geometry for `max_rows` rows (the engine's `max_num_seqs`: 68 MB for
+Qwen3-4B at 256), allocated at the geometry's first plan and never moved. Every layer, group,
+bucket and eager step of this instance shares it: they run one after another on one stream, and a
+scratch is dead between a merge launch and the next split launch. `sibling()` gets its own.
+
+Batch invariance: decode rows are batch-invariant by construction (the kernel's docstring);
+`batch_invariant` on the inner backend covers the prefill steps. A decode row that shares a step
+with a prefill chunk goes through the inner backend, so its bits depend on whether a prefill rode
+along (as with FlashInfer alone).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+import torch
+
+from kernels.attention.base import AttentionBackend, AttentionLayerSpec, GroupBatch, WarmUpStep
+from kernels.kv_layout import PADDING_PAGE, ceil_div
+from kernels.triton.decode_attention import DecodeGeometry, DecodeScratch, decode_attention, supports
+
+
+@dataclass(frozen=True, slots=True)
+class _GraphBuffers:
+    page_table: torch.Tensor  # int32 [bucket, max_pages_per_seq]
+    kv_lens: torch.Tensor  # int32 [bucket]
+
+
+@dataclass(frozen=True, slots=True)
+class _DecodePlan:
+    page_table: torch.Tensor
+    kv_lens: torch.Tensor
+    scratch: DecodeScratch
+
+
+class TritonDecodeAttention(AttentionBackend):
+    name = "triton"
+    supports_graphs = True
+
+    def __init__(
+        self,
+        inner: AttentionBackend,
+        device: torch.device,
+        dtype: torch.dtype,
+        max_pages_per_seq: int,
+        max_rows: int,
+    ) -> None:
+        if max_rows < 1 or max_pages_per_seq < 1:
+            raise ValueError(
+                f"max_rows={max_rows} and max_pages_per_seq={max_pages_per_seq} must be positive"
+            )
+        self.inner = inner
+        self.device = device
+        self.dtype = dtype
+        self.max_pages_per_seq = max_pages_per_seq
+        self.max_rows = max_rows
+        self._graph_buffers: dict[tuple[int, int], _GraphBuffers] = {}  # (group, bucket)
+        self._scratch: dict[DecodeGeometry, DecodeScratch] = {}
+        # Per group: this step's decode plan, or None where the inner backend holds the plan.
+        self._active: dict[int, _DecodePlan | None] = {}
+        # Group plans served by the kernel and by the inner backend (what tests and stats read).
+        self.decode_plans = 0
+        self.inner_plans = 0
+
+    def plan(
+        self, group: int, batch: GroupBatch, layer: AttentionLayerSpec, graph_bucket: int | None = None
+    ) -> None:
+        if not (all(q == 1 for q in batch.q_lens) and supports(layer)):
+            if graph_bucket is not None and not self.inner.supports_graphs:
+                raise ValueError(
+                    f"attention backend {self.name!r}: a graph plan of {layer} needs the inner backend "
+                    f"{self.inner.name!r}, which cannot be captured in a CUDA graph"
+                )
+            self.inner.plan(group, batch, layer, graph_bucket)
+            self._active[group] = None
+            self.inner_plans += 1
+            return
+        rows = len(batch.q_lens)
+        if graph_bucket is not None and rows != graph_bucket:
+            raise ValueError(f"a graph plan needs a decode step of exactly {graph_bucket} rows, got {rows}")
+        pages = [ceil_div(kv, batch.page_size) for kv in batch.kv_lens]
+        width = max(pages)
+        # Only the pages holding a row's positions: entries past them are never read.
+        table = np.full((rows, width), PADDING_PAGE, dtype=np.int32)
+        for i, (entries, n) in enumerate(zip(batch.page_tables, pages, strict=True)):
+            table[i, :n] = entries[:n]
+        host_table = torch.from_numpy(table)
+        host_lens = torch.tensor(batch.kv_lens, dtype=torch.int32)
+        if graph_bucket is None:
+            page_table = host_table.to(self.device, non_blocking=True)
+            kv_lens = host_lens.to(self.device, non_blocking=True)
+        else:
+            if width > self.max_pages_per_seq:
+                raise ValueError(
+                    f"a graph plan of {width} pages per row exceeds max_pages_per_seq={self.max_pages_per_seq}"
+                )
+            buffers = self._graph_buffers_for(group, graph_bucket)
+            buffers.page_table[:, :width].copy_(host_table, non_blocking=True)
+            buffers.kv_lens.copy_(host_lens, non_blocking=True)
+            page_table, kv_lens = buffers.page_table, buffers.kv_lens
+        scratch = self._scratch_for(DecodeGeometry.of(layer), rows, graphed=graph_bucket is not None)
+        self._active[group] = _DecodePlan(page_table, kv_lens, scratch)
+        self.decode_plans += 1
+
+    def _graph_buffers_for(self, group: int, bucket: int) -> _GraphBuffers:
+        key = (group, bucket)
+        if key not in self._graph_buffers:
+            self._graph_buffers[key] = _GraphBuffers(
+                torch.full(
+                    (bucket, self.max_pages_per_seq), PADDING_PAGE, dtype=torch.int32, device=self.device
+                ),
+                torch.ones(bucket, dtype=torch.int32, device=self.device),
+            )
+        return self._graph_buffers[key]
+
+    def _scratch_for(self, geometry: DecodeGeometry, rows: int, *, graphed: bool) -> DecodeScratch:
+        scratch = self._scratch.get(geometry)
+        if scratch is None:
+            scratch = DecodeScratch.allocate(geometry, max(rows, self.max_rows), self.device)
+            self._scratch[geometry] = scratch
+        if scratch.rows >= rows:
+            return scratch
+        if graphed:
+            # A captured graph may hold the shared scratch's address: it can never move.
+            raise ValueError(f"a graph bucket of {rows} rows exceeds max_rows={scratch.rows}")
+        return DecodeScratch.allocate(geometry, rows, self.device)  # this eager step only
+
+    def run(
+        self, group: int, layer: AttentionLayerSpec, q: torch.Tensor, pool_layer: torch.Tensor
+    ) -> torch.Tensor:
+        plan = self._active[group]
+        if plan is None:
+            return self.inner.run(group, layer, q, pool_layer)
+        return decode_attention(q, pool_layer, plan.page_table, plan.kv_lens, layer, scratch=plan.scratch)
+
+    def sibling(self) -> TritonDecodeAttention:
+        # Its own buffers, scratch and inner backend: a concurrent forward shares no memory with us.
+        return TritonDecodeAttention(
+            self.inner.sibling(), self.device, self.dtype, self.max_pages_per_seq, self.max_rows
+        )
+
+    def warm_up_steps(self, specs: Sequence[AttentionLayerSpec], page_size: int) -> list[WarmUpStep]:
+        """The inner backend's steps (prefill, and what it compiles for decode), then one step per
+        geometry and window kind this kernel serves: a one-row decode on scratch tensors, which
+        makes Triton build both kernels as the serving steps specialise them."""
+        steps = list(self.inner.warm_up_steps(specs, page_size))
+        seen: set[tuple[DecodeGeometry, bool]] = set()
+        for spec in specs:
+            key = (DecodeGeometry.of(spec), spec.window is not None)
+            if not supports(spec) or key in seen:
+                continue
+            seen.add(key)
+            shape = f"{spec.num_heads}/{spec.num_kv_heads} heads, head dim {spec.head_dim}" + (
+                f", window {spec.window}" if spec.window is not None else ""
+            )
+            steps.append(WarmUpStep(f"triton decode · {shape}", partial(self._warm, spec, page_size)))
+        return steps
+
+    def _warm(self, spec: AttentionLayerSpec, page_size: int) -> None:
+        pool = torch.zeros(
+            2, 2, page_size, spec.num_kv_heads, spec.head_dim, dtype=self.dtype, device=self.device
+        )
+        q = torch.zeros(1, spec.num_heads, spec.head_dim, dtype=self.dtype, device=self.device)
+        table = torch.ones(1, 1, dtype=torch.int32, device=self.device)
+        kv_lens = torch.full((1,), 2, dtype=torch.int32, device=self.device)
+        decode_attention(q, pool, table, kv_lens, spec)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)

@@ -1,0 +1,435 @@
+"""Paged decode attention: one query token per sequence, split-KV, batch-invariant by construction.
+
+Computes `kernels.reference.attend_one_sequence` for steps whose every sequence has exactly one
+query token, reading K and V straight from one layer's slice of the paged pool
+(`[pages, 2, 16, kv_heads, head_dim]`, kernels/kv_layout.py) through each row's page table. GQA
+without repeating KV: one program holds all `group = num_heads / num_kv_heads` query heads of its
+KV head as the rows of one `[group, head_dim]` tile, so each K/V byte is read once per program.
+Head dims 64, 128 and 256 (and 16, 32 for the tiny test checkpoints); sliding windows (`window` positions, the query's own included); the
+softmax scale from the layer spec; bf16, fp16 or fp32 storage, fp32 arithmetic throughout.
+
+Two launches:
+
+* **Split kernel**, grid `(rows, kv_heads, PROGRAMS_PER_HEAD)`. A row's visible positions
+  `[start, kv_len)` (`start = max(0, kv_len - window)`) are cut at absolute multiples of
+  `SPLIT_TOKENS`: split `s` covers `[s·SPLIT_TOKENS, (s+1)·SPLIT_TOKENS)`. Program `p` of
+  (row, KV head) takes the splits `s ≡ p (mod PROGRAMS_PER_HEAD)` in increasing order and walks
+  each in tiles of `BLOCK_N` tokens (a tile holds up to `TILE_ELEMENTS` values of K and at most
+  a split: 64 tokens at head dim 64 and below, 32 at 128, 16 at 256), keeping a running max, sum and `[group, head_dim]` accumulator in
+  fp32 (online softmax), and writes that partial to scratch. A program with no split writes
+  nothing. Up to `SPLIT_TOKENS · PROGRAMS_PER_HEAD` = 1024 visible tokens each program holds at
+  most one split, so its partial is that split's.
+* **Merge kernel**, grid `(rows, kv_heads)`. Takes the row's live partials in split order
+  (`j = 0, 1, …` is the program that owns split `first + j`), the exact maximum of their maxima,
+  then sums `exp(m_j - M)·l_j` and `exp(m_j - M)·acc_j` in that fixed order, divides (IEEE) and
+  rounds once to the storage dtype (nearest-even on every device, `_round_to_storage`).
+
+Batch-invariant by construction: the split size, the tile, the number of programs and hence the
+assignment of positions to programs, the order each program folds its tiles and the order the
+merge adds partials are functions of the row's own `kv_len`, the window and the layer geometry
+only, never of the batch size or another row's length. A row gets the same bits alone, inside any
+batch, at any row offset, and on an eager step or a graph replay.
+
+CUDA-graph safe: the grid is `(rows, kv_heads, PROGRAMS_PER_HEAD)`, fixed by the bucket and the
+geometry; the KV lengths are read on the device, so one captured launch serves every step planned
+into the same buffers. Chosen over a grid sized by the most splits any row could have (with early
+exit) because that grid grows with the maximum context (at 40,960 tokens and 64-token splits, 640
+programs per (row, KV head), nearly all exiting at once) and its scratch would hold one partial
+per possible split (~1.3 GB at 256 Qwen3-4B rows); a fixed program count bounds both. The cost is
+that a row longer than 1024 tokens is read by at most 16 programs per KV head (128 for Qwen3-4B's
+8 KV heads at batch 1), each walking its splits one after another.
+
+Scratch: per row `num_heads · PROGRAMS_PER_HEAD · (head_dim + 2) · 4` bytes of fp32 (the
+accumulators, maxima and sums of every program), 266,240 B for Qwen3-4B (32 heads, head dim 128),
+so 17 MB at 64 rows and 68 MB at 256. A scratch is dead between one merge and the next split
+launch, so one per geometry serves every layer, every bucket and every eager step of one backend
+instance (they run one after another on one stream); `DecodeScratch` is that buffer.
+
+Positions and page-table entries are trusted inside the kernel (it cannot raise in a graph): page
+table entries are read only for pages holding visible positions, and K/V only at visible positions,
+so anything on other pages or past a row's table (sentinels, released sliding pages) cannot reach
+the result. A padding row (every entry the padding page, kv_len 1) reads token 0 of page 0 and
+writes only its own output row.
+
+Under `TRITON_INTERPRET=1` the same program runs on the CPU. Both dots are fp32 with IEEE
+products (`input_precision="ieee"`: no TF32, and the interpreter's bf16 dot is never used); the
+tensor-core bf16 QKᵀ is a later lever, not measured yet. No PDL yet. Nothing here has run on a GPU:
+the sm_90 build is checked offline (`python -m kernels.triton.decode_attention_aot`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.attention.base import AttentionLayerSpec
+from kernels.kv_layout import PAGE_SIZE, check_pool_layer
+from kernels.triton.prep_kernel import _round_to_storage
+from kernels.triton.storage import STORAGE_TYPES, interpreted
+
+# Tokens per split, at absolute positions. A constant, never derived from the batch: that is the
+# batch invariance. 64 tokens (4 pages) spreads a 512-token KV over 8 programs per KV head.
+SPLIT_TOKENS = 64
+# Programs per (row, KV head). With 64-token splits one program holds one split up to 1024 tokens.
+PROGRAMS_PER_HEAD = 16
+# Values of K (and of V) in one program's tile: 8 KB of bf16, so a tile's K and V in fp32 stay
+# within 64 registers per thread each at 4 warps.
+TILE_ELEMENTS = 4096
+# 64, 128 and 256 serve the real models; 16 and 32 are the tiny synthetic checkpoints' (CPU tests).
+HEAD_DIMS = (16, 32, 64, 128, 256)
+# The query heads of one KV head sit in one tile of at least 16 rows (tl.dot's minimum).
+MAX_GROUP = 64
+NUM_WARPS = 4
+
+
+class DecodeAttentionError(ValueError):
+    """Operands the decode kernel refuses; the message names the offending shape, dtype or value."""
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeGeometry:
+    """What a compiled kernel is specialised for: the layer's head counts and head dim."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+
+    @classmethod
+    def of(cls, layer: AttentionLayerSpec) -> DecodeGeometry:
+        return cls(layer.num_heads, layer.num_kv_heads, layer.head_dim)
+
+    def problem(self) -> str | None:
+        """Why the kernel cannot run this geometry; None when it can."""
+        if self.head_dim not in HEAD_DIMS:
+            return f"head_dim={self.head_dim} (the decode kernel takes {', '.join(map(str, HEAD_DIMS))})"
+        if self.num_kv_heads < 1 or self.num_heads % self.num_kv_heads:
+            return f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}"
+        if self.group > MAX_GROUP:
+            return f"{self.group} query heads per KV head (at most {MAX_GROUP})"
+        return None
+
+    @property
+    def group(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+    @property
+    def group_pad(self) -> int:
+        return max(16, triton.next_power_of_2(self.group))
+
+    @property
+    def block_n(self) -> int:
+        return min(SPLIT_TOKENS, TILE_ELEMENTS // self.head_dim)
+
+    @property
+    def scratch_bytes_per_row(self) -> int:
+        return self.num_heads * PROGRAMS_PER_HEAD * (self.head_dim + 2) * 4
+
+
+def supports(layer: AttentionLayerSpec) -> bool:
+    return DecodeGeometry.of(layer).problem() is None
+
+
+@dataclass(slots=True)
+class DecodeScratch:
+    """The split kernel's fp32 partials for up to `rows` rows of one geometry: `acc [rows, Hkv,
+    PROGRAMS_PER_HEAD, group, head_dim]` and `ml [rows, Hkv, PROGRAMS_PER_HEAD, 2, group]` (the
+    running max, then the sum). Never initialised: the merge reads only partials written by the
+    same launch pair."""
+
+    geometry: DecodeGeometry
+    acc: torch.Tensor
+    ml: torch.Tensor
+
+    @classmethod
+    def allocate(cls, geometry: DecodeGeometry, rows: int, device: torch.device | str) -> DecodeScratch:
+        g, p = geometry, PROGRAMS_PER_HEAD
+        acc = torch.empty(rows, g.num_kv_heads, p, g.group, g.head_dim, dtype=torch.float32, device=device)
+        ml = torch.empty(rows, g.num_kv_heads, p, 2, g.group, dtype=torch.float32, device=device)
+        return cls(geometry, acc, ml)
+
+    @property
+    def rows(self) -> int:
+        return int(self.acc.shape[0])
+
+
+# ---------------------------------------------------------------------------------------- kernels
+
+
+@triton.jit
+def _visible_splits(kv_len, window, SPLIT: tl.constexpr, HAS_WINDOW: tl.constexpr):
+    """The row's first visible position, the split holding it, and the number of splits up to
+    kv_len (splits at absolute multiples of SPLIT: a function of the row alone)."""
+    if HAS_WINDOW:  # noqa: SIM108 (constexpr branch)
+        start = tl.maximum(kv_len - window, 0)
+    else:
+        start = kv_len * 0
+    return start, start // SPLIT, (kv_len + SPLIT - 1) // SPLIT
+
+
+@triton.jit(do_not_specialize=["window", "stride_table"])
+def _decode_attention_split_kernel(
+    q_ptr,
+    pool_ptr,
+    table_ptr,
+    kv_len_ptr,
+    acc_ptr,
+    ml_ptr,
+    scale,
+    window,
+    stride_q_row,
+    stride_q_head,
+    stride_page,
+    stride_kv,
+    stride_token,
+    stride_head,
+    stride_table,
+    KV_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SPLIT: tl.constexpr,
+    PROGRAMS: tl.constexpr,
+    PAGE: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+):
+    row = tl.program_id(0)
+    kvh = tl.program_id(1)
+    prog = tl.program_id(2)
+    kv_len = tl.load(kv_len_ptr + row)
+    start, first, n_splits = _visible_splits(kv_len, window, SPLIT, HAS_WINDOW)
+    # This program's first split: the smallest s ≥ first with s ≡ prog (mod PROGRAMS).
+    s0 = first + (prog - first % PROGRAMS + PROGRAMS) % PROGRAMS
+    if s0 < n_splits:
+        g = tl.arange(0, GROUP_PAD)
+        d = tl.arange(0, HEAD_DIM)
+        n = tl.arange(0, BLOCK_N)
+        g_ok = g < GROUP
+        q_rows = q_ptr + row.to(tl.int64) * stride_q_row + (kvh * GROUP + g)[:, None] * stride_q_head
+        # Rows past the group are zeros: their scores are finite and they are never stored.
+        q = tl.load(q_rows + d[None, :], mask=g_ok[:, None], other=0.0).to(tl.float32)
+        m_i = tl.full((GROUP_PAD,), float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros((GROUP_PAD,), dtype=tl.float32)
+        acc = tl.zeros((GROUP_PAD, HEAD_DIM), dtype=tl.float32)
+        table_row = table_ptr + row.to(tl.int64) * stride_table
+        head = pool_ptr + kvh * stride_head
+        for s in range(s0, n_splits, PROGRAMS):
+            lo = tl.maximum(s * SPLIT, start)
+            hi = tl.minimum(s * SPLIT + SPLIT, kv_len)
+            # Tiles at absolute multiples of BLOCK_N; each one walked holds a visible position, so
+            # the running max is finite from the first tile on.
+            for t in range(lo // BLOCK_N, (hi + BLOCK_N - 1) // BLOCK_N):
+                pos = t * BLOCK_N + n
+                ok = (pos >= lo) & (pos < hi)
+                # Only visible positions touch the table or the pool: nothing else can leak in.
+                page = tl.load(table_row + pos // PAGE, mask=ok, other=0)
+                slot = head + page.to(tl.int64) * stride_page + (pos % PAGE) * stride_token
+                k = tl.load(slot[:, None] + d[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
+                v = tl.load(slot[:, None] + stride_kv + d[None, :], mask=ok[:, None], other=0.0).to(
+                    tl.float32
+                )
+                scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+                scores = tl.where(ok[None, :], scores, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+                alpha = tl.exp(m_i - m_new)
+                p = tl.exp(scores - m_new[:, None])
+                l_i = l_i * alpha + tl.sum(p, axis=1)
+                acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+                m_i = m_new
+        part = (row.to(tl.int64) * KV_HEADS + kvh) * PROGRAMS + prog
+        tl.store(acc_ptr + (part * GROUP + g)[:, None] * HEAD_DIM + d[None, :], acc, mask=g_ok[:, None])
+        tl.store(ml_ptr + part * 2 * GROUP + g, m_i, mask=g_ok)
+        tl.store(ml_ptr + part * 2 * GROUP + GROUP + g, l_i, mask=g_ok)
+
+
+@triton.jit(do_not_specialize=["window"])
+def _decode_attention_merge_kernel(
+    acc_ptr,
+    ml_ptr,
+    kv_len_ptr,
+    out_ptr,
+    window,
+    stride_out_row,
+    stride_out_head,
+    KV_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    SPLIT: tl.constexpr,
+    PROGRAMS: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    STORAGE: tl.constexpr,
+):
+    row = tl.program_id(0)
+    kvh = tl.program_id(1)
+    kv_len = tl.load(kv_len_ptr + row)
+    _start, first, n_splits = _visible_splits(kv_len, window, SPLIT, HAS_WINDOW)
+    live = tl.minimum(n_splits - first, PROGRAMS)  # programs that wrote a partial, ≥ 1
+    g = tl.arange(0, GROUP_PAD)
+    d = tl.arange(0, HEAD_DIM)
+    g_ok = g < GROUP
+    head_base = (row.to(tl.int64) * KV_HEADS + kvh) * PROGRAMS
+    # The maximum is exact in any order; the sums below go in split order.
+    big_m = tl.full((GROUP_PAD,), float("-inf"), dtype=tl.float32)
+    for j in range(0, live):
+        part = head_base + (first + j) % PROGRAMS
+        big_m = tl.maximum(big_m, tl.load(ml_ptr + part * 2 * GROUP + g, mask=g_ok, other=float("-inf")))
+    # Padded rows keep a zero maximum so their weights are finite; they are never stored.
+    big_m = tl.where(g_ok, big_m, 0.0)
+    total = tl.zeros((GROUP_PAD,), dtype=tl.float32)
+    acc = tl.zeros((GROUP_PAD, HEAD_DIM), dtype=tl.float32)
+    for j in range(0, live):
+        part = head_base + (first + j) % PROGRAMS
+        m_j = tl.load(ml_ptr + part * 2 * GROUP + g, mask=g_ok, other=0.0)
+        l_j = tl.load(ml_ptr + part * 2 * GROUP + GROUP + g, mask=g_ok, other=0.0)
+        a_j = tl.load(
+            acc_ptr + (part * GROUP + g)[:, None] * HEAD_DIM + d[None, :], mask=g_ok[:, None], other=0.0
+        )
+        w = tl.exp(m_j - big_m)
+        total = total + w * l_j
+        acc = acc + w[:, None] * a_j
+    total = tl.where(g_ok, total, 1.0)
+    y = tl.div_rn(acc, total[:, None])
+    out = out_ptr + row.to(tl.int64) * stride_out_row + (kvh * GROUP + g)[:, None] * stride_out_head
+    tl.store(out + d[None, :], _round_to_storage(y, STORAGE).to(out_ptr.dtype.element_ty), mask=g_ok[:, None])
+
+
+# ---------------------------------------------------------------------------------------- launcher
+
+
+def check_decode(
+    q: torch.Tensor,
+    pool_layer: torch.Tensor,
+    page_table: torch.Tensor,
+    kv_lens: torch.Tensor,
+    layer: AttentionLayerSpec,
+    scratch: DecodeScratch | None,
+) -> None:
+    """Raise `DecodeAttentionError` naming the value if `decode_attention` cannot run these operands."""
+    geometry = DecodeGeometry.of(layer)
+    why = geometry.problem()
+    if why is not None:
+        raise DecodeAttentionError(f"decode attention: {why}")
+    if layer.window is not None and layer.window < 1:
+        raise DecodeAttentionError(f"decode attention: window={layer.window} must be at least 1")
+    if q.dim() != 3 or tuple(q.shape[1:]) != (layer.num_heads, layer.head_dim):
+        raise DecodeAttentionError(
+            f"decode attention: q {tuple(q.shape)} is not [rows, {layer.num_heads}, {layer.head_dim}]"
+        )
+    if q.dtype not in STORAGE_TYPES or pool_layer.dtype != q.dtype:
+        raise DecodeAttentionError(
+            f"decode attention: q {q.dtype} and pool {pool_layer.dtype} must match and be bf16, fp16 or fp32"
+        )
+    if q.stride(-1) != 1:
+        raise DecodeAttentionError(f"decode attention: q's head_dim must be dense, strides {q.stride()}")
+    try:
+        check_pool_layer(pool_layer, layer.num_kv_heads, layer.head_dim)
+    except ValueError as exc:
+        raise DecodeAttentionError(f"decode attention: {exc}") from exc
+    rows = q.shape[0]
+    if page_table.dim() != 2 or page_table.dtype != torch.int32 or page_table.shape[0] < rows:
+        raise DecodeAttentionError(
+            f"decode attention: page_table {tuple(page_table.shape)} {page_table.dtype} is not int32 "
+            f"[≥ {rows}, pages]"
+        )
+    if page_table.stride(1) != 1:
+        raise DecodeAttentionError(f"decode attention: page_table strides {page_table.stride()} (rows dense)")
+    if kv_lens.dim() != 1 or kv_lens.dtype != torch.int32 or kv_lens.shape[0] < rows:
+        raise DecodeAttentionError(
+            f"decode attention: kv_lens {tuple(kv_lens.shape)} {kv_lens.dtype} is not int32 [≥ {rows}]"
+        )
+    devices = {q.device, pool_layer.device, page_table.device, kv_lens.device}
+    if len(devices) != 1:
+        raise DecodeAttentionError(f"decode attention: operands on {sorted(map(str, devices))}")
+    if q.device.type != "cuda" and not interpreted():
+        raise DecodeAttentionError(
+            f"decode attention: device {q.device}; the Triton kernel needs CUDA (or TRITON_INTERPRET=1)"
+        )
+    if scratch is not None and (
+        scratch.geometry != geometry or scratch.rows < rows or scratch.acc.device != q.device
+    ):
+        raise DecodeAttentionError(
+            f"decode attention: scratch for {scratch.rows} rows of {scratch.geometry} on "
+            f"{scratch.acc.device} cannot serve {rows} rows of {geometry} on {q.device}"
+        )
+
+
+def decode_attention(
+    q: torch.Tensor,
+    pool_layer: torch.Tensor,
+    page_table: torch.Tensor,
+    kv_lens: torch.Tensor,
+    layer: AttentionLayerSpec,
+    *,
+    scratch: DecodeScratch | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Attention of q `[rows, num_heads, head_dim]` (row i: one query at position `kv_lens[i] - 1`)
+    over the row's `kv_lens[i]` positions on pages `page_table[i]` of `pool_layer`. Returns
+    `[rows, num_heads, head_dim]` in q's dtype (into `out` when given, a dense tensor of that shape).
+
+    `page_table` int32 `[≥ rows, pages]` and `kv_lens` int32 `[≥ rows]` live on q's device; only
+    their first `rows` rows are read. Host work is metadata only: no synchronisation, and with
+    `scratch` and `out` given no allocation (CUDA-graph safe)."""
+    check_decode(q, pool_layer, page_table, kv_lens, layer, scratch)
+    geometry = DecodeGeometry.of(layer)
+    rows = q.shape[0]
+    if out is None:
+        out = torch.empty(rows, layer.num_heads, layer.head_dim, dtype=q.dtype, device=q.device)
+    elif tuple(out.shape) != tuple(q.shape) or out.dtype != q.dtype or not out.is_contiguous():
+        raise DecodeAttentionError(
+            f"decode attention: out {tuple(out.shape)} {out.dtype} is not a dense {tuple(q.shape)} {q.dtype}"
+        )
+    if rows == 0:
+        return out
+    if scratch is None:
+        scratch = DecodeScratch.allocate(geometry, rows, q.device)
+    window = 0 if layer.window is None else layer.window
+    shared = dict(
+        KV_HEADS=layer.num_kv_heads,
+        GROUP=geometry.group,
+        GROUP_PAD=geometry.group_pad,
+        HEAD_DIM=layer.head_dim,
+        SPLIT=SPLIT_TOKENS,
+        PROGRAMS=PROGRAMS_PER_HEAD,
+        HAS_WINDOW=layer.window is not None,
+    )
+    # No FMA contraction: the spec multiplies and adds separately (as in every kernel here).
+    launch: dict[str, object] = {"num_warps": NUM_WARPS, "enable_fp_fusion": False}
+    _decode_attention_split_kernel[(rows, layer.num_kv_heads, PROGRAMS_PER_HEAD)](
+        q,
+        pool_layer,
+        page_table,
+        kv_lens,
+        scratch.acc,
+        scratch.ml,
+        layer.scale,
+        window,
+        q.stride(0),
+        q.stride(1),
+        pool_layer.stride(0),
+        pool_layer.stride(1),
+        pool_layer.stride(2),
+        pool_layer.stride(3),
+        page_table.stride(0),
+        BLOCK_N=geometry.block_n,
+        PAGE=PAGE_SIZE,
+        **shared,
+        **launch,
+    )
+    _decode_attention_merge_kernel[(rows, layer.num_kv_heads)](
+        scratch.acc,
+        scratch.ml,
+        kv_lens,
+        out,
+        window,
+        out.stride(0),
+        out.stride(1),
+        STORAGE=STORAGE_TYPES[q.dtype],
+        **shared,
+        **launch,
+    )
+    return out

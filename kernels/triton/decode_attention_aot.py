@@ -1,0 +1,142 @@
+"""Compile the decode attention kernels for sm_90 on a machine without a GPU.
+
+The interpreter accepts programs the GPU compiler rejects (a dynamic loop whose bounds come from
+a runtime `if`, fp32 `tl.dot` shapes), so the interpreter tests alone do not show the two kernels
+build. This compiles the split and merge kernels at the serving geometries down to cubins with the
+ptxas that ships with Triton, specialised as the runtime JIT specialises them (pointers and the
+pool strides, multiples of 16, marked divisible by 16). Run without ``TRITON_INTERPRET``:
+``python -m kernels.triton.decode_attention_aot``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from kernels.attention.base import AttentionLayerSpec
+from kernels.kv_layout import PAGE_SIZE
+from kernels.triton.decode_attention import (
+    NUM_WARPS,
+    PROGRAMS_PER_HEAD,
+    SPLIT_TOKENS,
+    DecodeGeometry,
+    _decode_attention_merge_kernel,
+    _decode_attention_split_kernel,
+)
+from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted
+
+# (q heads, kv heads, head dim, window, dtype): the attention layers of shared/presets.md that the
+# kernel takes, plus head dim 64 and every storage dtype once.
+SERVING_VARIANTS: tuple[tuple[int, int, int, int | None, torch.dtype], ...] = (
+    (32, 8, 128, None, torch.bfloat16),  # Qwen3-4B
+    (32, 8, 128, None, torch.float16),
+    (32, 8, 128, None, torch.float32),
+    (16, 4, 256, None, torch.bfloat16),  # Qwen3.5 full attention
+    (16, 8, 256, 1024, torch.bfloat16),  # Gemma 4 12B sliding
+    (4, 1, 256, 512, torch.bfloat16),  # Gemma 3 sliding
+    (8, 8, 64, None, torch.bfloat16),
+)
+
+_INT_POINTERS = ("table_ptr", "kv_len_ptr")
+_FP32_POINTERS = ("acc_ptr", "ml_ptr")
+
+
+def _compile(
+    fn: triton.JITFunction, constexprs: dict[str, object], dtype: torch.dtype, aligned: set[str], arch: int
+) -> object:
+    names = list(fn.arg_names)
+    signature: dict[str, str] = {}
+    for name in names:
+        if name in constexprs:
+            signature[name] = "constexpr"
+        elif name in _INT_POINTERS:
+            signature[name] = "*i32"
+        elif name in _FP32_POINTERS:
+            signature[name] = "*fp32"
+        elif name.endswith("_ptr"):
+            signature[name] = POINTER_TYPES[dtype]
+        elif name == "scale":
+            signature[name] = "fp32"
+        else:
+            signature[name] = "i32"
+    attrs = {
+        (names.index(name),): [["tt.divisibility", 16]]
+        for name in names
+        if name.endswith("_ptr") or name in aligned
+    }
+    source = ASTSource(
+        fn=fn,
+        signature=signature,
+        constexprs={(names.index(name),): value for name, value in constexprs.items()},
+        attrs=attrs,
+    )
+    options = {"num_warps": NUM_WARPS, "enable_fp_fusion": False}
+    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
+
+
+def compile_variant(
+    layer: AttentionLayerSpec, dtype: torch.dtype, *, arch: int = 90
+) -> tuple[object, object]:
+    """The compiled (split, merge) kernels for one layer geometry and storage dtype on ``sm_{arch}``."""
+    if interpreted():
+        raise RuntimeError("ahead-of-time compilation needs TRITON_INTERPRET unset")
+    geometry = DecodeGeometry.of(layer)
+    shared: dict[str, object] = {
+        "KV_HEADS": layer.num_kv_heads,
+        "GROUP": geometry.group,
+        "GROUP_PAD": geometry.group_pad,
+        "HEAD_DIM": layer.head_dim,
+        "SPLIT": SPLIT_TOKENS,
+        "PROGRAMS": PROGRAMS_PER_HEAD,
+        "HAS_WINDOW": layer.window is not None,
+    }
+    # Pool strides are multiples of 16 elements at every serving geometry; q's row and head
+    # strides too (q is dense, or a view of a fused QKV projection whose widths are).
+    pool_strides = {
+        "stride_page",
+        "stride_kv",
+        "stride_token",
+        "stride_head",
+        "stride_q_row",
+        "stride_q_head",
+    }
+    split = _compile(
+        _decode_attention_split_kernel,
+        {**shared, "BLOCK_N": geometry.block_n, "PAGE": PAGE_SIZE},
+        dtype,
+        pool_strides,
+        arch,
+    )
+    merge = _compile(
+        _decode_attention_merge_kernel,
+        {**shared, "STORAGE": STORAGE_TYPES[dtype]},
+        dtype,
+        {"stride_out_row", "stride_out_head"},
+        arch,
+    )
+    return split, merge
+
+
+def main() -> int:
+    failures = []
+    for heads, kv_heads, head_dim, window, dtype in SERVING_VARIANTS:
+        layer = AttentionLayerSpec(heads, kv_heads, head_dim, head_dim**-0.5, window)
+        kernels = compile_variant(layer, dtype)
+        name = f"q_heads={heads} kv_heads={kv_heads} head_dim={head_dim} window={window} {dtype}"
+        if not all(kernel.asm.get("cubin") for kernel in kernels):  # type: ignore[attr-defined]
+            failures.append(name)
+            continue
+        print(f"compiled decode attention {name} for sm_90")
+    for failure in failures:
+        print(f"FAILED {failure}: no cubin", file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    if interpreted():
+        sys.exit("unset TRITON_INTERPRET: the compile check builds real GPU code")
+    sys.exit(main())

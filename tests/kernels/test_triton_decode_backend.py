@@ -1,0 +1,162 @@
+"""The `triton` attention backend (kernels/attention/triton_decode_backend.py): decode steps through
+the split-KV kernel, prefill steps through the inner backend, graph buckets planned into buffers
+that never move, and a whole tiny Qwen3 decoding the torch backend's tokens with it.
+Interpreter on a CPU, the GPU when one is present."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.config import EngineConfig
+from engine.contract import Request, SamplingParams
+from engine.scheduler import BatchScheduler
+from kernels.attention.base import AttentionLayerSpec, GroupBatch
+from kernels.attention.torch_backend import TorchAttention
+from kernels.attention.triton_decode_backend import TritonDecodeAttention
+from kernels.kv_layout import PADDING_PAGE, PAGE_SIZE
+from kernels.triton.decode_attention import decode_attention
+from models.registry import ModelOptions, load_model
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+LAYER = AttentionLayerSpec(8, 2, 128, 128**-0.5)
+POOL_PAGES = 24
+
+
+def _backend(max_rows: int = 8) -> TritonDecodeAttention:
+    return TritonDecodeAttention(
+        TorchAttention(), DEVICE, torch.bfloat16, max_pages_per_seq=8, max_rows=max_rows
+    )
+
+
+def _pool_and_q(rows: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    pool = torch.randn(POOL_PAGES, 2, PAGE_SIZE, 2, 128, generator=g).to(torch.bfloat16).to(DEVICE)
+    q = torch.randn(rows, 8, 128, generator=g).to(torch.bfloat16).to(DEVICE)
+    return pool, q
+
+
+DECODE = GroupBatch((1, 1, 1), (17, 70, 3), ((5, 9), (1, 2, 3, 4, 6), (7,)), PAGE_SIZE)
+
+
+def test_decode_steps_run_the_kernel_and_prefill_steps_the_inner_backend() -> None:
+    backend = _backend()
+    pool, q = _pool_and_q(3)
+    backend.plan(0, DECODE, LAYER)
+    got = backend.run(0, LAYER, q, pool)
+    table = torch.tensor(
+        [[5, 9, 0, 0, 0], [1, 2, 3, 4, 6], [7, 0, 0, 0, 0]], dtype=torch.int32, device=DEVICE
+    )
+    lens = torch.tensor(DECODE.kv_lens, dtype=torch.int32, device=DEVICE)
+    assert torch.equal(got, decode_attention(q, pool, table, lens, LAYER))
+    assert (backend.decode_plans, backend.inner_plans) == (1, 0)
+
+    mixed = GroupBatch((1, 4), (17, 20), ((5, 9), (1, 2)), PAGE_SIZE)
+    _, q5 = _pool_and_q(5, seed=1)
+    backend.plan(0, mixed, LAYER)
+    reference = TorchAttention()
+    reference.plan(0, mixed, LAYER)
+    assert torch.equal(backend.run(0, LAYER, q5, pool), reference.run(0, LAYER, q5, pool))
+    assert backend.inner_plans == 1
+
+    # A geometry the kernel does not take goes to the inner backend even on a decode step.
+    wide = AttentionLayerSpec(2, 1, 512, 1.0)
+    backend.plan(1, GroupBatch((1,), (3,), ((1,),), PAGE_SIZE), wide)
+    assert backend.inner_plans == 2
+    with pytest.raises(ValueError, match="cannot be captured"):
+        backend.plan(1, GroupBatch((1,), (3,), ((1,),), PAGE_SIZE), wide, graph_bucket=1)
+
+
+def test_graph_buckets_rewrite_fixed_buffers_and_match_the_eager_bits() -> None:
+    backend = _backend()
+    pool, q = _pool_and_q(4, seed=2)
+    # A bucket of 4: three live rows and a filler row on the padding page.
+    padded = GroupBatch((1,) * 4, (*DECODE.kv_lens, 1), (*DECODE.page_tables, (PADDING_PAGE,)), PAGE_SIZE)
+    backend.plan(0, padded, LAYER, graph_bucket=4)
+    plan = backend._active[0]
+    assert plan is not None
+    addresses = (plan.page_table.data_ptr(), plan.kv_lens.data_ptr(), plan.scratch.acc.data_ptr())
+    graphed = backend.run(0, LAYER, q, pool)
+    eager = _backend()
+    eager.plan(0, DECODE, LAYER)
+    assert torch.equal(graphed[:3], eager.run(0, LAYER, q[:3], pool))
+
+    other = GroupBatch(
+        (1,) * 4, (40, 2, 1, 1), ((8, 10, 11), (12,), (PADDING_PAGE,), (PADDING_PAGE,)), PAGE_SIZE
+    )
+    backend.plan(0, other, LAYER, graph_bucket=4)
+    plan = backend._active[0]
+    assert plan is not None
+    assert (plan.page_table.data_ptr(), plan.kv_lens.data_ptr(), plan.scratch.acc.data_ptr()) == addresses
+    eager.plan(0, GroupBatch((1, 1), (40, 2), ((8, 10, 11), (12,)), PAGE_SIZE), LAYER)
+    assert torch.equal(backend.run(0, LAYER, q, pool)[:2], eager.run(0, LAYER, q[:2], pool))
+
+    with pytest.raises(ValueError, match="exactly 4 rows"):
+        backend.plan(0, DECODE, LAYER, graph_bucket=4)
+    with pytest.raises(ValueError, match="exceeds max_rows=8"):
+        backend.plan(0, GroupBatch((1,) * 9, (1,) * 9, ((1,),) * 9, PAGE_SIZE), LAYER, graph_bucket=9)
+
+
+def test_sibling_owns_its_buffers_and_warm_up_builds_each_geometry_once() -> None:
+    backend = _backend()
+    backend.plan(0, DECODE, LAYER, graph_bucket=None)
+    sibling = backend.sibling()
+    assert isinstance(sibling, TritonDecodeAttention) and sibling.inner is not backend.inner
+    sibling.plan(0, DECODE, LAYER)
+    own, theirs = backend._active[0], sibling._active[0]
+    assert own is not None and theirs is not None
+    assert own.scratch.acc.data_ptr() != theirs.scratch.acc.data_ptr()
+
+    sliding = AttentionLayerSpec(8, 2, 128, 128**-0.5, window=32)
+    steps = backend.warm_up_steps([LAYER, LAYER, sliding, AttentionLayerSpec(2, 1, 512, 1.0)], PAGE_SIZE)
+    assert [s.description for s in steps] == [
+        "triton decode · 8/2 heads, head dim 128",
+        "triton decode · 8/2 heads, head dim 128, window 32",
+    ]
+    for step in steps:
+        step.run()
+
+
+def _greedy_tokens(checkpoint: Path, backend: str) -> tuple[dict[str, list[int]], object]:
+    engine = EngineConfig(max_num_batched_tokens=64, num_kv_pages=64, max_num_seqs=4)
+    loaded = load_model(str(checkpoint), ModelOptions(engine=engine, device="cpu", attention_backend=backend))
+    scheduler = loaded.scheduler
+    assert isinstance(scheduler, BatchScheduler)
+    prompts = [tuple(range(40, 40 + n)) for n in (5, 21, 12)]
+    for i, prompt in enumerate(prompts):
+        scheduler.submit(Request(f"r{i}", prompt, SamplingParams(max_tokens=12, temperature=0.0)))
+    tokens: dict[str, list[int]] = {}
+    while scheduler.has_work():
+        for update in scheduler.step().updates:
+            tokens.setdefault(update.request_id, []).extend(update.new_token_ids)
+    return tokens, scheduler.runner
+
+
+def test_tiny_qwen3_decodes_the_torch_backends_tokens(tiny_qwen3: Path) -> None:
+    want, _ = _greedy_tokens(tiny_qwen3, "torch")
+    got, runner = _greedy_tokens(tiny_qwen3, "triton")
+    attention = runner.attention  # type: ignore[attr-defined]
+    assert isinstance(attention, TritonDecodeAttention)
+    assert attention.decode_plans > 0 and attention.inner_plans > 0  # both paths ran
+    assert got == want and all(len(t) == 12 for t in want.values())
+
+
+def test_pick_attention_builds_it_and_refuses_a_cpu_without_the_interpreter(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from models.device_choice import pick_attention
+    from models.registry import ModelLoadError
+
+    options = ModelOptions(engine=EngineConfig(max_num_seqs=3), attention_backend="triton")
+    cpu = torch.device("cpu")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # what the CPU tests run under (set here for a GPU box)
+    backend = pick_attention(options, cpu, torch.float32, max_pages_per_seq=4)
+    assert isinstance(backend, TritonDecodeAttention) and isinstance(backend.inner, TorchAttention)
+    assert backend.max_rows == 3
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ModelLoadError, match=r"triton on cpu.*needs a CUDA device"):
+        pick_attention(options, cpu, torch.float32, max_pages_per_seq=4)
+    with pytest.raises(ModelLoadError, match="available: torch, flashinfer, triton"):
+        pick_attention(ModelOptions(attention_backend="cutlass"), cpu, torch.float32, max_pages_per_seq=4)
