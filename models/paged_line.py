@@ -28,7 +28,7 @@ from engine.kv.state_pool import state_pools_of
 from engine.model_runner import PagedModelRunner
 from engine.paged_startup import start_paged_model
 from engine.parallel.group import SINGLE_RANK, RankGroup
-from engine.parallel.runner import StepChannel, TensorParallelRunner
+from engine.parallel.runner import TensorParallelRunner
 from engine.parallel.sharding import ShardPlan
 from engine.parallel.workers import WorkerPool
 from engine.progress import SILENT
@@ -126,13 +126,13 @@ class PagedLine(Generic[ConfigT]):
         config = self.parse_config(path)
         engine = options.engine
         ranks = engine.tensor_parallel_size
+        plan = self._plan(config, options, ranks) if ranks > 1 else None
         tokenizer = HFTokenizer(path)
         runner: ModelRunner
-        if ranks == 1:
+        if plan is None:
             local, kv_groups, max_model_len = self._start(path, config, options, None, SINGLE_RANK)
             runner = local
         else:
-            plan = self._plan(config, options, ranks)
             # Workers get what they load with, not where rank 0 reports progress.
             build = functools.partial(_start_rank, self, spec, replace(options, progress=SILENT))
             pool = WorkerPool(ranks, build, engine.collective_timeout_s)
@@ -141,7 +141,7 @@ class PagedLine(Generic[ConfigT]):
             except BaseException:
                 pool.kill()
                 raise
-            runner = TensorParallelRunner(local, StepChannel(pool.store), pool)
+            runner = TensorParallelRunner(local, pool.channel, pool)
         state = state_pools_of(local.model)
         scheduler = BatchScheduler(
             runner,

@@ -5,7 +5,7 @@ the same code at any size. `GlooGroup` runs them over torch.distributed's gloo p
 each wait bounded by the group's timeout: a rank that stops answering fails the step with an error
 instead of hanging it. The group connects on its first collective; rank 0 first waits for every
 peer to reach that point while it checks that their processes are alive (`peers_alive`), so a
-worker that dies while loading fails start-up at once.
+worker that dies while loading fails start-up at once (a live one gets `JOIN_TIMEOUT_S`).
 """
 
 from __future__ import annotations
@@ -62,8 +62,11 @@ class SingleRank:
 
 SINGLE_RANK = SingleRank()
 
-# Rank 0's poll interval while it waits for its peers to join the group.
+# Rank 0's poll interval while it waits for its peers to join the group, and how long a live peer
+# may take to get there: joining comes after loading the weights, which takes minutes on a large
+# checkpoint, so it is not held to the collective timeout; a peer that dies fails it at once.
 _JOIN_POLL_S = 0.2
+JOIN_TIMEOUT_S = 900.0
 
 
 def _joined_key(rank: int) -> str:
@@ -106,13 +109,13 @@ class GlooGroup:
         return self._group
 
     def _wait_for_peers(self) -> None:
-        deadline = time.monotonic() + self.timeout.total_seconds()
+        deadline = time.monotonic() + JOIN_TIMEOUT_S
         waiting = [_joined_key(r) for r in range(1, self._size)]
         while waiting:
             if self._peers_alive is not None:
                 self._peers_alive()
             if time.monotonic() > deadline:
-                raise CollectiveError(f"ranks {waiting} did not join within {self.timeout.total_seconds()} s")
+                raise CollectiveError(f"{waiting} did not join within {JOIN_TIMEOUT_S} s")
             waiting = [key for key in waiting if not self._store.check([key])]
             if waiting:
                 time.sleep(_JOIN_POLL_S)

@@ -1,8 +1,8 @@
 """One step contract across ranks: rank 0's runner hands every step to every rank.
 
 The scheduler, the driver and the ledger stay on rank 0 and see one `ModelRunner`. Before each
-forward, `TensorParallelRunner` checks the workers are alive and publishes the step's batch (its
-rows without their host-only history) on the group's store; every rank then packs the same rows
+forward, `TensorParallelRunner` checks the workers are alive and sends the step's batch (its
+rows without their host-only history) down a pipe to each worker; every rank then packs the same rows
 and runs the same forward, whose collectives keep the ranks in step, and rank 0 alone samples.
 Pages and state slots are rank 0's bookkeeping: a page id means the same slot in every rank's
 pool, so what rank 0 frees is free on every rank.
@@ -10,21 +10,20 @@ pool, so what rank 0 frees is free on every rank.
 
 from __future__ import annotations
 
-import os
+import contextlib
 import pickle
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
-from datetime import timedelta
+from multiprocessing.connection import Connection
 from typing import Protocol
 
 import torch
-import torch.distributed as dist
 
 from engine.model_runner import PagedModelRunner
 from engine.runner import SampledToken, StepBatch
 
-# How often an idle worker looks up from its wait for the next step to check that rank 0 lives.
-_IDLE_POLL_S = 0.5
+# How long a failed step waits for a worker whose connection broke to be seen exiting.
+_EXIT_GRACE_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,45 +45,39 @@ class StopMessage:
 Message = StepMessage | ScoreMessage | StopMessage
 
 
-def _step_key(index: int) -> str:
-    return f"step/{index}"
-
-
 class StepChannel:
-    """Rank 0's messages to the workers, in order, through the store. Message n is deleted when n+2
-    is sent: by then every worker has run n+1's collectives, so it has read n."""
+    """Rank 0's messages to the workers, in order: one pipe per worker. A worker blocks on its end
+    until the next message, and reads the end of the pipe (rank 0 gone) as stop."""
 
-    def __init__(self, store: dist.Store) -> None:
-        self._store = store
-        self._next = 0
+    def __init__(self, pipes: Sequence[Connection]) -> None:
+        self._pipes = list(pipes)
+
+    def close(self) -> None:
+        for pipe in self._pipes:
+            pipe.close()
 
     def send(self, message: Message) -> None:
-        # The store holds bytes; its stub admits only str.
-        self._store.set(_step_key(self._next), pickle.dumps(message))  # type: ignore[arg-type]
-        if self._next >= 2:
-            self._store.delete_key(_step_key(self._next - 2))
-        self._next += 1
-
-    def receive(self, parent_pid: int) -> Message:
-        """The next message; a `StopMessage` once rank 0's process is gone."""
-        key = _step_key(self._next)
-        while True:
+        payload = pickle.dumps(message)
+        for rank, pipe in enumerate(self._pipes, start=1):
             try:
-                self._store.wait([key], timedelta(seconds=_IDLE_POLL_S))
-                break
-            except dist.DistStoreError:
-                if os.getppid() != parent_pid:
-                    return StopMessage()
-        self._next += 1
-        message = pickle.loads(self._store.get(key))
+                pipe.send_bytes(payload)
+            except OSError as exc:
+                raise ConnectionError(f"tensor-parallel worker rank {rank} is gone ({exc})") from exc
+
+    @staticmethod
+    def receive(pipe: Connection) -> Message:
+        try:
+            message = pickle.loads(pipe.recv_bytes())
+        except (EOFError, OSError):
+            return StopMessage()
         assert isinstance(message, StepMessage | ScoreMessage | StopMessage)
         return message
 
 
-def serve_steps(runner: PagedModelRunner, channel: StepChannel, parent_pid: int) -> None:
+def serve_steps(runner: PagedModelRunner, pipe: Connection) -> None:
     """A worker's loop: run every step rank 0 publishes, until it says stop or is gone."""
     while True:
-        message = channel.receive(parent_pid)
+        message = StepChannel.receive(pipe)
         if isinstance(message, StopMessage):
             return
         if isinstance(message, StepMessage):
@@ -94,11 +87,14 @@ def serve_steps(runner: PagedModelRunner, channel: StepChannel, parent_pid: int)
 
 
 class Workers(Protocol):
-    def check(self) -> None:
-        """Raise, naming the rank, when a worker has exited; stop the others then."""
+    def check(self, grace_s: float = 0.0) -> None:
+        """Raise, naming the rank, when a worker has exited (waiting up to `grace_s` for one to
+        finish exiting); stop the others then."""
         ...
 
     def stop(self) -> None: ...
+
+    def pids(self) -> list[int | None]: ...
 
 
 class TensorParallelRunner:
@@ -114,6 +110,10 @@ class TensorParallelRunner:
     def model(self) -> object:
         return self.local.model
 
+    def worker_pids(self) -> list[int | None]:
+        """The processes of ranks 1..N-1, in rank order."""
+        return self._workers.pids()
+
     def _announce(self, message: Message) -> None:
         if self._closed:
             raise RuntimeError("the tensor-parallel runner is closed")
@@ -124,12 +124,27 @@ class TensorParallelRunner:
         # The rows' history stays here: no worker samples, and none reads it.
         rows = tuple(replace(row, context=()) for row in batch.rows)
         self._announce(StepMessage(replace(batch, rows=rows)))
-        return self.local.execute(batch)
+        with self._blaming_dead_workers():
+            return self.local.execute(batch)
 
     def score(self, token_ids: Sequence[int], page_table: Sequence[int]) -> torch.Tensor:
         """`PagedModelRunner.score` on every rank; the logits are rank 0's."""
         self._announce(ScoreMessage(tuple(token_ids), tuple(page_table)))
-        return self.local.score(token_ids, page_table)
+        with self._blaming_dead_workers():
+            return self.local.score(token_ids, page_table)
+
+    @contextlib.contextmanager
+    def _blaming_dead_workers(self) -> Iterator[None]:
+        """A collective that fails because a worker died reads as a reset connection; the error
+        raised names the worker that died instead, when one did."""
+        try:
+            yield
+        except Exception as exc:
+            try:
+                self._workers.check(grace_s=_EXIT_GRACE_S)
+            except Exception as died:
+                raise died from exc
+            raise
 
     def close(self) -> None:
         """Tell the workers to stop and wait for them (bounded); idempotent."""
@@ -137,6 +152,8 @@ class TensorParallelRunner:
             return
         self._closed = True
         try:
-            self._channel.send(StopMessage())
+            # A worker that is already gone needs no stop message.
+            with contextlib.suppress(ConnectionError):
+                self._channel.send(StopMessage())
         finally:
             self._workers.stop()

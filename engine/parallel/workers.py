@@ -11,10 +11,11 @@ traceback, and stops the rest. A worker whose rank 0 is gone stops by itself.
 from __future__ import annotations
 
 import multiprocessing
-import os
+import time
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
+from multiprocessing.connection import Connection
 
 import torch.distributed as dist
 
@@ -46,12 +47,13 @@ def _error_key(rank: int) -> str:
     return f"error/{rank}"
 
 
-def _worker_main(rank: int, size: int, port: int, timeout_s: float, build: RankBuilder) -> None:
+def _worker_main(
+    rank: int, size: int, port: int, timeout_s: float, build: RankBuilder, pipe: Connection
+) -> None:
     store = dist.TCPStore(_HOST, port, size, False, timeout=timedelta(seconds=timeout_s))
-    parent = os.getppid()
     try:
         runner = build(GlooGroup(store, rank, size, timeout_s))
-        serve_steps(runner, StepChannel(store), parent)
+        serve_steps(runner, pipe)
     except BaseException:
         store.set(_error_key(rank), traceback.format_exc()[-_ERROR_CHARS:])
         raise SystemExit(1) from None
@@ -69,17 +71,22 @@ class WorkerPool:
             _HOST, 0, size, True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False
         )
         context = multiprocessing.get_context("spawn")
+        pipes = [context.Pipe(duplex=False) for _ in range(1, size)]
         self._processes = [
             context.Process(
                 target=_worker_main,
-                args=(rank, size, self.store.port, timeout_s, build),
+                args=(rank, size, self.store.port, timeout_s, build, reader),
                 name=f"infer-tp-rank{rank}",
                 daemon=True,
             )
-            for rank in range(1, size)
+            for rank, (reader, _) in enumerate(pipes, start=1)
         ]
         for process in self._processes:
             process.start()
+        # Rank 0 keeps only the writing ends: a worker reads their closing as rank 0's end.
+        for reader, _ in pipes:
+            reader.close()
+        self.channel = StepChannel([writer for _, writer in pipes])
 
     def group(self) -> GlooGroup:
         """Rank 0's membership, checking the workers' processes while it waits for them to join."""
@@ -88,8 +95,10 @@ class WorkerPool:
     def pids(self) -> list[int | None]:
         return [process.pid for process in self._processes]
 
-    def check(self) -> None:
+    def check(self, grace_s: float = 0.0) -> None:
+        deadline = time.monotonic() + grace_s
         for rank, process in enumerate(self._processes, start=1):
+            process.join(max(0.0, deadline - time.monotonic()))
             if process.is_alive():
                 continue
             reported = None
@@ -101,6 +110,7 @@ class WorkerPool:
 
     def stop(self) -> None:
         """Wait (bounded) for workers told to stop, then kill any still there."""
+        self.channel.close()
         for process in self._processes:
             process.join(_STOP_WAIT_S if process.is_alive() else 0)
         for process in self._processes:
