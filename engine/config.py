@@ -88,8 +88,9 @@ class EngineConfig:
     collective_timeout_s: float = field(
         default=60.0,
         metadata={
-            "help": "Seconds a tensor-parallel rank waits for the others (start-up, every collective) "
-            "before the step fails."
+            "help": "Seconds a tensor-parallel rank waits for the others in any collective before the "
+            "step fails.",
+            "flag": "--collective-timeout",
         },
     )
 

@@ -18,11 +18,14 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
+from engine.contract import EngineFatalError
+
 ROOT = 0
 
 
-class CollectiveError(RuntimeError):
-    """A collective that failed or did not complete in time; names the operation and the rank."""
+class CollectiveError(EngineFatalError):
+    """A collective that failed or did not complete in time; names the operation and the rank. The
+    ranks are out of step after it, so it ends the engine."""
 
 
 class RankGroup(Protocol):

@@ -20,6 +20,7 @@ from typing import Protocol
 import torch
 
 from engine.model_runner import PagedModelRunner
+from engine.parallel.group import CollectiveError
 from engine.runner import SampledToken, StepBatch
 
 # How long a failed step waits for a worker whose connection broke to be seen exiting.
@@ -94,6 +95,8 @@ class Workers(Protocol):
 
     def stop(self) -> None: ...
 
+    def kill(self) -> None: ...
+
     def pids(self) -> list[int | None]: ...
 
 
@@ -136,7 +139,8 @@ class TensorParallelRunner:
     @contextlib.contextmanager
     def _blaming_dead_workers(self) -> Iterator[None]:
         """A collective that fails because a worker died reads as a reset connection; the error
-        raised names the worker that died instead, when one did."""
+        raised names the worker that died instead, when one did. After a failed collective the
+        ranks are out of step: the workers are stopped."""
         try:
             yield
         except Exception as exc:
@@ -144,6 +148,8 @@ class TensorParallelRunner:
                 self._workers.check(grace_s=_EXIT_GRACE_S)
             except Exception as died:
                 raise died from exc
+            if isinstance(exc, CollectiveError):
+                self._workers.kill()
             raise
 
     def close(self) -> None:

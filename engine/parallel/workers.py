@@ -19,6 +19,7 @@ from multiprocessing.connection import Connection
 
 import torch.distributed as dist
 
+from engine.contract import EngineFatalError
 from engine.model_runner import PagedModelRunner
 from engine.parallel.group import GlooGroup, RankGroup
 from engine.parallel.runner import StepChannel, serve_steps
@@ -32,7 +33,7 @@ _STOP_WAIT_S = 5.0
 _ERROR_CHARS = 4000
 
 
-class WorkerDiedError(RuntimeError):
+class WorkerDiedError(EngineFatalError):
     """A tensor-parallel worker exited; carries its rank, exit code and what it reported."""
 
     def __init__(self, rank: int, exitcode: int | None, reported: str | None) -> None:

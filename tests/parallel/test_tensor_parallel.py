@@ -5,6 +5,7 @@ pages back, and a worker that dies or hangs failing its steps with an error inst
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -177,8 +178,12 @@ def test_a_hung_worker_fails_the_step_at_the_collective_timeout(tiny_qwen3: Path
         waited = time.monotonic() - started
         assert isinstance(terminal, Failed) and "rank 0" in terminal.message, terminal
         assert 1.5 < waited < 10.0, waited
+        # Out of step after a failed collective: the workers are stopped, not left behind.
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
     finally:
-        os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
         runner.close()
 
 
