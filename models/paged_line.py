@@ -101,7 +101,7 @@ class ShardedRuntime(Generic[ConfigT]):
     """What a line that runs under tensor parallelism adds: the part of each split tensor a rank
     reads, and the model built over those slices and the rank's group."""
 
-    slices: Callable[[ConfigT, ShardPlan, int], Mapping[str, TensorSlice]]
+    slices: Callable[[ConfigT, ShardPlan, int, Mapping[str, StoredTensor]], Mapping[str, TensorSlice]]
     build_model: ShardedModelFactory[ConfigT]
 
 
@@ -165,7 +165,7 @@ class PagedLine(Generic[ConfigT]):
         if self.sharded is None:
             raise ModelLoadError(
                 f"--tensor-parallel-size {ranks}: the {self.family} line does not run sharded yet "
-                "(tensor parallelism runs the qwen3 line only; docs/tensor-parallel.md)"
+                "(tensor parallelism runs the qwen3 and gemma4 lines; docs/tensor-parallel.md)"
             )
         device = pick_device(options)
         if device.type != "cpu":
@@ -193,7 +193,7 @@ class PagedLine(Generic[ConfigT]):
         slices = None
         if plan is not None:
             assert self.sharded is not None
-            slices = self.sharded.slices(config, plan, group.rank)
+            slices = self.sharded.slices(config, plan, group.rank, stored)
         weights = load_checked(
             path,
             wanted.expected,

@@ -45,7 +45,9 @@ def weight_map(config: Qwen3Config, stored: Mapping[str, StoredTensor]) -> Weigh
     return WeightMap(expected_tensors(config), ignored_tensor)
 
 
-def shard_slices(config: Qwen3Config, plan: ShardPlan, rank: int) -> dict[str, TensorSlice]:
+def shard_slices(
+    config: Qwen3Config, plan: ShardPlan, rank: int, stored: Mapping[str, StoredTensor]
+) -> dict[str, TensorSlice]:
     """What rank `rank` reads of each split tensor: Q/K/V and gate/up by output rows (its heads,
     its MLP columns), O and down by input columns, the embedding and LM head by vocabulary rows.
     Norms are read whole."""
