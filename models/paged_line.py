@@ -165,7 +165,7 @@ class PagedLine(Generic[ConfigT]):
         if self.sharded is None:
             raise ModelLoadError(
                 f"--tensor-parallel-size {ranks}: the {self.family} line does not run sharded yet "
-                "(tensor parallelism runs the qwen3 and gemma4 lines; docs/tensor-parallel.md)"
+                "(tensor parallelism runs the qwen3, gemma3 and gemma4 lines; docs/tensor-parallel.md)"
             )
         device = pick_device(options)
         if device.type != "cpu":

@@ -1,6 +1,7 @@
 """Tensor parallelism on CPU over gloo (engine.parallel), on the tiny synthetic Qwen3 (4 query heads
-over 2 KV heads: split 2 + 2 at TP = 2, each KV head replicated on two ranks at TP = 4) and Gemma 4
-(the same sliding layers; global layers with one KV head, replicated on every rank): the same
+over 2 KV heads: split 2 + 2 at TP = 2, each KV head replicated on two ranks at TP = 4), Gemma 3
+(the same heads, sliding and global layers, soft-capped logits) and Gemma 4 (the same sliding
+layers; global layers with one KV head, replicated on every rank): the same
 log-probs as one rank within a measured fp32 bound, the same greedy streams, aborts that give their
 pages back, and a worker that dies or hangs failing its steps with an error instead of a hang."""
 
@@ -24,8 +25,8 @@ from engine.scheduler import BatchScheduler
 from models.registry import LoadedModel, ModelLoadError, ModelOptions, load_model
 
 # Max |Δ log-prob| of TP = 2 and TP = 4 against TP = 1 over a 60-token teacher-forced prompt in fp32
-# (the partial sums of O and down meet in another order), measured 9.5e-7 on the tiny Qwen3 and the
-# tiny Gemma 4 at both sizes; 10× that.
+# (the partial sums of O and down meet in another order), measured 9.5e-7 on the tiny Qwen3, Gemma 3
+# and Gemma 4 at both sizes; 10× that.
 LOGPROB_BOUND = 1e-5
 
 ENGINE = dict(max_num_seqs=8, max_num_batched_tokens=48, num_kv_pages=96, enable_prefix_caching=False)
@@ -47,13 +48,22 @@ def tp_runner(model: LoadedModel) -> TensorParallelRunner:
     return runner
 
 
-@pytest.fixture(scope="session")
-def tiny_gemma4(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def _tiny(tmp_path_factory: pytest.TempPathFactory, family: str) -> Path:
     from models.synth.writer import SynthRequest, synthesize
 
-    out = tmp_path_factory.mktemp("tiny-gemma4")
-    synthesize(SynthRequest(family="gemma4", preset="tiny", out=out, device="cpu"))
+    out = tmp_path_factory.mktemp(f"tiny-{family}")
+    synthesize(SynthRequest(family=family, preset="tiny", out=out, device="cpu"))
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _tiny(tmp_path_factory, "gemma3")
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma4(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _tiny(tmp_path_factory, "gemma4")
 
 
 def _engines(checkpoint: Path) -> Iterator[dict[int, LoadedModel]]:
@@ -69,17 +79,22 @@ def engines(tiny_qwen3: Path) -> Iterator[dict[int, LoadedModel]]:
 
 
 @pytest.fixture(scope="module")
+def gemma3_engines(tiny_gemma3: Path) -> Iterator[dict[int, LoadedModel]]:
+    yield from _engines(tiny_gemma3)
+
+
+@pytest.fixture(scope="module")
 def gemma4_engines(tiny_gemma4: Path) -> Iterator[dict[int, LoadedModel]]:
     yield from _engines(tiny_gemma4)
 
 
-LINES = [("qwen3", 2), ("qwen3", 4), ("gemma4", 2), ("gemma4", 4)]
+LINES = [(line, ranks) for line in ("qwen3", "gemma3", "gemma4") for ranks in (2, 4)]
 LINE_IDS = [f"{line}-tp{ranks}" for line, ranks in LINES]
 
 
 def engines_of(request: pytest.FixtureRequest, line: str) -> dict[int, LoadedModel]:
     loaded: dict[int, LoadedModel] = request.getfixturevalue(
-        "engines" if line == "qwen3" else "gemma4_engines"
+        "engines" if line == "qwen3" else f"{line}_engines"
     )
     return loaded
 
@@ -236,11 +251,11 @@ def test_splits_that_do_not_divide_are_refused_before_any_worker_starts(tiny_qwe
 def test_lines_not_yet_sharded_refuse_by_name(tmp_path: Path) -> None:
     from models.synth.families import FAMILIES
 
-    family = FAMILIES["gemma3"]
+    family = FAMILIES["qwen35"]
     preset = family.preset("tiny")
     import json
 
     body = {**preset.fields, "model_type": family.model_type, family.dtype_key: "float32", "eos_token_id": 1}
     (tmp_path / "config.json").write_text(json.dumps(body))
-    with pytest.raises(ModelLoadError, match="gemma3 line does not run sharded"):
+    with pytest.raises(ModelLoadError, match="qwen35 line does not run sharded"):
         load_model(str(tmp_path), ModelOptions(engine=EngineConfig(tensor_parallel_size=2), device="cpu"))
