@@ -77,6 +77,23 @@ class EngineConfig:
         },
     )
 
+    # Tensor parallelism (engine/parallel; docs/tensor-parallel.md).
+    tensor_parallel_size: int = field(
+        default=1,
+        metadata={
+            "help": "Ranks the model is split over (CPU: worker processes over gloo); lines not yet "
+            "sharded refuse more than 1."
+        },
+    )
+    collective_timeout_s: float = field(
+        default=60.0,
+        metadata={
+            "help": "Seconds a tensor-parallel rank waits for the others in any collective before the "
+            "step fails.",
+            "flag": "--collective-timeout",
+        },
+    )
+
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens"):
             value = getattr(self, name)
@@ -88,6 +105,10 @@ class EngineConfig:
             raise ContractError("gpu_memory_utilization", self.gpu_memory_utilization, "must be in (0, 1]")
         if self.kv_cache_memory is not None and self.kv_cache_memory < 1:
             raise ContractError("kv_cache_memory", self.kv_cache_memory, "must be a positive number of bytes")
+        if self.tensor_parallel_size < 1:
+            raise ContractError("tensor_parallel_size", self.tensor_parallel_size, "must be at least 1")
+        if self.collective_timeout_s <= 0:
+            raise ContractError("collective_timeout_s", self.collective_timeout_s, "must be positive")
         if self.numeric_policy not in POLICY_NAMES:
             raise ContractError(
                 "numeric_policy", self.numeric_policy, f"must be one of {', '.join(POLICY_NAMES)}"

@@ -23,6 +23,11 @@ class ContractError(ValueError):
         self.why = why
 
 
+class EngineFatalError(RuntimeError):
+    """An error after which no step can succeed (a rank of the engine is gone or out of step): the
+    driver fails the step's batch, then every open request, and turns unhealthy."""
+
+
 class FinishReason(StrEnum):
     LENGTH = "length"
     STOP = "stop"

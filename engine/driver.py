@@ -3,8 +3,9 @@
 Loop: drain the inbox (submits, aborts, shutdown), `step()` while there is work, publish `load()`,
 and hand each non-empty `StepOutputs` to the asyncio side with `call_soon_threadsafe`. Idle, the
 thread blocks on the inbox. An exception inside a step fails that step's batch through
-`Scheduler.fail_step` and the loop keeps serving; an exception the scheduler cannot recover from
-is fatal: the driver reports it, marks itself unhealthy and stops.
+`Scheduler.fail_step` and the loop keeps serving; an exception the scheduler cannot recover from,
+or an `EngineFatalError` from the step (after its batch is failed), is fatal: the driver reports it,
+marks itself unhealthy and stops.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.contract import Load, Request, Scheduler, StepOutputs
+from engine.contract import EngineFatalError, Load, Request, Scheduler, StepOutputs
 
 log = logging.getLogger("infer.driver")
 
@@ -127,6 +128,11 @@ class Driver:
             self.failed_steps += 1
             log.exception("step failed; failing its batch")
             outputs = self._scheduler.fail_step(f"step failed: {exc!r}")
+            if isinstance(exc, EngineFatalError):
+                self._load = self._scheduler.load()
+                if outputs:
+                    self._publish(outputs)
+                raise
         self.steps += 1
         # Load first: whoever sees a step's terminals must also see the load that follows them.
         self._load = self._scheduler.load()

@@ -86,6 +86,12 @@ class PagedModelRunner:
 
     @torch.inference_mode()
     def execute(self, batch: StepBatch) -> list[SampledToken | None]:
+        return sample_rows(batch.rows, self.forward(batch), self.seeds)
+
+    @torch.inference_mode()
+    def forward(self, batch: StepBatch) -> torch.Tensor | None:
+        """The step's forward and its state copies, without sampling: the logits of the sampling
+        rows, None when no row samples. What every tensor-parallel rank runs; rank 0 then samples."""
         rows = batch.rows
         graphs = self.graphs
         self._copy_state(batch.restore_state)
@@ -97,7 +103,7 @@ class PagedModelRunner:
         else:
             logits = self._eager_logits(rows, self.attention)
         self._copy_state(batch.snapshot_state)
-        return sample_rows(rows, logits, self.seeds)
+        return logits
 
     def _copy_state(self, copies: Sequence[tuple[int, int]]) -> None:
         if not copies:

@@ -26,6 +26,7 @@ from engine.kv.spec import KVGroupSpec
 from engine.kv.state_pool import state_pools_of
 from engine.memory_budget import CPU_KV_BYTES, GIB, MemoryBudget
 from engine.model_runner import PagedModelRunner
+from engine.parallel.group import SINGLE_RANK, RankGroup
 from engine.progress import SILENT, ProgressSink, task
 from engine.runner import BatchRow
 from engine.sampling import sample
@@ -136,16 +137,20 @@ def start_paged_model(
     config: EngineConfig,
     max_model_len: int,
     progress: ProgressSink = SILENT,
+    group: RankGroup = SINGLE_RANK,
 ) -> tuple[PagedModelRunner, tuple[KVGroupSpec, ...]]:
     """The runner over `model`, and the scheduler's KV groups, each at the page count start-up gave
-    it (page 0 included)."""
+    it (page 0 included). Under tensor parallelism every rank sizes its own pools and all take the
+    smallest count any rank can hold, so a page id means the same thing on every rank."""
     device = model.device
     kv = model.kv
     groups = group_costs(kv.shapes, kv.bytes_per_page(), config, max_model_len)
     per_page = sum(g.bytes_per_page for g in groups)
     if device.type != "cuda":
         allocate_state_slots(model, config, progress)
-        kv.allocate(configured_kv_pages(config, groups) or split_kv_bytes(CPU_KV_BYTES, groups))
+        kv.allocate(
+            group.min_over_ranks(configured_kv_pages(config, groups) or split_kv_bytes(CPU_KV_BYTES, groups))
+        )
         return PagedModelRunner(model, attention), kv.specs()
 
     max_pages_per_seq = pages_for(max_model_len)
@@ -199,6 +204,7 @@ def start_paged_model(
     if pages is None:
         budget.pages(per_page)  # refuses, naming every term, when not even 2 pages per group fit
         pages = split_kv_bytes(budget.kv_bytes, groups)
+    pages = tuple(group.min_over_ranks(pages))
     kv.allocate(pages)
     graphs: GraphedDecode | None = None
     if use_graphs:

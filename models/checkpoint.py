@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -40,6 +41,20 @@ class TensorSpec:
     dtype: torch.dtype | None = None
     # Loaded in this dtype instead of the serving dtype (Qwen3.5's fp32 A_log: never rounded down).
     load_dtype: torch.dtype | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSlice:
+    """Indices [start, stop) of one dimension: the part of a tensor one tensor-parallel rank reads."""
+
+    dim: int
+    start: int
+    stop: int
+
+    def read(self, stored: Any) -> torch.Tensor:
+        """This part of a safetensors slice, without reading the rest."""
+        index = (slice(None),) * self.dim + (slice(self.start, self.stop),)
+        return stored[index]
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,17 +151,21 @@ def iter_tensors(
     device: torch.device,
     dtype: torch.dtype,
     load_dtypes: Mapping[str, torch.dtype] | None = None,
+    slices: Mapping[str, TensorSlice] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield tensors one at a time (file by file) so peak host memory stays at one tensor, each in
-    `dtype` or in its own `load_dtypes` entry."""
+    `dtype` or in its own `load_dtypes` entry; a name in `slices` reads only that part."""
     own = load_dtypes or {}
+    parts = slices or {}
     by_file: dict[Path, list[str]] = {}
     for name in names:
         by_file.setdefault(stored[name].file, []).append(name)
     for file, file_names in by_file.items():
         with safe_open(str(file), framework="pt", device="cpu") as handle:
             for name in file_names:
-                yield name, handle.get_tensor(name).to(device=device, dtype=own.get(name, dtype))
+                part = parts.get(name)
+                tensor = handle.get_tensor(name) if part is None else part.read(handle.get_slice(name))
+                yield name, tensor.to(device=device, dtype=own.get(name, dtype))
 
 
 @dataclass(slots=True)
@@ -156,7 +175,9 @@ class WeightCache:
     settings, a sweep over numeric policies) reads and uploads it once. Models never write their weights, so sharing the
     tensors between engines is safe; the cache keeps them alive for as long as it lives."""
 
-    tensors: dict[tuple[str, str, str, torch.dtype], torch.Tensor] = field(default_factory=dict)
+    tensors: dict[tuple[str, str, str, torch.dtype, TensorSlice | None], torch.Tensor] = field(
+        default_factory=dict
+    )
     reads: int = 0
     hits: int = 0
 
@@ -189,10 +210,26 @@ def load_checked(
     dtype: torch.dtype,
     ignore: Callable[[str], bool] = lambda _name: False,
     progress: ProgressSink = SILENT,
+    slices: Mapping[str, TensorSlice] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Check every tensor (naming all faults at once), then load the expected ones onto `device` in
     `dtype` (or their spec's `load_dtype`), one `progress` unit per tensor read. Tensors `ignore`
-    accepts stay on disk."""
+    accepts stay on disk. A tensor named in `slices` is checked whole and read only in part (a
+    tensor-parallel rank's shard)."""
+    parts = slices or {}
+    unknown = sorted(set(parts) - set(expected))
+    if unknown:
+        raise ValueError(f"slices name tensors the checkpoint is not expected to hold: {unknown}")
+    outside = [
+        f"{name}: slice {part} outside shape {list(expected[name].shape)}"
+        for name, part in parts.items()
+        if not (
+            part.dim < len(expected[name].shape)
+            and 0 <= part.start < part.stop <= expected[name].shape[part.dim]
+        )
+    ]
+    if outside:
+        raise ValueError("; ".join(outside))
     check_tensors(checkpoint, expected, stored, ignore=ignore)
     load_dtypes = {n: s.load_dtype for n, s in expected.items() if s.load_dtype is not None}
     cache = _ACTIVE_CACHE.get()
@@ -201,13 +238,14 @@ def load_checked(
     if cache is not None:
         tags = {file: WeightCache.file_tag(file) for file in {stored[name].file for name in names}}
         key_of = {
-            name: (tags[stored[name].file], name, str(device), load_dtypes.get(name, dtype)) for name in names
+            name: (tags[stored[name].file], name, str(device), load_dtypes.get(name, dtype), parts.get(name))
+            for name in names
         }
         weights = {name: cache.tensors[key_of[name]] for name in names if key_of[name] in cache.tensors}
         cache.hits += len(weights)
     missing = [name for name in names if name not in weights]
     with task(progress, f"loading {checkpoint.name}", len(missing)):
-        for name, tensor in iter_tensors(stored, missing, device, dtype, load_dtypes):
+        for name, tensor in iter_tensors(stored, missing, device, dtype, load_dtypes, parts):
             weights[name] = tensor
             if cache is not None:
                 cache.reads += 1

@@ -4,29 +4,43 @@ turns a checkpoint directory into a served `LoadedModel` the same way for all of
 In order, before any weight is read: the config (fail-closed), device, dtype, tokenizer and context
 ceiling; then every tensor is checked and loaded; then the model is built, start-up sizes its KV
 groups on the device (engine.paged_startup) and the scheduler gets the groups start-up sized.
+
+At `--tensor-parallel-size N` > 1 the split is checked against the config first (the line's
+`shard_plan`, refusing by field), then the engine's worker pool starts ranks 1..N-1, each running
+`_start_rank` (this same path over its own slices of the weights), while rank 0 does the same here
+and hands the scheduler a `TensorParallelRunner`. docs/tensor-parallel.md.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Generic, Protocol, TypeVar
 
 import torch
 
 from engine.forward_batch import PagedCausalLM
+from engine.kv.spec import KVGroupSpec
 from engine.kv.state_pool import state_pools_of
+from engine.model_runner import PagedModelRunner
 from engine.paged_startup import start_paged_model
+from engine.parallel.group import SINGLE_RANK, RankGroup
+from engine.parallel.runner import TensorParallelRunner
+from engine.parallel.sharding import ShardPlan
+from engine.parallel.workers import WorkerPool
+from engine.progress import SILENT
+from engine.runner import ModelRunner
 from engine.scheduler import BatchScheduler
 from kernels.gemm.dispatch import Linear, policy_linear
 from kernels.kv_layout import pages_for
-from models.checkpoint import StoredTensor, TensorSpec, load_checked, stored_tensors
+from models.checkpoint import StoredTensor, TensorSlice, TensorSpec, load_checked, stored_tensors
 from models.context_limit import resolve_max_model_len
 from models.device_choice import pick_attention, pick_device, pick_dtype
 from models.hf_tokenizer import HFTokenizer
-from models.registry import LoadedModel, ModelOptions, register_model_types
+from models.registry import LoadedModel, ModelLoadError, ModelOptions, register_model_types
 
 log = logging.getLogger("infer.models")
 
@@ -68,10 +82,35 @@ class ModelFactory(Protocol[ConfigIn]):
     ) -> PagedCausalLM: ...
 
 
+class ShardedModelFactory(Protocol[ConfigIn]):
+    def __call__(
+        self,
+        config: ConfigIn,
+        weights: Mapping[str, torch.Tensor],
+        device: torch.device,
+        max_positions: int,
+        linear: Linear,
+        *,
+        plan: ShardPlan,
+        group: RankGroup,
+    ) -> PagedCausalLM: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ShardedRuntime(Generic[ConfigT]):
+    """What a line that runs under tensor parallelism adds: the part of each split tensor a rank
+    reads, and the model built over those slices and the rank's group."""
+
+    slices: Callable[[ConfigT, ShardPlan, int, Mapping[str, StoredTensor]], Mapping[str, TensorSlice]]
+    build_model: ShardedModelFactory[ConfigT]
+
+
 @dataclass(frozen=True, slots=True)
 class PagedLine(Generic[ConfigT]):
     """A model line's facts: the model types it serves, how to parse and check a checkpoint of
-    them, and the model class. `context_field` names the context ceiling in a refusal."""
+    them, and the model class. `context_field` names the context ceiling in a refusal.
+    `shard_plan` says how a config splits over N ranks; `sharded`, for a line whose forward runs
+    split, how to load and build one rank."""
 
     family: str
     model_types: tuple[str, ...]
@@ -79,47 +118,31 @@ class PagedLine(Generic[ConfigT]):
     context_field: str
     weight_map: Callable[[ConfigT, Mapping[str, StoredTensor]], WeightMap]
     build_model: ModelFactory[ConfigT]
+    shard_plan: Callable[[ConfigT, int], ShardPlan]
+    sharded: ShardedRuntime[ConfigT] | None = None
 
     def load(self, spec: str, options: ModelOptions) -> LoadedModel:
         path = Path(spec)
         config = self.parse_config(path)
-        device = pick_device(options)
-        dtype = pick_dtype(options, device)
-        tokenizer = HFTokenizer(path)
         engine = options.engine
-        max_model_len = resolve_max_model_len(
-            engine.max_model_len,
-            config.max_position_embeddings,
-            self.context_field,
-            engine.allow_long_max_model_len,
-        )
-        stored = stored_tensors(path)
-        wanted = self.weight_map(config, stored)
-        weights = load_checked(
-            path, wanted.expected, stored, device, dtype, ignore=wanted.skip, progress=options.progress
-        )
-        log.info(
-            "%s: %d tensors resident (%.1f MiB, %s on %s), %d stored tensors skipped",
-            path.name,
-            len(weights),
-            sum(t.numel() * t.element_size() for t in weights.values()) / 2**20,
-            dtype,
-            device,
-            len(stored) - len(weights),
-        )
-        model = self.build_model(
-            config,
-            weights,
-            device,
-            max_model_len,
-            policy_linear(engine.numeric_policy, device),
-        )
-        # The model keeps fused copies: dropping the loaded tensors frees the unfused projections
-        # before start-up measures what the weights take.
-        del weights
-        attention = pick_attention(options, device, dtype, pages_for(max_model_len))
-        runner, kv_groups = start_paged_model(model, attention, engine, max_model_len, options.progress)
-        state = state_pools_of(model)
+        ranks = engine.tensor_parallel_size
+        plan = self._plan(config, options, ranks) if ranks > 1 else None
+        tokenizer = HFTokenizer(path)
+        runner: ModelRunner
+        if plan is None:
+            local, kv_groups, max_model_len = self._start(path, config, options, None, SINGLE_RANK)
+            runner = local
+        else:
+            # Workers get what they load with, not where rank 0 reports progress.
+            build = functools.partial(_start_rank, self, spec, replace(options, progress=SILENT))
+            pool = WorkerPool(ranks, build, engine.collective_timeout_s)
+            try:
+                local, kv_groups, max_model_len = self._start(path, config, options, plan, pool.group())
+            except BaseException:
+                pool.kill()
+                raise
+            runner = TensorParallelRunner(local, pool.channel, pool)
+        state = state_pools_of(local.model)
         scheduler = BatchScheduler(
             runner,
             engine,
@@ -134,6 +157,91 @@ class PagedLine(Generic[ConfigT]):
         return LoadedModel(
             name=path.name, scheduler=scheduler, tokenizer=tokenizer, max_model_len=max_model_len
         )
+
+    def _plan(self, config: ConfigT, options: ModelOptions, ranks: int) -> ShardPlan:
+        """The split at `ranks`, refused before any weight is read or process started: by the line
+        (not sharded yet), by the device (not yet run on GPUs), or by the config field that does
+        not divide."""
+        if self.sharded is None:
+            raise ModelLoadError(
+                f"--tensor-parallel-size {ranks}: the {self.family} line does not run sharded yet "
+                "(tensor parallelism runs the qwen3, gemma3 and gemma4 lines; docs/tensor-parallel.md)"
+            )
+        device = pick_device(options)
+        if device.type != "cpu":
+            raise ModelLoadError(
+                f"--tensor-parallel-size {ranks} on {device}: tensor parallelism has run only on CPU "
+                "with gloo so far (docs/tensor-parallel.md); use --device cpu"
+            )
+        return self.shard_plan(config, ranks)
+
+    def _start(
+        self, path: Path, config: ConfigT, options: ModelOptions, plan: ShardPlan | None, group: RankGroup
+    ) -> tuple[PagedModelRunner, tuple[KVGroupSpec, ...], int]:
+        """Load this rank's weights (all of them at one rank), build the model and start it up."""
+        device = pick_device(options)
+        dtype = pick_dtype(options, device)
+        engine = options.engine
+        max_model_len = resolve_max_model_len(
+            engine.max_model_len,
+            config.max_position_embeddings,
+            self.context_field,
+            engine.allow_long_max_model_len,
+        )
+        stored = stored_tensors(path)
+        wanted = self.weight_map(config, stored)
+        slices = None
+        if plan is not None:
+            assert self.sharded is not None
+            slices = self.sharded.slices(config, plan, group.rank, stored)
+        weights = load_checked(
+            path,
+            wanted.expected,
+            stored,
+            device,
+            dtype,
+            ignore=wanted.skip,
+            progress=options.progress,
+            slices=slices,
+        )
+        log.info(
+            "%s: %d tensors resident (%.1f MiB, %s on %s; rank %d of %d), %d stored tensors skipped",
+            path.name,
+            len(weights),
+            sum(t.numel() * t.element_size() for t in weights.values()) / 2**20,
+            dtype,
+            device,
+            group.rank,
+            group.size,
+            len(stored) - len(weights),
+        )
+        linear = policy_linear(engine.numeric_policy, device)
+        if plan is None:
+            model = self.build_model(config, weights, device, max_model_len, linear)
+        else:
+            assert self.sharded is not None
+            model = self.sharded.build_model(
+                config, weights, device, max_model_len, linear, plan=plan, group=group
+            )
+        # The model keeps fused copies: dropping the loaded tensors frees the unfused projections
+        # before start-up measures what the weights take.
+        del weights
+        attention = pick_attention(options, device, dtype, pages_for(max_model_len))
+        runner, kv_groups = start_paged_model(
+            model, attention, engine, max_model_len, options.progress, group
+        )
+        return runner, kv_groups, max_model_len
+
+
+def _start_rank(
+    line: PagedLine[ConfigT], spec: str, options: ModelOptions, group: RankGroup
+) -> PagedModelRunner:
+    """A worker rank's runner (engine.parallel.workers runs it in the worker process)."""
+    path = Path(spec)
+    config = line.parse_config(path)
+    plan = line.shard_plan(config, group.size)
+    runner, _, _ = line._start(path, config, options, plan, group)
+    return runner
 
 
 def register_paged_line(line: PagedLine[ConfigT]) -> None:

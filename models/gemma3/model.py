@@ -13,6 +13,12 @@ The numeric policy arrives as the injected `linear` (docs/numerics.md). Each res
 pre-feedforward norm; the post-feedforward norm of the delta, the add and the next layer's input
 norm (the final norm after the last layer). One KV group per layer kind the checkpoint has, each with its own pool:
 the sliding layers' (its pages released as the window moves past them) and the global layers'.
+
+Under tensor parallelism (`plan` over `group`'s ranks; docs/tensor-parallel.md) each rank holds its
+query and KV heads (a single KV head, as on the published 270M and 1B, replicated on every rank),
+its MLP columns and its vocabulary rows of the embedding and LM head; O and down are row-parallel
+with one all-reduce each, before the norms that read their sums; the soft cap runs on each rank's
+slice of the logits.
 """
 
 from __future__ import annotations
@@ -25,12 +31,16 @@ import torch.nn.functional as F
 
 from engine.forward_batch import ForwardBatch, RooflineFacts
 from engine.kv.pools import KVGroupShape, KVPools
+from engine.parallel.group import SINGLE_RANK, RankGroup
+from engine.parallel.ops import vocab_parallel_embedding
+from engine.parallel.sharding import ShardPlan
 from kernels import layer_ops, reference
 from kernels.attention.base import AttentionLayerSpec
 from kernels.gemm.dispatch import Linear
 from kernels.prep_dispatch import run_attention_prep
 from kernels.reference import GatedActivation, NormSpec, NormWeight, PrepSpec
 from models.gemma3.config import LAYER_TYPES, SLIDING, Gemma3Config
+from models.gemma3.sharding import shard_plan
 from models.gemma3.weights import lm_head_name, text_prefix
 
 
@@ -65,11 +75,26 @@ class Gemma3Model:
         device: torch.device,
         max_positions: int,
         linear: Linear = F.linear,
+        *,
+        plan: ShardPlan | None = None,
+        group: RankGroup = SINGLE_RANK,
     ) -> None:
         self.config = config
         self.linear = linear
         self.device = device
+        self.group = group
         c = config
+        plan = plan or shard_plan(config, 1)
+        if plan.ranks != group.size:
+            raise ValueError(f"a plan for {plan.ranks} ranks cannot run on a group of {group.size}")
+        attention = plan.layers[0].attention
+        assert attention is not None
+        self.vocab = plan.vocab.span(group.rank)
+        # This rank's heads and the widths of its slices of the fused QKV output.
+        self.num_heads = attention.heads.per_rank
+        self.num_kv_heads = attention.shared.per_rank
+        self.q_size = self.num_heads * c.head_dim
+        self.kv_size = self.num_kv_heads * c.head_dim
         prefix = text_prefix(weights)
         self.embed = weights[prefix + "embed_tokens.weight"]
         self.dtype = self.embed.dtype
@@ -93,8 +118,8 @@ class Gemma3Model:
                 KVGroupShape(
                     kind,
                     AttentionLayerSpec(
-                        num_heads=c.num_heads,
-                        num_kv_heads=c.num_kv_heads,
+                        num_heads=self.num_heads,
+                        num_kv_heads=self.num_kv_heads,
                         head_dim=c.head_dim,
                         scale=c.attention_scale,
                         window=c.sliding_window if kind == SLIDING else None,
@@ -146,17 +171,19 @@ class Gemma3Model:
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         c = self.config
-        hidden = F.embedding(batch.input_ids, self.embed) * self.embed_scale
+        hidden = (
+            vocab_parallel_embedding(batch.input_ids, self.embed, self.vocab, self.group) * self.embed_scale
+        )
         tokens = hidden.shape[0]
         x = layer_ops.rms_norm(hidden, self.norm, self.layers[0].input_norm)
         for index, layer in enumerate(self.layers):
-            q, k, v = self.linear(x, layer.qkv).split([c.q_size, c.kv_size, c.kv_size], dim=-1)
+            q, k, v = self.linear(x, layer.qkv).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
             pool_layer = self.kv.layer(layer.group, layer.slot)
             q_rot, _ = run_attention_prep(
                 self.preps[layer.kind],
-                q.reshape(tokens, c.num_heads, c.head_dim),
-                k.reshape(tokens, c.num_kv_heads, c.head_dim),
-                v.reshape(tokens, c.num_kv_heads, c.head_dim),
+                q.reshape(tokens, self.num_heads, c.head_dim),
+                k.reshape(tokens, self.num_kv_heads, c.head_dim),
+                v.reshape(tokens, self.num_kv_heads, c.head_dim),
                 layer.q_norm,
                 layer.k_norm,
                 batch.rows[layer.group],
@@ -165,7 +192,7 @@ class Gemma3Model:
             )
             spec = self.kv.attention_specs[layer.group]
             attn = batch.attention.run(layer.group, spec, q_rot, pool_layer)
-            attn_out = self.linear(attn.reshape(tokens, c.q_size), layer.o)
+            attn_out = self.group.all_reduce(self.linear(attn.reshape(tokens, self.q_size), layer.o))
             hidden, x = layer_ops.add_rms_norm(
                 hidden,
                 attn_out,
@@ -174,7 +201,7 @@ class Gemma3Model:
                 delta_weight=layer.post_attention_norm,
             )
             activated = layer_ops.gated_activation(self.linear(x, layer.gate_up), GatedActivation.GELU_TANH)
-            mlp_out = self.linear(activated, layer.down)
+            mlp_out = self.group.all_reduce(self.linear(activated, layer.down))
             # Norms are per row: normalising every token with the final norm, then picking the
             # sampled ones, is the same as picking first.
             next_norm = self.layers[index + 1].input_norm if index + 1 < len(self.layers) else self.final_norm
@@ -189,4 +216,5 @@ class Gemma3Model:
         if cap is not None:
             # In the serving dtype, step by step, as the reference rounds it.
             logits = torch.tanh(logits / cap) * cap
-        return logits.float()
+        # Rank 0 gets every rank's columns in vocabulary order; the others an empty [rows, 0].
+        return self.group.gather_columns(logits).float()

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from models.checkpoint import StoredTensor, TensorSpec, tower_prefix
+from engine.parallel.sharding import ShardPlan
+from models.checkpoint import StoredTensor, TensorSlice, TensorSpec, tower_prefix
 from models.gemma3.config import Gemma3Config
 from models.paged_line import WeightMap
 
@@ -80,3 +81,33 @@ def weight_map(config: Gemma3Config, stored: Mapping[str, StoredTensor]) -> Weig
         return name == tied_copy or name.startswith(_SKIPPED_PARTS)
 
     return WeightMap(expected_tensors(config, prefix), skipped)
+
+
+def shard_slices(
+    config: Gemma3Config, plan: ShardPlan, rank: int, stored: Mapping[str, StoredTensor]
+) -> dict[str, TensorSlice]:
+    """What rank `rank` reads of each split tensor: Q/K/V and gate/up by output rows (its query and
+    KV heads, its MLP columns; a replicated KV head is read by each rank that holds it), O and down
+    by input columns, the embedding and an untied LM head by vocabulary rows. Norms whole."""
+    prefix = text_prefix(stored)
+    vocab = plan.vocab.span(rank)
+    slices = {prefix + "embed_tokens.weight": TensorSlice(0, vocab.start, vocab.stop)}
+    if not config.tie_word_embeddings:
+        slices[lm_head_name(prefix)] = TensorSlice(0, vocab.start, vocab.stop)
+    d = config.head_dim
+    for layer in plan.layers:
+        assert layer.attention is not None
+        q = layer.attention.heads.span(rank)
+        kv = layer.attention.shared.span(rank)
+        mlp = layer.mlp.span(rank)
+        p = f"{prefix}layers.{layer.index}."
+        slices |= {
+            p + "self_attn.q_proj.weight": TensorSlice(0, q.start * d, q.stop * d),
+            p + "self_attn.k_proj.weight": TensorSlice(0, kv.start * d, kv.stop * d),
+            p + "self_attn.v_proj.weight": TensorSlice(0, kv.start * d, kv.stop * d),
+            p + "self_attn.o_proj.weight": TensorSlice(1, q.start * d, q.stop * d),
+            p + "mlp.gate_proj.weight": TensorSlice(0, mlp.start, mlp.stop),
+            p + "mlp.up_proj.weight": TensorSlice(0, mlp.start, mlp.stop),
+            p + "mlp.down_proj.weight": TensorSlice(1, mlp.start, mlp.stop),
+        }
+    return slices

@@ -12,6 +12,13 @@ The numeric policy arrives as the injected `linear` (docs/numerics.md). Each res
 pre-feedforward norm; the post-feedforward norm of the delta, the add, the layer scalar and the next
 layer's input norm (the final norm after the last layer). Two KV groups, each with its own pool and page count: the sliding
 layers', and the global layers'.
+
+Under tensor parallelism (`plan` over `group`'s ranks; docs/tensor-parallel.md) each rank holds its
+query heads and its KV heads per layer kind (the global layers' few KV heads replicated once the
+ranks outnumber them), its MLP columns, and its vocabulary rows of the tied embedding; O and down
+are row-parallel with one all-reduce each, before the norms that read their sums. The soft cap is
+elementwise, so it runs on each rank's slice of the logits; the suppressed ids are filled on
+rank 0, after the gather.
 """
 
 from __future__ import annotations
@@ -24,12 +31,16 @@ import torch.nn.functional as F
 
 from engine.forward_batch import ForwardBatch, RooflineFacts
 from engine.kv.pools import KVGroupShape, KVPools
+from engine.parallel.group import ROOT, SINGLE_RANK, RankGroup
+from engine.parallel.ops import vocab_parallel_embedding
+from engine.parallel.sharding import ShardPlan
 from kernels import layer_ops, reference
 from kernels.attention.base import AttentionLayerSpec
 from kernels.gemm.dispatch import Linear
 from kernels.prep_dispatch import run_attention_prep
 from kernels.reference import GatedActivation, NormSpec, NormWeight, PrepSpec
 from models.gemma4.config import GLOBAL, SLIDING, Gemma4Config
+from models.gemma4.sharding import shard_plan
 from models.gemma4.weights import text_prefix
 
 # The KV groups, in the order the model declares them: one per attention family.
@@ -62,11 +73,27 @@ class Gemma4Model:
         device: torch.device,
         max_positions: int,
         linear: Linear = F.linear,
+        *,
+        plan: ShardPlan | None = None,
+        group: RankGroup = SINGLE_RANK,
     ) -> None:
         self.config = config
         self.linear = linear
         self.device = device
+        self.group = group
         c = config
+        plan = plan or shard_plan(config, 1)
+        if plan.ranks != group.size:
+            raise ValueError(f"a plan for {plan.ranks} ranks cannot run on a group of {group.size}")
+        self.vocab = plan.vocab.span(group.rank)
+        # This rank's query and KV heads per layer kind (every layer of a kind splits alike).
+        self.heads: dict[str, tuple[int, int]] = {}
+        for layer_split in plan.layers:
+            assert layer_split.attention is not None
+            self.heads[layer_split.kind] = (
+                layer_split.attention.heads.per_rank,
+                layer_split.attention.shared.per_rank,
+            )
         prefix = text_prefix(weights)
         self.embed = weights[prefix + "embed_tokens.weight"]
         self.dtype = self.embed.dtype
@@ -89,8 +116,8 @@ class Gemma4Model:
                 KVGroupShape(
                     kind,
                     AttentionLayerSpec(
-                        num_heads=c.num_heads,
-                        num_kv_heads=c.geometry(kind).num_kv_heads,
+                        num_heads=self.heads[kind][0],
+                        num_kv_heads=self.heads[kind][1],
                         head_dim=c.geometry(kind).head_dim,
                         scale=1.0,
                         window=c.sliding_window if kind == SLIDING else None,
@@ -160,24 +187,27 @@ class Gemma4Model:
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         c = self.config
-        hidden = F.embedding(batch.input_ids, self.embed) * self.embed_scale
+        hidden = (
+            vocab_parallel_embedding(batch.input_ids, self.embed, self.vocab, self.group) * self.embed_scale
+        )
         tokens = hidden.shape[0]
         x = layer_ops.rms_norm(hidden, self.norm, self.layers[0].input_norm)
         for index, layer in enumerate(self.layers):
             g = c.geometry(layer.kind)
-            q_size, kv_size = c.num_heads * g.head_dim, g.num_kv_heads * g.head_dim
+            num_heads, num_kv_heads = self.heads[layer.kind]
+            q_size, kv_size = num_heads * g.head_dim, num_kv_heads * g.head_dim
             projected = self.linear(x, layer.qkv)
             if layer.kind == SLIDING:
                 q, k, v = projected.split([q_size, kv_size, kv_size], dim=-1)
-                v_heads: torch.Tensor | None = v.reshape(tokens, g.num_kv_heads, g.head_dim)
+                v_heads: torch.Tensor | None = v.reshape(tokens, num_kv_heads, g.head_dim)
             else:
                 q, k = projected.split([q_size, kv_size], dim=-1)
                 v_heads = None
             pool_layer = self.kv.layer(layer.group, layer.slot)
             q_rot, _ = run_attention_prep(
                 self.preps[layer.kind],
-                q.reshape(tokens, c.num_heads, g.head_dim),
-                k.reshape(tokens, g.num_kv_heads, g.head_dim),
+                q.reshape(tokens, num_heads, g.head_dim),
+                k.reshape(tokens, num_kv_heads, g.head_dim),
                 v_heads,
                 layer.q_norm,
                 layer.k_norm,
@@ -187,7 +217,7 @@ class Gemma4Model:
             )
             spec = self.kv.shapes[layer.group].attention
             attn = batch.attention.run(layer.group, spec, q_rot, pool_layer)
-            attn_out = self.linear(attn.reshape(tokens, q_size), layer.o)
+            attn_out = self.group.all_reduce(self.linear(attn.reshape(tokens, q_size), layer.o))
             hidden, x = layer_ops.add_rms_norm(
                 hidden,
                 attn_out,
@@ -196,7 +226,7 @@ class Gemma4Model:
                 delta_weight=layer.post_attention_norm,
             )
             activated = layer_ops.gated_activation(self.linear(x, layer.gate_up), GatedActivation.GELU_TANH)
-            mlp_out = self.linear(activated, layer.down)
+            mlp_out = self.group.all_reduce(self.linear(activated, layer.down))
             # Norms are per row: normalising every token with the final norm, then picking the
             # sampled ones, is the same as picking first.
             next_norm = self.layers[index + 1].input_norm if index + 1 < len(self.layers) else self.final_norm
@@ -218,7 +248,8 @@ class Gemma4Model:
         if cap is not None:
             # In the serving dtype, step by step, as the reference rounds it.
             logits = torch.tanh(logits / cap) * cap
-        logits = logits.float()
-        if self.suppress is not None:
+        # Rank 0 gets every rank's columns in vocabulary order; the others an empty [rows, 0].
+        logits = self.group.gather_columns(logits).float()
+        if self.suppress is not None and self.group.rank == ROOT:
             logits = logits.index_fill(-1, self.suppress, float("-inf"))
         return logits

@@ -7,6 +7,11 @@ SwiGLU MLP (fused gate/up) → residual. Final RMSNorm, tied or untied LM head.
 The numeric policy arrives as the injected `linear` (docs/numerics.md). Each residual add goes
 with the norm that reads its sum (`layer_ops.add_rms_norm`, one launch on CUDA): the MLP's add with
 the next layer's input norm, the last layer's with the final norm. One KV group.
+
+Under tensor parallelism (`plan` over `group`'s ranks; docs/tensor-parallel.md) the weights are
+this rank's slices: its query and KV heads (column-parallel QKV), its MLP columns (column-parallel
+gate/up), the matching input columns of O and down (row-parallel: one all-reduce each), its
+vocabulary rows of the embedding and LM head. At one rank every collective is the identity.
 """
 
 from __future__ import annotations
@@ -19,12 +24,16 @@ import torch.nn.functional as F
 
 from engine.forward_batch import ForwardBatch, RooflineFacts
 from engine.kv.pools import KVGroupShape, KVPools
+from engine.parallel.group import SINGLE_RANK, RankGroup
+from engine.parallel.ops import vocab_parallel_embedding, vocab_parallel_logits
+from engine.parallel.sharding import ShardPlan
 from kernels import layer_ops, reference
 from kernels.attention.base import AttentionLayerSpec
 from kernels.gemm.dispatch import Linear
 from kernels.prep_dispatch import run_attention_prep
 from kernels.reference import GatedActivation, NormSpec, NormWeight
 from models.qwen3.config import Qwen3Config
+from models.qwen3.sharding import shard_plan
 
 
 @dataclass(slots=True)
@@ -47,10 +56,25 @@ class Qwen3Model:
         device: torch.device,
         max_positions: int,
         linear: Linear = F.linear,
+        *,
+        plan: ShardPlan | None = None,
+        group: RankGroup = SINGLE_RANK,
     ) -> None:
         self.config = config
         self.linear = linear
         self.device = device
+        self.group = group
+        plan = plan or shard_plan(config, 1)
+        if plan.ranks != group.size:
+            raise ValueError(f"a plan for {plan.ranks} ranks cannot run on a group of {group.size}")
+        attention = plan.layers[0].attention
+        assert attention is not None
+        self.vocab = plan.vocab.span(group.rank)
+        # This rank's heads and the widths of its slices of the fused QKV output.
+        self.num_heads = attention.heads.per_rank
+        self.num_kv_heads = attention.shared.per_rank
+        self.q_size = self.num_heads * config.head_dim
+        self.kv_size = self.num_kv_heads * config.head_dim
         self.embed = weights["model.embed_tokens.weight"]
         self.final_norm = weights["model.norm.weight"]
         self.lm_head = self.embed if config.tie_word_embeddings else weights["lm_head.weight"]
@@ -59,8 +83,8 @@ class Qwen3Model:
         self.prep = reference.qwen3_prep(config.head_dim, config.rope_theta, config.rms_norm_eps)
         self.rope_table = reference.rope_table(self.prep.rope, max_positions, self.embed.dtype, self.device)
         self.attn_spec = AttentionLayerSpec(
-            num_heads=config.num_heads,
-            num_kv_heads=config.num_kv_heads,
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
             head_dim=config.head_dim,
             scale=config.head_dim**-0.5,
         )
@@ -97,18 +121,18 @@ class Qwen3Model:
         )
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        c = self.config
-        hidden = F.embedding(batch.input_ids, self.embed)
+        hidden = vocab_parallel_embedding(batch.input_ids, self.embed, self.vocab, self.group)
         tokens = hidden.shape[0]
+        q_size, kv_size, head_dim = self.q_size, self.kv_size, self.config.head_dim
         x = layer_ops.rms_norm(hidden, self.norm, self.layers[0].input_norm)
         for index, layer in enumerate(self.layers):
-            q, k, v = self.linear(x, layer.qkv).split([c.q_size, c.kv_size, c.kv_size], dim=-1)
+            q, k, v = self.linear(x, layer.qkv).split([q_size, kv_size, kv_size], dim=-1)
             pool_layer = self.kv.layer(0, index)
             q_rot, _ = run_attention_prep(
                 self.prep,
-                q.view(tokens, c.num_heads, c.head_dim),
-                k.view(tokens, c.num_kv_heads, c.head_dim),
-                v.view(tokens, c.num_kv_heads, c.head_dim),
+                q.view(tokens, self.num_heads, head_dim),
+                k.view(tokens, self.num_kv_heads, head_dim),
+                v.view(tokens, self.num_kv_heads, head_dim),
                 layer.q_norm,
                 layer.k_norm,
                 batch.rows[0],
@@ -116,10 +140,10 @@ class Qwen3Model:
                 pool_layer,
             )
             attn = batch.attention.run(0, self.attn_spec, q_rot, pool_layer)
-            attn_out = self.linear(attn.reshape(tokens, c.q_size), layer.o)
+            attn_out = self.group.all_reduce(self.linear(attn.reshape(tokens, q_size), layer.o))
             hidden, x = layer_ops.add_rms_norm(hidden, attn_out, self.norm, layer.post_attention_norm)
             activated = layer_ops.gated_activation(self.linear(x, layer.gate_up), GatedActivation.SILU)
-            mlp_out = self.linear(activated, layer.down)
+            mlp_out = self.group.all_reduce(self.linear(activated, layer.down))
             # The MLP's add and the norm after it (the next layer's input norm, or the final norm)
             # read the same sum: one step. Norms are per row, so normalising every token and then
             # picking the sampled ones is the same as picking first.
@@ -128,4 +152,6 @@ class Qwen3Model:
         return x.index_select(0, batch.sample_index)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.linear(hidden, self.lm_head).float()
+        """Float32 logits of the sampling rows; at more than one rank, on rank 0 only (the others get
+        an empty [rows, 0])."""
+        return vocab_parallel_logits(hidden, self.lm_head, self.group, self.linear)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from models.checkpoint import StoredTensor, TensorSpec
+from engine.parallel.sharding import ShardPlan
+from models.checkpoint import StoredTensor, TensorSlice, TensorSpec
 from models.paged_line import WeightMap
 from models.qwen3.config import Qwen3Config
 
@@ -42,3 +43,33 @@ def ignored_tensor(name: str) -> bool:
 
 def weight_map(config: Qwen3Config, stored: Mapping[str, StoredTensor]) -> WeightMap:
     return WeightMap(expected_tensors(config), ignored_tensor)
+
+
+def shard_slices(
+    config: Qwen3Config, plan: ShardPlan, rank: int, stored: Mapping[str, StoredTensor]
+) -> dict[str, TensorSlice]:
+    """What rank `rank` reads of each split tensor: Q/K/V and gate/up by output rows (its heads,
+    its MLP columns), O and down by input columns, the embedding and LM head by vocabulary rows.
+    Norms are read whole."""
+    c = config
+    vocab = plan.vocab.span(rank)
+    slices = {"model.embed_tokens.weight": TensorSlice(0, vocab.start, vocab.stop)}
+    if not c.tie_word_embeddings:
+        slices["lm_head.weight"] = TensorSlice(0, vocab.start, vocab.stop)
+    for layer in plan.layers:
+        assert layer.attention is not None
+        p = f"model.layers.{layer.index}."
+        q = layer.attention.heads.span(rank)
+        kv = layer.attention.shared.span(rank)
+        mlp = layer.mlp.span(rank)
+        d = c.head_dim
+        slices |= {
+            p + "self_attn.q_proj.weight": TensorSlice(0, q.start * d, q.stop * d),
+            p + "self_attn.k_proj.weight": TensorSlice(0, kv.start * d, kv.stop * d),
+            p + "self_attn.v_proj.weight": TensorSlice(0, kv.start * d, kv.stop * d),
+            p + "self_attn.o_proj.weight": TensorSlice(1, q.start * d, q.stop * d),
+            p + "mlp.gate_proj.weight": TensorSlice(0, mlp.start, mlp.stop),
+            p + "mlp.up_proj.weight": TensorSlice(0, mlp.start, mlp.stop),
+            p + "mlp.down_proj.weight": TensorSlice(1, mlp.start, mlp.stop),
+        }
+    return slices

@@ -28,6 +28,7 @@ from models.device_choice import pick_device, pick_dtype
 from models.paged_line import PagedLine
 from models.qwen35.config import MODEL_TYPES, Qwen35Config, parse_qwen35_config
 from models.qwen35.model import Qwen35Model
+from models.qwen35.sharding import shard_plan
 from models.qwen35.weights import weight_map
 from models.registry import LoadedModel, ModelLoadError, ModelOptions, register_model_types
 
@@ -113,6 +114,7 @@ def load_qwen35(spec: str, options: ModelOptions) -> LoadedModel:
         parse_config=_checked_parser(gdn, options),
         context_field="max_position_embeddings (text config)",
         weight_map=weight_map,
+        shard_plan=shard_plan,
         build_model=_WithBackend(gdn, options.progress),
     )
     return line.load(spec, options)

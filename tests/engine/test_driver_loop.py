@@ -11,7 +11,17 @@ from collections.abc import Sequence
 import pytest
 
 from engine.config import EngineConfig
-from engine.contract import Failed, Finished, Load, Request, SamplingParams, StepOutputs, Terminal
+from engine.contract import (
+    EngineFatalError,
+    Failed,
+    Finished,
+    Load,
+    Request,
+    RequestUpdate,
+    SamplingParams,
+    StepOutputs,
+    Terminal,
+)
 from engine.driver import Driver
 from engine.runner import StepBatch
 from models.sim import SimOptions, build_sim, sim_completion
@@ -208,5 +218,35 @@ def test_a_fatal_error_marks_the_driver_unhealthy() -> None:
         while driver._thread.is_alive() and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         assert not driver._thread.is_alive()
+
+    asyncio.run(scenario())
+
+
+class _LostRank(_Unrecoverable):
+    """A scheduler whose step raises an `EngineFatalError` (a rank gone) and recovers its batch."""
+
+    def step(self) -> StepOutputs:
+        raise EngineFatalError("rank 1 is gone")
+
+    def fail_step(self, message: str) -> StepOutputs:
+        self._pending = False
+        return StepOutputs((RequestUpdate("x", terminal=Failed(message)),))
+
+
+def test_an_engine_fatal_step_fails_its_batch_then_marks_the_driver_unhealthy() -> None:
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        outputs: list[StepOutputs] = []
+        got_fatal = asyncio.Event()
+        driver = Driver(_LostRank(), loop, outputs.append, on_fatal=lambda _: got_fatal.set())
+        driver.start()
+        driver.submit(Request("x", (1,)))
+        await asyncio.wait_for(got_fatal.wait(), 5.0)
+        assert (
+            not driver.healthy and driver.fatal_error is not None and "rank 1 is gone" in driver.fatal_error
+        )
+        await asyncio.sleep(0)
+        (failed,) = [u for o in outputs for u in o.updates]
+        assert isinstance(failed.terminal, Failed) and "rank 1 is gone" in failed.terminal.message
 
     asyncio.run(scenario())

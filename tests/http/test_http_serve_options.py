@@ -103,6 +103,8 @@ def test_serve_hands_every_knob_to_the_model_options(monkeypatch: pytest.MonkeyP
             "--kv-cache-memory", "12345",
             "--numeric-policy", "invariant",
             "--async-prefill",
+            "--tensor-parallel-size", "2",
+            "--collective-timeout", "5",
             "--dtype", "float32",
             "--device", "cpu",
             "--attention-backend", "torch",
@@ -122,6 +124,8 @@ def test_serve_hands_every_knob_to_the_model_options(monkeypatch: pytest.MonkeyP
         kv_cache_memory=12345,
         numeric_policy="invariant",
         async_prefill=True,
+        tensor_parallel_size=2,
+        collective_timeout_s=5.0,
     )
     assert options == ModelOptions(
         engine=expected_engine,
