@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from engine.parallel.sharding import LayerSplit
 from engine.progress import SILENT, ProgressSink, task
 
 _DTYPES: dict[str, torch.dtype] = {
@@ -55,6 +56,30 @@ class TensorSlice:
         """This part of a safetensors slice, without reading the rest."""
         index = (slice(None),) * self.dim + (slice(self.start, self.stop),)
         return stored[index]
+
+
+def attention_mlp_slices(
+    layer_prefix: str, layer: LayerSplit, rank: int, head_dim: int, *, with_v: bool = True
+) -> dict[str, TensorSlice]:
+    """One dense decoder layer's slices on ``rank`` under HF names (``layer_prefix`` ends in
+    ``layers.N.``): Q/K/V and gate/up by output rows, O and down by input columns. ``with_v``
+    False: the layer has no v_proj (Gemma 4's K = V global layers)."""
+    assert layer.attention is not None
+    q = layer.attention.heads.span(rank)
+    kv = layer.attention.shared.span(rank)
+    mlp = layer.mlp.span(rank)
+    d, p = head_dim, layer_prefix
+    slices = {
+        p + "self_attn.q_proj.weight": TensorSlice(0, q.start * d, q.stop * d),
+        p + "self_attn.k_proj.weight": TensorSlice(0, kv.start * d, kv.stop * d),
+        p + "self_attn.o_proj.weight": TensorSlice(1, q.start * d, q.stop * d),
+        p + "mlp.gate_proj.weight": TensorSlice(0, mlp.start, mlp.stop),
+        p + "mlp.up_proj.weight": TensorSlice(0, mlp.start, mlp.stop),
+        p + "mlp.down_proj.weight": TensorSlice(1, mlp.start, mlp.stop),
+    }
+    if with_v:
+        slices[p + "self_attn.v_proj.weight"] = TensorSlice(0, kv.start * d, kv.stop * d)
+    return slices
 
 
 @dataclass(frozen=True, slots=True)

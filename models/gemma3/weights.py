@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from engine.parallel.sharding import ShardPlan
-from models.checkpoint import StoredTensor, TensorSlice, TensorSpec, tower_prefix
+from models.checkpoint import StoredTensor, TensorSlice, TensorSpec, attention_mlp_slices, tower_prefix
 from models.gemma3.config import Gemma3Config
 from models.paged_line import WeightMap
 
@@ -94,20 +94,6 @@ def shard_slices(
     slices = {prefix + "embed_tokens.weight": TensorSlice(0, vocab.start, vocab.stop)}
     if not config.tie_word_embeddings:
         slices[lm_head_name(prefix)] = TensorSlice(0, vocab.start, vocab.stop)
-    d = config.head_dim
     for layer in plan.layers:
-        assert layer.attention is not None
-        q = layer.attention.heads.span(rank)
-        kv = layer.attention.shared.span(rank)
-        mlp = layer.mlp.span(rank)
-        p = f"{prefix}layers.{layer.index}."
-        slices |= {
-            p + "self_attn.q_proj.weight": TensorSlice(0, q.start * d, q.stop * d),
-            p + "self_attn.k_proj.weight": TensorSlice(0, kv.start * d, kv.stop * d),
-            p + "self_attn.v_proj.weight": TensorSlice(0, kv.start * d, kv.stop * d),
-            p + "self_attn.o_proj.weight": TensorSlice(1, q.start * d, q.stop * d),
-            p + "mlp.gate_proj.weight": TensorSlice(0, mlp.start, mlp.stop),
-            p + "mlp.up_proj.weight": TensorSlice(0, mlp.start, mlp.stop),
-            p + "mlp.down_proj.weight": TensorSlice(1, mlp.start, mlp.stop),
-        }
+        slices |= attention_mlp_slices(f"{prefix}layers.{layer.index}.", layer, rank, config.head_dim)
     return slices

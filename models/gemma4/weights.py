@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from engine.parallel.sharding import ShardPlan
-from models.checkpoint import StoredTensor, TensorSlice, TensorSpec, tower_prefix
+from models.checkpoint import StoredTensor, TensorSlice, TensorSpec, attention_mlp_slices, tower_prefix
 from models.gemma4.config import SLIDING, Gemma4Config
 from models.paged_line import WeightMap
 
@@ -85,20 +85,7 @@ def shard_slices(
     vocab = plan.vocab.span(rank)
     slices = {prefix + "embed_tokens.weight": TensorSlice(0, vocab.start, vocab.stop)}
     for layer in plan.layers:
-        assert layer.attention is not None
-        d = config.geometry(layer.kind).head_dim
-        q = layer.attention.heads.span(rank)
-        kv = layer.attention.shared.span(rank)
-        mlp = layer.mlp.span(rank)
-        p = f"{prefix}layers.{layer.index}."
-        slices |= {
-            p + "self_attn.q_proj.weight": TensorSlice(0, q.start * d, q.stop * d),
-            p + "self_attn.k_proj.weight": TensorSlice(0, kv.start * d, kv.stop * d),
-            p + "self_attn.o_proj.weight": TensorSlice(1, q.start * d, q.stop * d),
-            p + "mlp.gate_proj.weight": TensorSlice(0, mlp.start, mlp.stop),
-            p + "mlp.up_proj.weight": TensorSlice(0, mlp.start, mlp.stop),
-            p + "mlp.down_proj.weight": TensorSlice(1, mlp.start, mlp.stop),
-        }
-        if layer.kind == SLIDING:
-            slices[p + "self_attn.v_proj.weight"] = TensorSlice(0, kv.start * d, kv.stop * d)
+        head_dim = config.geometry(layer.kind).head_dim
+        layer_prefix = f"{prefix}layers.{layer.index}."
+        slices |= attention_mlp_slices(layer_prefix, layer, rank, head_dim, with_v=layer.kind == SLIDING)
     return slices

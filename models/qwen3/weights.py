@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from engine.parallel.sharding import ShardPlan
-from models.checkpoint import StoredTensor, TensorSlice, TensorSpec
+from models.checkpoint import StoredTensor, TensorSlice, TensorSpec, attention_mlp_slices
 from models.paged_line import WeightMap
 from models.qwen3.config import Qwen3Config
 
@@ -57,19 +57,5 @@ def shard_slices(
     if not c.tie_word_embeddings:
         slices["lm_head.weight"] = TensorSlice(0, vocab.start, vocab.stop)
     for layer in plan.layers:
-        assert layer.attention is not None
-        p = f"model.layers.{layer.index}."
-        q = layer.attention.heads.span(rank)
-        kv = layer.attention.shared.span(rank)
-        mlp = layer.mlp.span(rank)
-        d = c.head_dim
-        slices |= {
-            p + "self_attn.q_proj.weight": TensorSlice(0, q.start * d, q.stop * d),
-            p + "self_attn.k_proj.weight": TensorSlice(0, kv.start * d, kv.stop * d),
-            p + "self_attn.v_proj.weight": TensorSlice(0, kv.start * d, kv.stop * d),
-            p + "self_attn.o_proj.weight": TensorSlice(1, q.start * d, q.stop * d),
-            p + "mlp.gate_proj.weight": TensorSlice(0, mlp.start, mlp.stop),
-            p + "mlp.up_proj.weight": TensorSlice(0, mlp.start, mlp.stop),
-            p + "mlp.down_proj.weight": TensorSlice(1, mlp.start, mlp.stop),
-        }
+        slices |= attention_mlp_slices(f"model.layers.{layer.index}.", layer, rank, c.head_dim)
     return slices
