@@ -21,6 +21,11 @@
 # (issue 19): STAGE=qwen35 runs its steps in the foreground; for the background pipeline name
 # them, e.g.
 #   PIPELINE="qwen35-gpu-tests qwen35-bench-gdn qwen35-gates qwen35-latency qwen35-9b-parity" STAGE=all ...
+# A PIPELINE word may join lanes that run at the same time with "+", each lane a ","-list of steps
+# run in order; the next word starts when every lane has ended. Only correctness steps share the
+# GPU this way (gates hold a fixed KV pool); timed steps stand alone. E.g. Qwen3.5's acceptance run:
+#   PIPELINE="cutlass_dsl,qwen35-gates+qwen35-fla-tests,attn-triton-tests,qwen35-9b-parity
+#             qwen35-bench-gdn qwen35-latency qwen3-latency attn-triton-latency" STAGE=all ...
 # A step that fails does not stop the ones after it. Single steps can still be run by name
 # (STAGE=gemma4-gates, STAGE=buckets, ...), in the foreground.
 set -uo pipefail
@@ -36,7 +41,7 @@ g4=/tmp/ckpt/g4-12b
 q35=/tmp/ckpt/q35-4b
 q35_9b=/tmp/ckpt/q35-9b
 
-synth_q3() { [ -d $q3 ] || infer synth qwen3 --preset 4b --out $q3 --dtype bfloat16 --tokenizer trained --device cuda; }
+synth_q3() { synth_wait q3-4b; [ -d $q3 ] || infer synth qwen3 --preset 4b --out $q3 --dtype bfloat16 --tokenizer trained --device cuda; }
 synth_g4() { [ -d $g4 ] || infer synth gemma4 --preset 12b --out $g4 --dtype bfloat16 --device cuda; }
 # The Qwen3.5 checkpoints may be written in the background at pipeline start (qwen35_synth_bg):
 # a step that needs one waits for its writer (the marker $work/NAME.running) before it looks.
@@ -44,11 +49,15 @@ synth_wait() { while [ -f $work/$1.running ]; do sleep 5; done; }
 synth_q35() { synth_wait q35-4b; [ -d $q35 ] || infer synth qwen35 --preset 4b --out $q35 --dtype bfloat16 --tokenizer trained --device cuda; }
 synth_q35_9b() { synth_wait q35-9b; [ -d $q35_9b ] || infer synth qwen35 --preset 9b --out $q35_9b --dtype bfloat16 --tokenizer trained --device cuda; }
 qwen35_synth_bg() {  # both checkpoints, one after the other, beside the first steps
-  touch $work/q35-4b.running $work/q35-9b.running
+  touch $work/q35-4b.running $work/q35-9b.running $work/q3-4b.running
   ( { [ -d $q35 ] || infer synth qwen35 --preset 4b --out $q35 --dtype bfloat16 --tokenizer trained --device cuda; }
     rm -f $work/q35-4b.running
     { [ -d $q35_9b ] || infer synth qwen35 --preset 9b --out $q35_9b --dtype bfloat16 --tokenizer trained --device cuda; }
-    rm -f $work/q35-9b.running ) >$work/q35-synth.log 2>&1 &
+    rm -f $work/q35-9b.running
+    if [[ "$PIPELINE" == *qwen3-latency* || "$PIPELINE" == *attn-triton-latency* ]]; then
+      { [ -d $q3 ] || infer synth qwen3 --preset 4b --out $q3 --dtype bfloat16 --tokenizer trained --device cuda; }
+    fi
+    rm -f $work/q3-4b.running ) >$work/q35-synth.log 2>&1 &
 }
 
 # One step per function; each writes its reports into $work.
@@ -129,8 +138,11 @@ decode-paths() {  # where a served decode parts from a teacher-forced prefill, p
   synth_g4
   python3 docs/benchmarks/scripts/decode_paths.py $g4 --save $work/gemma4-decode-paths.json
 }
-attn-triton() {  # the split-KV Triton decode attention: its tests on the GPU, then Qwen3-4B latency with it
+attn-triton() { attn-triton-tests; attn-triton-latency; }  # the split-KV Triton decode attention
+attn-triton-tests() {
   python3 -m pytest -q -s --tb=short tests/kernels/test_decode_attention.py tests/kernels/test_triton_decode_backend.py
+}
+attn-triton-latency() {  # Qwen3-4B with it, beside qwen3-latency (FlashInfer) at the same commit
   synth_q3
   infer bench latency --model $q3 --attention-backend triton --batch-sizes 1,8,64 --prefill-lens 1024 \
     --breakdown --save-result $work/qwen3-4b-latency-attn-triton.json
@@ -219,7 +231,7 @@ qwen35-9b-parity() {  # the numeric-parity gates on the 9b
   synth_q35_9b
   infer gates --manifest qwen35 --shared-process --checkpoint $q35_9b \
     --gate qwen35.full_forward_matches_hf --gate qwen35.greedy_matches_hf_generate \
-    --gate qwen35.gdn_backends_agree --json $work/qwen35-9b-parity-gates.json \
+    --json $work/qwen35-9b-parity-gates.json \
     --junit $work/qwen35-9b-parity-gates.xml
 }
 qwen35() {  # every Qwen3.5 step, cheapest first; a step that fails does not stop the next
@@ -237,15 +249,22 @@ pipeline() {
     touch $work/real-g3.running
     (real_g3 >$work/real-g3.log 2>&1; rm -f $work/real-g3.running) &
   fi
-  [[ " $PIPELINE " == *" qwen35-"* ]] && qwen35_synth_bg
-  for step in $PIPELINE; do
-    local started=$SECONDS
-    echo "$(date -u +%T) start $step" >>$work/steps.txt
-    "$step" >$work/$step.log 2>&1
-    local rc=$?
-    echo "$(date -u +%T) end $step rc=$rc in $((SECONDS - started)) s" >>$work/steps.txt
+  [[ "$PIPELINE" == *qwen35-* ]] && qwen35_synth_bg
+  for group in $PIPELINE; do
+    local lane
+    for lane in ${group//+/ }; do
+      ( for step in ${lane//,/ }; do run_step "$step"; done ) &
+    done
+    wait
   done
   rm -f $work/pipeline.running
+}
+run_step() {
+  local started=$SECONDS
+  echo "$(date -u +%T) start $1" >>$work/steps.txt
+  "$1" >$work/$1.log 2>&1
+  local rc=$?
+  echo "$(date -u +%T) end $1 rc=$rc in $((SECONDS - started)) s" >>$work/steps.txt
 }
 
 # Follow until the pipeline ends or this call's time is nearly spent (WAIT_S), then pack $work.
@@ -270,7 +289,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-9b-parity)
+  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-9b-parity)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
