@@ -227,13 +227,13 @@ qwen35-latency() {  # decode and prefill on the 4b, one load per GDN backend (au
       --prefill-lens 1024,8192 --breakdown --save-result $work/qwen35-4b-latency-$backend.json
   done
 }
-qwen35-9b-parity() {  # the numeric-parity gates on the 9b
-  synth_q35_9b
-  infer gates --manifest qwen35 --shared-process --checkpoint $q35_9b \
+qwen35-parity() {  # CHECKPOINT NAME: the two transformers-parity gates alone
+  infer gates --manifest qwen35 --shared-process --checkpoint "$1" \
     --gate qwen35.full_forward_matches_hf --gate qwen35.greedy_matches_hf_generate \
-    --json $work/qwen35-9b-parity-gates.json \
-    --junit $work/qwen35-9b-parity-gates.xml
+    --json $work/qwen35-$2-parity-gates.json --junit $work/qwen35-$2-parity-gates.xml
 }
+qwen35-4b-parity() { synth_q35; qwen35-parity $q35 4b; }
+qwen35-9b-parity() { synth_q35_9b; qwen35-parity $q35_9b 9b; }
 qwen35() {  # every Qwen3.5 step, cheapest first; a step that fails does not stop the next
   for step in qwen35-gpu-tests qwen35-bench-gdn qwen35-gates qwen35-latency qwen35-9b-parity; do
     echo "== $step"; "$step" || echo "$step failed rc=$?"
@@ -289,7 +289,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-9b-parity)
+  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
