@@ -17,11 +17,34 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 
-@pytest.fixture(scope="session")
-def tiny_qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """`infer synth qwen3 --preset tiny`, written once per test session."""
+def _tiny_checkpoint(factory: pytest.TempPathFactory, family: str) -> Path:
+    """`infer synth FAMILY --preset tiny` (fp32, CPU), written once per test session and worker."""
     from models.synth.writer import SynthRequest, synthesize
 
-    out = tmp_path_factory.mktemp("tiny-qwen3")
-    synthesize(SynthRequest(family="qwen3", preset="tiny", out=out, device="cpu"))
+    out = factory.mktemp(f"tiny-{family}")
+    synthesize(SynthRequest(family=family, preset="tiny", out=out, device="cpu"))
     return out
+
+
+# Tests read these checkpoints and never write into them: a test that needs a variant copies one.
+@pytest.fixture(scope="session")
+def tiny_qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _tiny_checkpoint(tmp_path_factory, "qwen3")
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma4(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Model type gemma4_text, both layer kinds, window 8-16."""
+    return _tiny_checkpoint(tmp_path_factory, "gemma4")
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """gemma3_text, both layer kinds, the last layer sliding, window 12."""
+    return _tiny_checkpoint(tmp_path_factory, "gemma3")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen35(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """qwen3_5_text, GDN and full-attention layers."""
+    return _tiny_checkpoint(tmp_path_factory, "qwen35")

@@ -142,15 +142,6 @@ def test_the_sliding_group_never_refuses_what_the_full_group_holds() -> None:
 # -- the tiny Gemma 4 ------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def tiny_gemma4(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from models.synth.writer import SynthRequest, synthesize
-
-    out = tmp_path_factory.mktemp("tiny-gemma4-split")
-    synthesize(SynthRequest(family="gemma4", preset="tiny", out=out, device="cpu"))
-    return out
-
-
 def _hf_greedy(checkpoint: Path, prompts: list[tuple[int, ...]], new_tokens: int) -> list[list[int]]:
     """What tests/gemma4/test_http_serve.py holds the served tokens to: transformers' greedy."""
     hf = hf_model(checkpoint, torch.device("cpu"), torch.float32)

@@ -23,28 +23,19 @@ PROMPTS = ("The quick brown fox", "Hello, who are you?")
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from models.synth.writer import SynthRequest, synthesize
-
-    out = tmp_path_factory.mktemp("tiny-gemma4")
-    synthesize(SynthRequest(family="gemma4", preset="tiny", out=out, device="cpu"))
-    return out
-
-
-@pytest.fixture(scope="module")
-def base_url(checkpoint: Path) -> Iterator[str]:
-    model = load_model(str(checkpoint), ModelOptions(engine=EngineConfig(num_kv_pages=64), device="cpu"))
+def base_url(tiny_gemma4: Path) -> Iterator[str]:
+    model = load_model(str(tiny_gemma4), ModelOptions(engine=EngineConfig(num_kv_pages=64), device="cpu"))
     with BackgroundServer(create_app(model, ServerSettings(served_model_name="tiny-gemma4"))) as server:
         yield server.base_url
 
 
 @pytest.fixture(scope="module")
-def hf(checkpoint: Path) -> tuple[Any, Any]:
+def hf(tiny_gemma4: Path) -> tuple[Any, Any]:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(checkpoint)), hf_model(
-        checkpoint, torch.device("cpu"), torch.float32
+    return AutoTokenizer.from_pretrained(str(tiny_gemma4)), hf_model(
+        tiny_gemma4, torch.device("cpu"), torch.float32
     )
 
 

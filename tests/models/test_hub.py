@@ -22,15 +22,6 @@ V2 = "0" * 39 + "2"
 OPTIONS = ModelOptions(engine=EngineConfig(num_kv_pages=32), device="cpu")
 
 
-@pytest.fixture(scope="module")
-def tiny_gemma4(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from models.synth.writer import SynthRequest, synthesize
-
-    out = tmp_path_factory.mktemp("tiny-gemma4")
-    synthesize(SynthRequest(family="gemma4", preset="tiny", out=out, device="cpu"))
-    return out
-
-
 def _snapshot(cache: Path, repo_id: str, commit: str, checkpoint: Path, *refs: str) -> Path:
     """The hub cache layout: files in blobs/, the snapshot's entries link to them, refs/ name
     commits."""

@@ -26,15 +26,6 @@ from gates.harness.invariance import (
 )
 
 
-@pytest.fixture(scope="module")
-def tiny_gemma4(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from models.synth.writer import SynthRequest, synthesize
-
-    out = tmp_path_factory.mktemp("tiny-gemma4-numerics")
-    synthesize(SynthRequest(family="gemma4", preset="tiny", out=out, device="cpu"))
-    return out
-
-
 def _checkpoint(request: pytest.FixtureRequest, family: str) -> Path:
     return Path(request.getfixturevalue(f"tiny_{family}"))
 
