@@ -2,12 +2,16 @@
 
 Decode: B requests with C-token contexts decode together; a step is timed end to end on the host
 (scheduler, graph replay, sampling, tokens back), and the captured graph's replay alone with CUDA
-events. Floor: (weights + the batch's KV) / measured copy bandwidth. Under async scheduling a step
+events. Floor: (weights + the batch's KV) / measured copy bandwidth, and beside it the same bytes over
+the measured read-only stream rate (a GEMV streams ~5 % faster per byte than a copy moves them).
+Under async scheduling a step
 launches the next forward and returns the previous one's tokens, so the steps are timed back to back
 with no synchronisation between them: each one's time is the steady-state interval between two
 tokens of every row, host work included wherever it did not overlap the device.
 Prefill: one request of L tokens prefilled in one step. Floor: flops / measured bf16 matmul rate.
-Both ceilings are measured in the same run, never taken from a data sheet.
+Every ceiling is measured in the same run, never taken from a data sheet. Each result also counts
+the caching allocator's device allocations, frees and retries during its timed steps: any at all
+means a step paid for `cudaMalloc`/`cudaFree` (which synchronise) rather than for its kernels.
 One run may cover several numeric policies (`PolicyRun`, one model load each); every result row in
 the JSON carries the policy it ran under.
 """
@@ -27,7 +31,7 @@ from engine.forward_batch import RooflineFacts
 from engine.model_runner import PagedModelRunner
 from engine.scheduler import BatchScheduler
 from infer_cli.bench.step_profile import StepBreakdown, profile_steps
-from infer_cli.bench.timing import copy_gb_per_s, device_ms, matmul_tflops
+from infer_cli.bench.timing import copy_gb_per_s, device_ms, matmul_tflops, stream_gb_per_s
 
 # Steps profiled for a breakdown (`breakdown=True`), after the timed ones.
 PROFILED_STEPS = 3
@@ -46,17 +50,54 @@ def _breakdown(scheduler: BatchScheduler, host_ms: float, steps: int) -> StepBre
 
 
 @dataclass(frozen=True, slots=True)
+class AllocatorCounts:
+    """What the CUDA caching allocator did during timed steps (`torch.cuda.memory_stats` deltas)."""
+
+    device_allocs: int
+    device_frees: int
+    retries: int
+
+    @property
+    def quiet(self) -> bool:
+        return not (self.device_allocs or self.device_frees or self.retries)
+
+
+_ALLOCATOR_KEYS = ("num_device_alloc", "num_device_free", "num_alloc_retries")
+
+
+def _allocator_stats() -> tuple[int, ...] | None:
+    if not torch.cuda.is_available():
+        return None
+    stats = torch.cuda.memory_stats()
+    return tuple(int(stats.get(key, 0)) for key in _ALLOCATOR_KEYS)
+
+
+def _allocator_since(before: tuple[int, ...] | None) -> AllocatorCounts | None:
+    after = _allocator_stats()
+    if before is None or after is None:
+        return None
+    allocs, frees, retries = (a - b for a, b in zip(after, before, strict=True))
+    return AllocatorCounts(allocs, frees, retries)
+
+
+@dataclass(frozen=True, slots=True)
 class DecodeResult:
     batch: int
     context: int
     step_ms: float
     replay_ms: float | None
     floor_ms: float
+    stream_floor_ms: float
     breakdown: StepBreakdown | None = None
+    allocator: AllocatorCounts | None = None
 
     @property
     def step_pct_of_floor(self) -> float:
         return 100.0 * self.floor_ms / self.step_ms
+
+    @property
+    def step_pct_of_stream_floor(self) -> float:
+        return 100.0 * self.stream_floor_ms / self.step_ms
 
     @property
     def tokens_per_s(self) -> float:
@@ -69,6 +110,7 @@ class PrefillResult:
     ms: float
     floor_ms: float
     breakdown: StepBreakdown | None = None
+    allocator: AllocatorCounts | None = None
 
     @property
     def pct_of_floor(self) -> float:
@@ -83,15 +125,24 @@ class PrefillResult:
 class Ceilings:
     copy_gb_per_s: float
     matmul_tflops: float
+    stream_gb_per_s: float
 
 
 def measure_ceilings(device: torch.device) -> Ceilings:
-    return Ceilings(copy_gb_per_s=copy_gb_per_s(device), matmul_tflops=matmul_tflops(device))
+    return Ceilings(
+        copy_gb_per_s=copy_gb_per_s(device),
+        matmul_tflops=matmul_tflops(device),
+        stream_gb_per_s=stream_gb_per_s(device),
+    )
 
 
-def decode_floor_ms(facts: RooflineFacts, batch: int, context: int, ceilings: Ceilings) -> float:
+def decode_floor_ms(
+    facts: RooflineFacts, batch: int, context: int, ceilings: Ceilings, *, stream: bool = False
+) -> float:
+    """The decode step's bytes over the copy bandwidth, or (`stream`) the read-only stream rate."""
     moved = facts.weight_bytes + batch * context * facts.kv_bytes_per_token
-    return moved / (ceilings.copy_gb_per_s * 1e9) * 1e3
+    rate = ceilings.stream_gb_per_s if stream else ceilings.copy_gb_per_s
+    return moved / (rate * 1e9) * 1e3
 
 
 def prefill_floor_ms(facts: RooflineFacts, tokens: int, ceilings: Ceilings) -> float:
@@ -145,6 +196,7 @@ def bench_decode(
     pipelined = scheduler.async_stats.launches > 0
     times = []
     _sync()
+    allocator = _allocator_stats()
     for _ in range(iters):
         if not pipelined:
             # A synchronous step ends on its token readback already; this only keeps it honest.
@@ -157,11 +209,19 @@ def bench_decode(
                 f"a timed decode step returned {len(outputs.updates)} updates for {batch} rows"
             )
     step_ms = statistics.median(times)
+    allocated = _allocator_since(allocator)
     profile = _breakdown(scheduler, step_ms, PROFILED_STEPS) if breakdown else None
     replay = _replay_ms(scheduler.runner, batch)
     _idle(scheduler)
     return DecodeResult(
-        batch, context, step_ms, replay, decode_floor_ms(facts, batch, context, ceilings), profile
+        batch,
+        context,
+        step_ms,
+        replay,
+        decode_floor_ms(facts, batch, context, ceilings),
+        decode_floor_ms(facts, batch, context, ceilings, stream=True),
+        profile,
+        allocated,
     )
 
 
@@ -196,7 +256,10 @@ def bench_prefill(
         return rid
 
     times = []
+    allocator: tuple[int, ...] | None = None
     for i in range(iters + 1):
+        if i == 1:
+            allocator = _allocator_stats()
         rid = submit(i)
         _sync()
         start = time.perf_counter()
@@ -209,12 +272,13 @@ def bench_prefill(
         if i:  # the first run warms kernels for this shape
             times.append(elapsed)
     ms = statistics.median(times)
+    allocated = _allocator_since(allocator)
     profile = None
     if breakdown:
         submit(iters + 1)
         profile = _breakdown(scheduler, ms, steps=1)
         _idle(scheduler)
-    return PrefillResult(tokens, ms, prefill_floor_ms(facts, tokens, ceilings), profile)
+    return PrefillResult(tokens, ms, prefill_floor_ms(facts, tokens, ceilings), profile, allocated)
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,7 +305,11 @@ def results_json(runs: Sequence[PolicyRun], ceilings: Ceilings, facts: RooflineF
         "decode": [
             {"policy": run.policy}
             | _row(d)
-            | {"pct_of_floor": d.step_pct_of_floor, "tokens_per_s": d.tokens_per_s}
+            | {
+                "pct_of_floor": d.step_pct_of_floor,
+                "pct_of_stream_floor": d.step_pct_of_stream_floor,
+                "tokens_per_s": d.tokens_per_s,
+            }
             for run in runs
             for d in run.decode
         ],

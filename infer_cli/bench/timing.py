@@ -1,4 +1,4 @@
-"""The one device timer every benchmark uses, and the two ceilings floors are built from.
+"""The one device timer every benchmark uses, and the ceilings floors are built from.
 
 `device_ms` is the median of `triton.testing.do_bench`: CUDA events around each call after a
 warm-up, with the L2 cache flushed before every call, so a call is timed as it runs in a step, not
@@ -13,6 +13,10 @@ from collections.abc import Callable, Sequence
 import torch
 
 COPY_BYTES = 1 << 30
+# The read-only stream is one GEMV over a weight far larger than L2 (50 MB), as a decode step reads
+# its weights; K is Qwen3-4B's O projection's.
+STREAM_BYTES = 2 << 30
+STREAM_K = 4096
 MATMUL_N = 8192
 
 
@@ -45,6 +49,17 @@ def copy_gb_per_s(device: torch.device, nbytes: int = COPY_BYTES) -> float:
     src = torch.empty(nbytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
     return 2 * nbytes / (device_ms(lambda: dst.copy_(src)) * 1e-3) / 1e9
+
+
+def stream_gb_per_s(device: torch.device, nbytes: int = STREAM_BYTES) -> float:
+    """Read-only stream rate in GB/s: the bytes of a random bf16 weight [N, 4096] over the time of
+    one cuBLAS GEMV against it (one row), the way a decode step streams its weights. A copy moves
+    each byte twice (read and write); a read-only stream measured ~5 % faster per byte on the H200
+    (shared/perf-notes.md, section 7), so decode floors are reported against both."""
+    weight = torch.randn(nbytes // (2 * STREAM_K), STREAM_K, device=device, dtype=torch.bfloat16)
+    row = torch.randn(1, STREAM_K, device=device, dtype=torch.bfloat16)
+    ms = device_ms(lambda: torch.nn.functional.linear(row, weight))
+    return weight.numel() * weight.element_size() / (ms * 1e-3) / 1e9
 
 
 def matmul_tflops(device: torch.device, n: int = MATMUL_N) -> float:

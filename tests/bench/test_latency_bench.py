@@ -19,12 +19,14 @@ FACTS = RooflineFacts(
     kv_bytes_per_token=1000,
     attention_flops_per_pair=10,
 )
-CEILINGS = Ceilings(copy_gb_per_s=4000.0, matmul_tflops=800.0)
+CEILINGS = Ceilings(copy_gb_per_s=4000.0, matmul_tflops=800.0, stream_gb_per_s=4200.0)
 
 
 def test_decode_floor_counts_weights_and_the_batch_kv() -> None:
-    # 8 GB of weights + 64 rows × 512 tokens × 1000 B of KV, at 4000 GB/s.
-    assert decode_floor_ms(FACTS, 64, 512, CEILINGS) == pytest.approx((8e9 + 64 * 512 * 1000) / 4000e9 * 1e3)
+    # 8 GB of weights + 64 rows × 512 tokens × 1000 B of KV, at 4000 GB/s copied, 4200 GB/s streamed.
+    moved = 8e9 + 64 * 512 * 1000
+    assert decode_floor_ms(FACTS, 64, 512, CEILINGS) == pytest.approx(moved / 4000e9 * 1e3)
+    assert decode_floor_ms(FACTS, 64, 512, CEILINGS, stream=True) == pytest.approx(moved / 4200e9 * 1e3)
 
 
 def test_prefill_floor_counts_projections_and_causal_attention() -> None:
@@ -50,6 +52,8 @@ def test_bench_loops_run_and_leave_the_engine_idle(tiny_qwen3: Path, async_sched
     prefill = bench_prefill(scheduler, facts, CEILINGS, tokens=48, iters=2)
     assert decode.batch == 4 and decode.step_ms > 0 and decode.replay_ms is None
     assert prefill.tokens == 48 and prefill.ms > 0
+    # The allocator is CUDA's: on the CPU there is nothing to count.
+    assert decode.allocator is None and prefill.allocator is None
     load = scheduler.load()
     assert (load.running, load.waiting, load.kv_pages_used) == (0, 0, 0)
     assert (scheduler.async_stats.launches > 0) == async_scheduling
@@ -61,7 +65,7 @@ def test_results_json_tags_every_row_with_its_policy() -> None:
     runs = [
         PolicyRun(
             policy,
-            tuple(DecodeResult(b, 512, 2.0, 1.5, 1.0) for b in (1, 8)),
+            tuple(DecodeResult(b, 512, 2.0, 1.5, 1.0, 0.9) for b in (1, 8)),
             (PrefillResult(8192, 50.0, 40.0),),
         )
         for policy in ("tuned", "invariant")
@@ -79,6 +83,7 @@ def test_results_json_tags_every_row_with_its_policy() -> None:
     ]
     assert [(row["policy"], row["tokens"]) for row in prefill] == [("tuned", 8192), ("invariant", 8192)]
     assert decode[0]["pct_of_floor"] == pytest.approx(50.0)
+    assert decode[0]["pct_of_stream_floor"] == pytest.approx(45.0)
 
 
 def test_latency_cli_refuses_an_unknown_policy_by_name_before_anything_loads(tmp_path: Path) -> None:

@@ -78,7 +78,7 @@ def _tiny_scheduler(checkpoint: Path) -> tuple[BatchScheduler, RooflineFacts]:
 
 def test_bench_loops_attach_a_breakdown_and_the_json_carries_it(tiny_qwen3: Path) -> None:
     scheduler, facts = _tiny_scheduler(tiny_qwen3)
-    ceilings = Ceilings(copy_gb_per_s=4000.0, matmul_tflops=800.0)
+    ceilings = Ceilings(copy_gb_per_s=4000.0, matmul_tflops=800.0, stream_gb_per_s=4200.0)
     decode = bench_decode(scheduler, facts, ceilings, batch=2, context=20, iters=2, breakdown=True)
     prefill = bench_prefill(scheduler, facts, ceilings, tokens=32, iters=1, breakdown=True)
     for b in (decode.breakdown, prefill.breakdown):
@@ -100,7 +100,7 @@ def test_a_profiler_that_fails_leaves_the_timings(
 
     monkeypatch.setattr("infer_cli.bench.latency.profile_steps", broken)
     scheduler, facts = _tiny_scheduler(tiny_qwen3)
-    ceilings = Ceilings(copy_gb_per_s=4000.0, matmul_tflops=800.0)
+    ceilings = Ceilings(copy_gb_per_s=4000.0, matmul_tflops=800.0, stream_gb_per_s=4200.0)
     decode = bench_decode(scheduler, facts, ceilings, batch=2, context=20, iters=2, breakdown=True)
     assert decode.breakdown is None and decode.step_ms > 0
     assert "CUPTI_ERROR_NOT_INITIALIZED" in caplog.text
