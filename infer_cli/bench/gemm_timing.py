@@ -45,7 +45,8 @@ from infer_cli.bench.timing import copy_gb_per_s as copy_bandwidth
 from infer_cli.bench.timing import cuda_device, graph_us, versions
 from kernels.gemm.skinny_candidates import candidate_settings
 from kernels.gemm.skinny_dispatch import Backend, ChoiceTable, ShapeChoice, SkinnyDispatch, dtype_name
-from kernels.triton.skinny_gemm import MAX_ROWS, SkinnySettings, pdl_supported
+from kernels.triton.skinny_gemm import MAX_ROWS, SkinnySettings
+from kernels.triton.storage import pdl_supported
 from models.synth.families.gemma4 import GEMMA4
 from models.synth.families.qwen3 import QWEN3
 

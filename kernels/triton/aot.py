@@ -49,11 +49,13 @@ def compile_variant(
     *,
     arch: int = 90,
     launch: PrepLaunchConfig = DEFAULT_LAUNCH,
+    pdl: bool = True,
 ) -> object:
-    """The compiled kernel (cubin included) for one variant on ``sm_{arch}``."""
+    """The compiled kernel (cubin included) for one variant on ``sm_{arch}``, PDL on as a GPU of
+    that arch launches it (or off)."""
     if interpreted():
         raise RuntimeError("ahead-of-time compilation needs TRITON_INTERPRET unset")
-    constexprs = prep_constexprs(spec, q_heads, kv_heads, dtype, launch)
+    constexprs = prep_constexprs(spec, q_heads, kv_heads, dtype, launch, pdl=pdl)
     names = list(attention_prep_kernel.arg_names)
     signature: dict[str, str] = {}
     for name in names:
@@ -80,15 +82,18 @@ def compile_variant(
         constexprs={(names.index(name),): value for name, value in constexprs.items()},
         attrs={(names.index(name),): [["tt.divisibility", 16]] for name in aligned},
     )
-    options = {"num_warps": launch.num_warps, "enable_fp_fusion": False}
+    options = {"num_warps": launch.num_warps, "enable_fp_fusion": False, "launch_pdl": pdl}
     return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
 
 
 def main() -> int:
     for spec, q_heads, kv_heads in SERVING_VARIANTS:
         for dtype in POINTER_TYPES:
-            compile_variant(spec, q_heads, kv_heads, dtype)
-        print(f"compiled {spec.name} q_heads={q_heads} kv_heads={kv_heads} for sm_90")
+            ptx = str(compile_variant(spec, q_heads, kv_heads, dtype).asm.get("ptx", ""))  # type: ignore[attr-defined]
+            if "griddepcontrol.wait" not in ptx or "griddepcontrol.launch_dependents" not in ptx:
+                print(f"FAILED {spec.name} {dtype}: no griddepcontrol instructions", file=sys.stderr)
+                return 1
+        print(f"compiled {spec.name} q_heads={q_heads} kv_heads={kv_heads} for sm_90 with PDL")
     return 0
 
 

@@ -23,7 +23,7 @@ from kernels.triton.prep_kernel import (
     WEIGHT_W,
     attention_prep_kernel,
 )
-from kernels.triton.storage import STORAGE_TYPES
+from kernels.triton.storage import STORAGE_TYPES, pdl_supported
 
 
 class PrepLaunchError(ValueError):
@@ -66,9 +66,16 @@ def blocks_per_row(
 
 
 def prep_constexprs(
-    spec: PrepSpec, q_heads: int, kv_heads: int, dtype: torch.dtype, launch: PrepLaunchConfig = DEFAULT_LAUNCH
+    spec: PrepSpec,
+    q_heads: int,
+    kv_heads: int,
+    dtype: torch.dtype,
+    launch: PrepLaunchConfig = DEFAULT_LAUNCH,
+    *,
+    pdl: bool = False,
 ) -> dict[str, int | bool | tl.dtype]:
-    """The kernel's compile-time parameters for one variant and head count."""
+    """The kernel's compile-time parameters for one variant and head count (`pdl`: launched with
+    programmatic dependent launch, kernels/triton/storage.py)."""
     return {
         "NUM_Q_HEADS": q_heads,
         "NUM_KV_HEADS": kv_heads,
@@ -86,6 +93,7 @@ def prep_constexprs(
         "PAIR_OFFSET": spec.rope.pair_offset,
         "PAGE_SIZE": PAGE_SIZE,
         "STORAGE": STORAGE_TYPES[dtype],
+        "PDL": pdl,
     }
 
 
@@ -200,6 +208,7 @@ def attention_prep(
 
     q_blocks, kv_blocks = blocks_per_row(spec, q.shape[1], k.shape[1], launch)
     grid = (count, q_blocks + kv_blocks)
+    pdl = pdl_supported(q.device)
     # Unused pointers still need a tensor of the right device; they are never dereferenced.
     v_arg = v if v is not None else k
     gate_arg = gate_out if gate_out is not None else q_out
@@ -236,8 +245,9 @@ def attention_prep(
         kv_pool_layer.stride(1),
         kv_pool_layer.stride(2),
         kv_pool_layer.stride(3),
-        **prep_constexprs(spec, q.shape[1], k.shape[1], q.dtype, launch),
+        **prep_constexprs(spec, q.shape[1], k.shape[1], q.dtype, launch, pdl=pdl),
         num_warps=launch.num_warps,
+        **({"launch_pdl": True} if pdl else {}),
         # No fused multiply-add: the reference rounds every product on its own (fp32 storage too).
         enable_fp_fusion=False,
     )

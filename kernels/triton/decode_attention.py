@@ -53,8 +53,11 @@ writes only its own output row.
 
 Under `TRITON_INTERPRET=1` the same program runs on the CPU. Both dots are fp32 with IEEE
 products (`input_precision="ieee"`: no TF32, and the interpreter's bf16 dot is never used); the
-tensor-core bf16 QKᵀ is a later lever, not measured yet. No PDL yet. Nothing here has run on a GPU:
-the sm_90 build is checked offline (`python -m kernels.triton.decode_attention_aot`).
+tensor-core bf16 QKᵀ is a later lever, not measured yet. PDL on sm_90+ (kernels/triton/storage.py):
+both kernels let the next one launch at once, and wait for the one before only after reading the
+KV lengths, so the O projection after the merge can start streaming its weights during attention.
+Nothing here has run on a GPU: the sm_90 build, PDL included, is checked offline
+(`python -m kernels.triton.decode_attention_aot`).
 """
 
 from __future__ import annotations
@@ -68,7 +71,7 @@ import triton.language as tl
 from kernels.attention.base import AttentionLayerSpec
 from kernels.kv_layout import PAGE_SIZE, check_pool_layer
 from kernels.triton.prep_kernel import _round_to_storage
-from kernels.triton.storage import STORAGE_TYPES, interpreted
+from kernels.triton.storage import STORAGE_TYPES, interpreted, pdl_supported
 
 # Tokens per split, at absolute positions. A constant, never derived from the batch: that is the
 # batch invariance. 64 tokens (4 pages) spreads a 512-token KV over 8 programs per KV head.
@@ -195,14 +198,20 @@ def _decode_attention_split_kernel(
     PROGRAMS: tl.constexpr,
     PAGE: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     row = tl.program_id(0)
     kvh = tl.program_id(1)
     prog = tl.program_id(2)
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()  # the merge may launch now and wait for us
+    # KV lengths come from host copies made before the step: readable before the wait.
     kv_len = tl.load(kv_len_ptr + row)
     start, first, n_splits = _visible_splits(kv_len, window, SPLIT, HAS_WINDOW)
     # This program's first split: the smallest s ≥ first with s ≡ prog (mod PROGRAMS).
     s0 = first + (prog - first % PROGRAMS + PROGRAMS) % PROGRAMS
+    if PDL:
+        tl.extra.cuda.gdc_wait()  # q and the newest K/V are the prep kernel's output
     if s0 < n_splits:
         g = tl.arange(0, GROUP_PAD)
         d = tl.arange(0, HEAD_DIM)
@@ -262,10 +271,16 @@ def _decode_attention_merge_kernel(
     PROGRAMS: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
     STORAGE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     row = tl.program_id(0)
     kvh = tl.program_id(1)
+    if PDL:
+        # The next kernel (the O projection) may start streaming its weights while we merge.
+        tl.extra.cuda.gdc_launch_dependents()
     kv_len = tl.load(kv_len_ptr + row)
+    if PDL:
+        tl.extra.cuda.gdc_wait()  # the partials are the split kernel's output
     _start, first, n_splits = _visible_splits(kv_len, window, SPLIT, HAS_WINDOW)
     live = tl.minimum(n_splits - first, PROGRAMS)  # programs that wrote a partial, ≥ 1
     g = tl.arange(0, GROUP_PAD)
@@ -388,6 +403,7 @@ def decode_attention(
     if scratch is None:
         scratch = DecodeScratch.allocate(geometry, rows, q.device)
     window = 0 if layer.window is None else layer.window
+    pdl = pdl_supported(q.device)
     shared = dict(
         KV_HEADS=layer.num_kv_heads,
         GROUP=geometry.group,
@@ -396,9 +412,12 @@ def decode_attention(
         SPLIT=SPLIT_TOKENS,
         PROGRAMS=PROGRAMS_PER_HEAD,
         HAS_WINDOW=layer.window is not None,
+        PDL=pdl,
     )
     # No FMA contraction: the spec multiplies and adds separately (as in every kernel here).
     launch: dict[str, object] = {"num_warps": NUM_WARPS, "enable_fp_fusion": False}
+    if pdl:
+        launch["launch_pdl"] = True
     _decode_attention_split_kernel[(rows, layer.num_kv_heads, PROGRAMS_PER_HEAD)](
         q,
         pool_layer,

@@ -74,14 +74,15 @@ def _compile(
         constexprs={(names.index(name),): value for name, value in constexprs.items()},
         attrs=attrs,
     )
-    options = {"num_warps": NUM_WARPS, "enable_fp_fusion": False}
+    options = {"num_warps": NUM_WARPS, "enable_fp_fusion": False, "launch_pdl": bool(constexprs["PDL"])}
     return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
 
 
 def compile_variant(
-    layer: AttentionLayerSpec, dtype: torch.dtype, *, arch: int = 90
+    layer: AttentionLayerSpec, dtype: torch.dtype, *, arch: int = 90, pdl: bool = True
 ) -> tuple[object, object]:
-    """The compiled (split, merge) kernels for one layer geometry and storage dtype on ``sm_{arch}``."""
+    """The compiled (split, merge) kernels for one layer geometry and storage dtype on ``sm_{arch}``,
+    PDL on as a GPU of that arch launches them (or off)."""
     if interpreted():
         raise RuntimeError("ahead-of-time compilation needs TRITON_INTERPRET unset")
     geometry = DecodeGeometry.of(layer)
@@ -93,6 +94,7 @@ def compile_variant(
         "SPLIT": SPLIT_TOKENS,
         "PROGRAMS": PROGRAMS_PER_HEAD,
         "HAS_WINDOW": layer.window is not None,
+        "PDL": pdl,
     }
     # Pool strides are multiples of 16 elements at every serving geometry; q's row and head
     # strides too (q is dense, or a view of a fused QKV projection whose widths are).
@@ -121,6 +123,12 @@ def compile_variant(
     return split, merge
 
 
+def _waits_on_the_grid(kernel: object) -> bool:
+    """Whether a kernel's PTX has both PDL instructions."""
+    ptx = str(kernel.asm.get("ptx", ""))  # type: ignore[attr-defined]
+    return "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx
+
+
 def main() -> int:
     failures = []
     for heads, kv_heads, head_dim, window, dtype in SERVING_VARIANTS:
@@ -128,11 +136,14 @@ def main() -> int:
         kernels = compile_variant(layer, dtype)
         name = f"q_heads={heads} kv_heads={kv_heads} head_dim={head_dim} window={window} {dtype}"
         if not all(kernel.asm.get("cubin") for kernel in kernels):  # type: ignore[attr-defined]
-            failures.append(name)
+            failures.append(f"{name}: no cubin")
             continue
-        print(f"compiled decode attention {name} for sm_90")
+        if not all(_waits_on_the_grid(kernel) for kernel in kernels):
+            failures.append(f"{name}: no griddepcontrol instructions")
+            continue
+        print(f"compiled decode attention {name} for sm_90 with PDL")
     for failure in failures:
-        print(f"FAILED {failure}: no cubin", file=sys.stderr)
+        print(f"FAILED {failure}", file=sys.stderr)
     return 1 if failures else 0
 
 

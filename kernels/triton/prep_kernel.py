@@ -294,15 +294,22 @@ def attention_prep_kernel(
     PAIR_OFFSET: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     STORAGE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64) + row_offset
     block = tl.program_id(1)
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()  # attention may launch now and wait for us
+    # Positions come from host copies made before the step and the rope table never changes: both
+    # are read before the wait, while the projection before us finishes.
     position = tl.load(positions_ptr + row).to(tl.int64)
     _, is_first, is_second, _, freq_index = _rotation_geometry(HEAD_DIM, TURNING_PAIRS, PAIR_OFFSET)
     turning = is_first | is_second
     rope_row = rope_ptr + position * stride_rope_position + freq_index
     cos = tl.load(rope_row, mask=turning, other=1.0).to(tl.float32)
     sin = tl.load(rope_row + stride_rope_kind, mask=turning, other=0.0).to(tl.float32)
+    if PDL:
+        tl.extra.cuda.gdc_wait()  # q, k and v are the projection's output
 
     if block < NUM_Q_BLOCKS:
         _prep_q_block(

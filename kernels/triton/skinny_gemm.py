@@ -51,7 +51,6 @@ truncates fp32 → bf16 where the GPU rounds to nearest-even, and both must comp
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -60,7 +59,7 @@ import triton
 import triton.language as tl
 
 from kernels.triton.prep_kernel import _round_to_storage
-from kernels.triton.storage import STORAGE_TYPES, interpreted
+from kernels.triton.storage import STORAGE_TYPES, interpreted, pdl_supported
 
 MAX_ROWS = 64
 # Elements of one program's weight tile: 16384 bf16 values are 32 KB, 64 registers per thread at
@@ -205,33 +204,6 @@ def json_int(data: Mapping[str, object], key: str, default: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise SkinnyShapeError(f"{key}={value!r}: must be an integer")
     return value
-
-
-# ------------------------------------------------------------------------------------------- PDL
-
-
-@functools.cache
-def _triton_has_pdl() -> bool:
-    try:
-        from triton.backends.nvidia.compiler import CUDAOptions
-        from triton.language.extra import cuda as tl_cuda
-    except ImportError:
-        return False
-    ops = hasattr(tl_cuda, "gdc_wait") and hasattr(tl_cuda, "gdc_launch_dependents")
-    return ops and "launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {})
-
-
-@functools.cache
-def _capability_has_pdl(index: int) -> bool:
-    return torch.cuda.get_device_capability(index) >= (9, 0)
-
-
-def pdl_supported(device: torch.device) -> bool:
-    """Whether a launch on ``device`` can use PDL: CUDA, sm_90 or newer, a Triton with the ops."""
-    if interpreted() or device.type != "cuda":
-        return False
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return _capability_has_pdl(index) and _triton_has_pdl()
 
 
 # ---------------------------------------------------------------------------------------- kernels

@@ -38,7 +38,8 @@ from kernels.gemm.skinny_candidates import candidate_settings
 from kernels.gemm.skinny_dispatch import Backend, ChoiceTable, DispatchTableError, ShapeChoice, SkinnyDispatch
 from kernels.reference import SpecError
 from kernels.triton.skinny_aot import SERVING_SHAPES
-from kernels.triton.skinny_gemm import MAX_ROWS, SkinnySettings, SkinnyShapeError, pdl_supported, skinny_gemm
+from kernels.triton.skinny_gemm import MAX_ROWS, SkinnySettings, SkinnyShapeError, skinny_gemm
+from kernels.triton.storage import pdl_supported
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
