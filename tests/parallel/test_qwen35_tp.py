@@ -177,6 +177,33 @@ def test_abort_gives_pages_and_state_slots_back_on_every_rank(
     assert_logprobs_close(got_logprobs, expected_logprobs, BOUND_FACTOR * fp32_error)
 
 
+def test_prefix_cache_hits_restore_every_ranks_state_snapshot(
+    tiny: Path, engines: dict[int, LoadedModel], fp32_error: float
+) -> None:
+    """With prefix caching, the snapshot of a state slot at a page boundary is a copy on every rank
+    (each of its own heads). A resent 70-token prompt hits 64 tokens (the snapshot below its last
+    token) and gives the tokens and log-probs of one rank without a cache."""
+    prompt = tuple((13 * i + 7) % 1000 + 1 for i in range(70))
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=1)
+    expected, expected_logprobs = logprobs_of(engines[1], [Request("cold", prompt, params)])
+    model = load(tiny, 2, enable_prefix_caching=True)
+    try:
+        scheduler = scheduler_of(model)
+        logprobs_of(model, [Request("first", prompt, params)])
+        scheduler.submit(Request("again", prompt, params))
+        cached, tokens, logprobs = None, [], []
+        while scheduler.has_work():
+            for update in scheduler.step().updates:
+                cached = update.cached_tokens if update.cached_tokens is not None else cached
+                tokens.extend(update.new_token_ids)
+                logprobs.extend(lp.logprob for lp in update.logprobs or ())
+    finally:
+        tp_runner(model).close()
+    assert cached == 64
+    assert tokens == expected["cold"]
+    assert_logprobs_close({"cold": logprobs}, expected_logprobs, BOUND_FACTOR * fp32_error)
+
+
 def test_an_untied_lm_head_is_split_by_vocabulary(
     tiny: Path, tmp_path: Path, engines: dict[int, LoadedModel], fp32_error: float
 ) -> None:
