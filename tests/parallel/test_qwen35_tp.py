@@ -5,18 +5,20 @@ heads (two value heads and their key head per rank at TP = 2; one value head per
 each key head replicated on two ranks). 3 and 8 ranks do not split its 4 query heads and are
 refused. Against one rank: teacher-forced log-probs within a bound measured in the same run,
 identical greedy streams, prefill in several chunks (the state carried across chunk boundaries on
-every rank), aborts that give back pages and state slots, an untied LM head."""
+every rank), aborts that give back pages and state slots, prefix-cache hits that restore every
+rank's state snapshot, an untied LM head, and the whole checkpoint still checked by a sharded load."""
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from test_tensor_parallel import PROMPTS, greedy, load, scheduler_of, tp_runner
 
 from engine.config import EngineConfig
@@ -226,6 +228,33 @@ def test_an_untied_lm_head_is_split_by_vocabulary(
     assert (reference - tied).abs().max().item() > 0.1
     # The tied head's measured fp32 error stands for this one's (the same layers below the head).
     assert (sharded - reference).abs().max().item() <= BOUND_FACTOR * fp32_error
+
+
+def test_a_sharded_load_still_checks_the_whole_checkpoint(tiny: Path, tmp_path: Path) -> None:
+    """Each rank reads only its slices, yet every tensor is checked whole first, and every faulty
+    one is named at once: the error comes from rank 0 and no worker is left behind."""
+    from models.checkpoint import WeightsError
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for item in tiny.iterdir():
+        if item.suffix != ".safetensors":
+            (broken / item.name).symlink_to(item)
+    tensors = load_file(str(tiny / "model.safetensors"))
+    conv = "model.layers.0.linear_attn.conv1d.weight"
+    tensors[conv] = tensors[conv][:, :, :3].contiguous()
+    del tensors["model.layers.1.linear_attn.A_log"]
+    tensors["model.layers.2.linear_attn.extra"] = torch.zeros(2)
+    save_file(tensors, str(broken / "model.safetensors"))
+    children = set(multiprocessing.active_children())
+    with pytest.raises(WeightsError) as caught:
+        load(broken, 2)
+    assert set(multiprocessing.active_children()) == children
+    problems = "\n".join(caught.value.problems)
+    assert len(caught.value.problems) == 3, problems
+    assert f"{conv}: shape [128, 1, 3], expected [128, 1, 4]" in problems
+    assert "model.layers.1.linear_attn.A_log: missing" in problems
+    assert "model.layers.2.linear_attn.extra: unexpected tensor" in problems
 
 
 def _config_only(tmp_path: Path, **fields: object) -> Path:
