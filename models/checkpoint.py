@@ -57,6 +57,47 @@ class TensorSlice:
         index = (slice(None),) * self.dim + (slice(self.start, self.stop),)
         return stored[index]
 
+    def parts(self) -> tuple[TensorSlice, ...]:
+        return (self,)
+
+
+@dataclass(frozen=True, slots=True)
+class JoinedSlices:
+    """Several ranges of one dimension, read in order and concatenated along it: a rank's part of a
+    fused tensor whose sections each split by head (Qwen3.5's q | k | v conv channels)."""
+
+    pieces: tuple[TensorSlice, ...]
+
+    def __post_init__(self) -> None:
+        if not self.pieces or len({piece.dim for piece in self.pieces}) != 1:
+            raise ValueError(f"joined slices need one or more ranges of a single dimension: {self.pieces}")
+
+    @property
+    def dim(self) -> int:
+        return self.pieces[0].dim
+
+    def read(self, stored: Any) -> torch.Tensor:
+        return torch.cat([piece.read(stored) for piece in self.pieces], dim=self.dim)
+
+    def parts(self) -> tuple[TensorSlice, ...]:
+        return self.pieces
+
+
+# What one rank reads of a split tensor.
+TensorPart = TensorSlice | JoinedSlices
+
+
+def mlp_slices(layer_prefix: str, layer: LayerSplit, rank: int) -> dict[str, TensorSlice]:
+    """One layer's SwiGLU MLP on ``rank`` under HF names: gate/up by output rows, down by input
+    columns."""
+    mlp = layer.mlp.span(rank)
+    p = layer_prefix
+    return {
+        p + "mlp.gate_proj.weight": TensorSlice(0, mlp.start, mlp.stop),
+        p + "mlp.up_proj.weight": TensorSlice(0, mlp.start, mlp.stop),
+        p + "mlp.down_proj.weight": TensorSlice(1, mlp.start, mlp.stop),
+    }
+
 
 def attention_mlp_slices(
     layer_prefix: str, layer: LayerSplit, rank: int, head_dim: int, *, with_v: bool = True
@@ -67,15 +108,12 @@ def attention_mlp_slices(
     assert layer.attention is not None
     q = layer.attention.heads.span(rank)
     kv = layer.attention.shared.span(rank)
-    mlp = layer.mlp.span(rank)
     d, p = head_dim, layer_prefix
     slices = {
         p + "self_attn.q_proj.weight": TensorSlice(0, q.start * d, q.stop * d),
         p + "self_attn.k_proj.weight": TensorSlice(0, kv.start * d, kv.stop * d),
         p + "self_attn.o_proj.weight": TensorSlice(1, q.start * d, q.stop * d),
-        p + "mlp.gate_proj.weight": TensorSlice(0, mlp.start, mlp.stop),
-        p + "mlp.up_proj.weight": TensorSlice(0, mlp.start, mlp.stop),
-        p + "mlp.down_proj.weight": TensorSlice(1, mlp.start, mlp.stop),
+        **mlp_slices(p, layer, rank),
     }
     if with_v:
         slices[p + "self_attn.v_proj.weight"] = TensorSlice(0, kv.start * d, kv.stop * d)
@@ -176,7 +214,7 @@ def iter_tensors(
     device: torch.device,
     dtype: torch.dtype,
     load_dtypes: Mapping[str, torch.dtype] | None = None,
-    slices: Mapping[str, TensorSlice] | None = None,
+    slices: Mapping[str, TensorPart] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield tensors one at a time (file by file) so peak host memory stays at one tensor, each in
     `dtype` or in its own `load_dtypes` entry; a name in `slices` reads only that part."""
@@ -200,7 +238,7 @@ class WeightCache:
     settings, a sweep over numeric policies) reads and uploads it once. Models never write their weights, so sharing the
     tensors between engines is safe; the cache keeps them alive for as long as it lives."""
 
-    tensors: dict[tuple[str, str, str, torch.dtype, TensorSlice | None], torch.Tensor] = field(
+    tensors: dict[tuple[str, str, str, torch.dtype, TensorPart | None], torch.Tensor] = field(
         default_factory=dict
     )
     reads: int = 0
@@ -235,7 +273,7 @@ def load_checked(
     dtype: torch.dtype,
     ignore: Callable[[str], bool] = lambda _name: False,
     progress: ProgressSink = SILENT,
-    slices: Mapping[str, TensorSlice] | None = None,
+    slices: Mapping[str, TensorPart] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Check every tensor (naming all faults at once), then load the expected ones onto `device` in
     `dtype` (or their spec's `load_dtype`), one `progress` unit per tensor read. Tensors `ignore`
@@ -247,7 +285,8 @@ def load_checked(
         raise ValueError(f"slices name tensors the checkpoint is not expected to hold: {unknown}")
     outside = [
         f"{name}: slice {part} outside shape {list(expected[name].shape)}"
-        for name, part in parts.items()
+        for name, joined in parts.items()
+        for part in joined.parts()
         if not (
             part.dim < len(expected[name].shape)
             and 0 <= part.start < part.stop <= expected[name].shape[part.dim]

@@ -36,7 +36,7 @@ from engine.runner import ModelRunner
 from engine.scheduler import BatchScheduler
 from kernels.gemm.dispatch import Linear, policy_linear
 from kernels.kv_layout import pages_for
-from models.checkpoint import StoredTensor, TensorSlice, TensorSpec, load_checked, stored_tensors
+from models.checkpoint import StoredTensor, TensorPart, TensorSpec, load_checked, stored_tensors
 from models.context_limit import resolve_max_model_len
 from models.device_choice import pick_attention, pick_device, pick_dtype
 from models.hf_tokenizer import HFTokenizer
@@ -101,7 +101,7 @@ class ShardedRuntime(Generic[ConfigT]):
     """What a line that runs under tensor parallelism adds: the part of each split tensor a rank
     reads, and the model built over those slices and the rank's group."""
 
-    slices: Callable[[ConfigT, ShardPlan, int, Mapping[str, StoredTensor]], Mapping[str, TensorSlice]]
+    slices: Callable[[ConfigT, ShardPlan, int, Mapping[str, StoredTensor]], Mapping[str, TensorPart]]
     build_model: ShardedModelFactory[ConfigT]
 
 
@@ -165,7 +165,7 @@ class PagedLine(Generic[ConfigT]):
         if self.sharded is None:
             raise ModelLoadError(
                 f"--tensor-parallel-size {ranks}: the {self.family} line does not run sharded yet "
-                "(tensor parallelism runs the qwen3, gemma3 and gemma4 lines; docs/tensor-parallel.md)"
+                "(docs/tensor-parallel.md lists the lines that do)"
             )
         device = pick_device(options)
         if device.type != "cpu":

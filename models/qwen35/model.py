@@ -13,12 +13,20 @@ is one of two:
   paged attention; the output times `sigmoid(gate)`; the output projection.
 
 Final RMSNorm, then the LM head (tied to the embedding unless the checkpoint stores its own).
+
+Under tensor parallelism (`plan` over `group`'s ranks; docs/tensor-parallel.md) the weights are
+this rank's slices. Gated attention splits as the dense lines (its query and gate heads, its KV
+heads; O row-parallel). Gated DeltaNet splits by value head: the rank's value heads and the key
+heads they read (`gdn_geometry`, cut or replicated by the plan) in every projection, the conv's
+channels and the state slots; out_proj row-parallel. Each row-parallel projection (O, out_proj,
+down) ends in one all-reduce; the embedding and LM head are vocabulary-parallel. At one rank every
+collective is the identity.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -26,13 +34,17 @@ import torch.nn.functional as F
 from engine.forward_batch import ForwardBatch, RooflineFacts
 from engine.kv.pools import KVGroupShape, KVPools
 from engine.kv.state_pool import StatePools, StateShape
+from engine.parallel.group import SINGLE_RANK, RankGroup
+from engine.parallel.ops import vocab_parallel_embedding, vocab_parallel_logits
+from engine.parallel.sharding import GroupedHeads, ShardPlan
 from kernels import layer_ops, reference
 from kernels.attention.base import AttentionLayerSpec
 from kernels.gdn import GDNBackend, StateRows, TorchGDN
 from kernels.gemm.dispatch import Linear
 from kernels.prep_dispatch import run_attention_prep
 from kernels.reference import GatedActivation, NormSpec, NormWeight
-from models.qwen35.config import FULL, LINEAR, Qwen35Config
+from models.qwen35.config import FULL, LINEAR, GDNGeometry, Qwen35Config
+from models.qwen35.sharding import shard_plan
 from models.qwen35.weights import LM_HEAD, text_prefix
 
 
@@ -74,11 +86,35 @@ class Qwen35Model:
         max_positions: int,
         linear: Linear = F.linear,
         gdn: GDNBackend | None = None,
+        *,
+        plan: ShardPlan | None = None,
+        group: RankGroup = SINGLE_RANK,
     ) -> None:
         self.config = config
         self.linear = linear
         self.device = device
         self.gdn = gdn or TorchGDN()
+        self.group = group
+        plan = plan or shard_plan(config, 1)
+        if plan.ranks != group.size:
+            raise ValueError(f"a plan for {plan.ranks} ranks cannot run on a group of {group.size}")
+        self.vocab = plan.vocab.span(group.rank)
+        attention = _split_of(plan, FULL)
+        # This rank's heads: the widths of its slices of every projection.
+        self.num_heads = config.num_heads if attention is None else attention.heads.per_rank
+        self.num_kv_heads = config.num_kv_heads if attention is None else attention.shared.per_rank
+        self.q_size = self.num_heads * config.head_dim
+        self.kv_size = self.num_kv_heads * config.head_dim
+        deltanet = _split_of(plan, LINEAR)
+        self.gdn_geometry: GDNGeometry = (
+            config.gdn
+            if deltanet is None
+            else replace(
+                config.gdn,
+                num_key_heads=deltanet.shared.per_rank,
+                num_value_heads=deltanet.heads.per_rank,
+            )
+        )
         prefix = text_prefix(config)
         self.embed = weights[prefix + "embed_tokens.weight"]
         self.final_norm = weights[prefix + "norm.weight"]
@@ -93,13 +129,13 @@ class Qwen35Model:
         )
         self.rope_table = reference.rope_table(self.prep.rope, max_positions, self.embed.dtype, device)
         self.attn_spec = AttentionLayerSpec(
-            num_heads=config.num_heads,
-            num_kv_heads=config.num_kv_heads,
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
             head_dim=config.head_dim,
             scale=config.head_dim**-0.5,
         )
         self.kv = KVPools([KVGroupShape(FULL, self.attn_spec, len(full_layers))], self.embed.dtype, device)
-        g = config.gdn
+        g = self.gdn_geometry
         self.state = StatePools(
             StateShape(
                 len(linear_layers),
@@ -164,7 +200,7 @@ class Qwen35Model:
         )
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        hidden = F.embedding(batch.input_ids, self.embed)
+        hidden = vocab_parallel_embedding(batch.input_ids, self.embed, self.vocab, self.group)
         x = layer_ops.rms_norm(hidden, self.norm, self.layers[0].input_norm)
         rows = self._state_rows(batch)
         for index, layer in enumerate(self.layers):
@@ -173,9 +209,10 @@ class Qwen35Model:
                 mixed = self._deltanet(mixer, x, rows)
             else:
                 mixed = self._attention(mixer, x, batch)
+            mixed = self.group.all_reduce(mixed)
             hidden, x = layer_ops.add_rms_norm(hidden, mixed, self.norm, layer.post_attention_norm)
             activated = layer_ops.gated_activation(self.linear(x, layer.gate_up), GatedActivation.SILU)
-            mlp_out = self.linear(activated, layer.down)
+            mlp_out = self.group.all_reduce(self.linear(activated, layer.down))
             # Norms are per row: the final norm over every token, then the sampled ones, is the
             # same as picking first.
             next_norm = self.layers[index + 1].input_norm if index + 1 < len(self.layers) else self.final_norm
@@ -183,7 +220,9 @@ class Qwen35Model:
         return x.index_select(0, batch.sample_index)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.linear(hidden, self.lm_head).float()
+        """Float32 logits of the sampling rows; at more than one rank, on rank 0 only (the others get
+        an empty [rows, 0])."""
+        return vocab_parallel_logits(hidden, self.lm_head, self.group, self.linear)
 
     # -- mixers ----------------------------------------------------------------------------------
 
@@ -206,7 +245,8 @@ class Qwen35Model:
         return StateRows(slots, batch.positions.index_select(0, starts) == 0, tuple(cu))
 
     def _deltanet(self, layer: _DeltaNet, x: torch.Tensor, rows: StateRows) -> torch.Tensor:
-        g = self.config.gdn
+        """This rank's value heads' share of the output projection (a partial sum under TP)."""
+        g = self.gdn_geometry
         tokens = x.shape[0]
         qkv, z, b, a = self.linear(x, layer.in_proj).split(
             [g.conv_dim, g.value_dim, g.num_value_heads, g.num_value_heads], dim=-1
@@ -228,15 +268,16 @@ class Qwen35Model:
         return self.linear(normed.reshape(tokens, g.value_dim), layer.out)
 
     def _attention(self, layer: _Attention, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        c = self.config
+        """This rank's heads' share of the output projection (a partial sum under TP)."""
+        head_dim, q_size, kv_size = self.config.head_dim, self.q_size, self.kv_size
         tokens = x.shape[0]
-        q, k, v = self.linear(x, layer.qkv).split([2 * c.q_size, c.kv_size, c.kv_size], dim=-1)
+        q, k, v = self.linear(x, layer.qkv).split([2 * q_size, kv_size, kv_size], dim=-1)
         pool_layer = self.kv.layer(0, layer.kv_index)
         q_rot, gate = run_attention_prep(
             self.prep,
-            q.reshape(tokens, c.num_heads, 2 * c.head_dim),
-            k.reshape(tokens, c.num_kv_heads, c.head_dim),
-            v.reshape(tokens, c.num_kv_heads, c.head_dim),
+            q.reshape(tokens, self.num_heads, 2 * head_dim),
+            k.reshape(tokens, self.num_kv_heads, head_dim),
+            v.reshape(tokens, self.num_kv_heads, head_dim),
             layer.q_norm,
             layer.k_norm,
             batch.rows[0],
@@ -245,5 +286,16 @@ class Qwen35Model:
         )
         assert gate is not None  # the gated-Q prep always returns the gate
         attn = batch.attention.run(0, self.attn_spec, q_rot, pool_layer)
-        gated = attn.reshape(tokens, c.num_heads, c.head_dim) * torch.sigmoid(gate)
-        return self.linear(gated.reshape(tokens, c.q_size), layer.o)
+        gated = attn.reshape(tokens, self.num_heads, head_dim) * torch.sigmoid(gate)
+        return self.linear(gated.reshape(tokens, q_size), layer.o)
+
+
+def _split_of(plan: ShardPlan, kind: str) -> GroupedHeads | None:
+    """The head split of the plan's layers of `kind` (every layer of a kind splits alike), or None
+    when the model has no such layer."""
+    for layer in plan.layers:
+        if layer.kind == kind:
+            split = layer.attention if kind == FULL else layer.gdn
+            assert split is not None
+            return split
+    return None

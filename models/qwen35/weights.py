@@ -14,7 +14,16 @@ from collections.abc import Iterable, Mapping
 
 import torch
 
-from models.checkpoint import StoredTensor, TensorSpec
+from engine.parallel.sharding import ShardPlan
+from models.checkpoint import (
+    JoinedSlices,
+    StoredTensor,
+    TensorPart,
+    TensorSlice,
+    TensorSpec,
+    attention_mlp_slices,
+    mlp_slices,
+)
 from models.paged_line import WeightMap
 from models.qwen35.config import LINEAR, Qwen35Config
 
@@ -102,3 +111,49 @@ def weight_map(config: Qwen35Config, stored: Mapping[str, StoredTensor]) -> Weig
     return WeightMap(
         expected_tensors(config, text_prefix(config), with_head), lambda n: skipped_part(n) is not None
     )
+
+
+def shard_slices(
+    config: Qwen35Config, plan: ShardPlan, rank: int, stored: Mapping[str, StoredTensor]
+) -> dict[str, TensorPart]:
+    """What rank `rank` reads of each split tensor (docs/tensor-parallel.md). Full-attention layers
+    as the dense lines, except that `q_proj` holds `[q | gate]` per head, so a head is 2·head_dim
+    rows. Gated DeltaNet layers by value head: `in_proj_qkv` and the conv's channels are q | k | v,
+    each section cut to this rank's key heads (q, k) or value heads (v) and joined; z, b, a,
+    `dt_bias` and `A_log` by value head; `out_proj` by its value-head input columns. The gated
+    norm's weight (one per head dim, shared by every head) and the other norms are read whole."""
+    c, g = config, config.gdn
+    prefix = text_prefix(config)
+    vocab = plan.vocab.span(rank)
+    slices: dict[str, TensorPart] = {prefix + "embed_tokens.weight": TensorSlice(0, vocab.start, vocab.stop)}
+    if untied(stored):
+        slices[LM_HEAD] = TensorSlice(0, vocab.start, vocab.stop)
+    for layer in plan.layers:
+        p = f"{prefix}layers.{layer.index}."
+        if layer.gdn is None:
+            assert layer.attention is not None
+            heads = layer.attention.heads.span(rank)
+            slices |= attention_mlp_slices(p, layer, rank, c.head_dim)
+            slices[p + "self_attn.q_proj.weight"] = TensorSlice(
+                0, heads.start * 2 * c.head_dim, heads.stop * 2 * c.head_dim
+            )
+            continue
+        values, keys = layer.gdn.heads.span(rank), layer.gdn.shared.span(rank)
+        K, V = g.key_head_dim, g.value_head_dim
+        q_rows = TensorSlice(0, keys.start * K, keys.stop * K)
+        k_rows = TensorSlice(0, g.key_dim + keys.start * K, g.key_dim + keys.stop * K)
+        v_rows = TensorSlice(0, 2 * g.key_dim + values.start * V, 2 * g.key_dim + values.stop * V)
+        qkv = JoinedSlices((q_rows, k_rows, v_rows))
+        a = p + "linear_attn."
+        slices |= {
+            a + "in_proj_qkv.weight": qkv,
+            a + "conv1d.weight": qkv,
+            a + "in_proj_z.weight": TensorSlice(0, values.start * V, values.stop * V),
+            a + "in_proj_b.weight": TensorSlice(0, values.start, values.stop),
+            a + "in_proj_a.weight": TensorSlice(0, values.start, values.stop),
+            a + "dt_bias": TensorSlice(0, values.start, values.stop),
+            a + "A_log": TensorSlice(0, values.start, values.stop),
+            a + "out_proj.weight": TensorSlice(1, values.start * V, values.stop * V),
+            **mlp_slices(p, layer, rank),
+        }
+    return slices

@@ -248,14 +248,12 @@ def test_splits_that_do_not_divide_are_refused_before_any_worker_starts(tiny_qwe
         assert (caught.value.field, caught.value.value) == ("num_attention_heads", 4)
 
 
-def test_lines_not_yet_sharded_refuse_by_name(tmp_path: Path) -> None:
-    from models.synth.families import FAMILIES
+def test_a_line_without_a_sharded_runtime_is_refused_by_name(tiny_qwen3: Path) -> None:
+    from dataclasses import replace
 
-    family = FAMILIES["qwen35"]
-    preset = family.preset("tiny")
-    import json
+    from models.qwen3 import QWEN3
 
-    body = {**preset.fields, "model_type": family.model_type, family.dtype_key: "float32", "eos_token_id": 1}
-    (tmp_path / "config.json").write_text(json.dumps(body))
-    with pytest.raises(ModelLoadError, match="qwen35 line does not run sharded"):
-        load_model(str(tmp_path), ModelOptions(engine=EngineConfig(tensor_parallel_size=2), device="cpu"))
+    unsharded = replace(QWEN3, sharded=None)
+    options = ModelOptions(engine=EngineConfig(tensor_parallel_size=2), device="cpu")
+    with pytest.raises(ModelLoadError, match="qwen3 line does not run sharded"):
+        unsharded.load(str(tiny_qwen3), options)
