@@ -216,12 +216,9 @@ class PagedLine(Generic[ConfigT]):
             group.size,
             len(stored) - len(weights),
         )
-        linear = policy_projections(
-            engine.numeric_policy,
-            device,
-            policy_linear(engine.numeric_policy, device),
-            decode_fusion=options.decode_fusion,
-        )
+        linear: Linear = policy_linear(engine.numeric_policy, device)
+        if options.decode_fusion:  # a line that knows the seam fuses its decode steps; others call it
+            linear = policy_projections(engine.numeric_policy, device, linear, decode_fusion=True)
         if plan is None:
             model = self.build_model(config, weights, device, max_model_len, linear)
         else:

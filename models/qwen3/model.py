@@ -69,7 +69,7 @@ class Qwen3Model:
     ) -> None:
         self.config = config
         self.projections = linear if isinstance(linear, ComposedProjections) else ComposedProjections(linear)
-        self.linear = self.projections
+        self.linear = self.projections.linear  # the policy's own linear
         self.device = device
         self.group = group
         plan = plan or shard_plan(config, 1)
