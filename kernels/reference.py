@@ -657,6 +657,33 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return F.linear(x.to(torch.float32), weight.to(torch.float32)).to(x.dtype)
 
 
+# ----------------------------------------------------------------- projections with their neighbours
+#
+# What the fused decode GEMV computes (docs/kernels.md, "The fused decode GEMV"): a projection with
+# the op before or after it in a layer, defined as the composition of the ops above, so a fused
+# kernel has the freedoms of its parts and no other (the fp32 order of the linear's sum and of the
+# norm's sum of squares, the last fp32 bit of exp / tanh).
+
+_NO_NORM = NormSpec(NormWeight.NONE)
+
+
+def norm_linear(
+    h: torch.Tensor, spec: NormSpec, norm_weight: torch.Tensor | None, weight: torch.Tensor
+) -> torch.Tensor:
+    """``linear(rms_norm(h, spec, norm_weight), weight)``: a layer's input norm and its projection."""
+    return linear(rms_norm(h, spec, norm_weight), weight)
+
+
+def linear_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """``residual_add(residual, linear(x, weight))``: a projection added to the residual stream."""
+    return residual_add(residual, linear(x, weight), _NO_NORM)
+
+
+def linear_gated(x: torch.Tensor, weight: torch.Tensor, kind: GatedActivation) -> torch.Tensor:
+    """``gated_activation(linear(x, weight), kind)`` for a fused ``[2I, K]`` gate/up weight."""
+    return gated_activation(linear(x, weight), kind)
+
+
 # ------------------------------------------------------------------------- gated DeltaNet (Qwen3.5)
 #
 # The three ops of a Gated DeltaNet layer (docs/kernels.md, "Gated DeltaNet"). Shapes are per token

@@ -35,6 +35,7 @@ from engine.progress import SILENT
 from engine.runner import ModelRunner
 from engine.scheduler import BatchScheduler
 from kernels.gemm.dispatch import Linear, policy_linear
+from kernels.gemm.projections import policy_projections
 from kernels.kv_layout import pages_for
 from models.checkpoint import StoredTensor, TensorPart, TensorSpec, load_checked, stored_tensors
 from models.context_limit import resolve_max_model_len
@@ -215,7 +216,9 @@ class PagedLine(Generic[ConfigT]):
             group.size,
             len(stored) - len(weights),
         )
-        linear = policy_linear(engine.numeric_policy, device)
+        linear: Linear = policy_linear(engine.numeric_policy, device)
+        if options.decode_fusion:  # a line that knows the seam fuses its decode steps; others call it
+            linear = policy_projections(engine.numeric_policy, device, linear, decode_fusion=True)
         if plan is None:
             model = self.build_model(config, weights, device, max_model_len, linear)
         else:

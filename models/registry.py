@@ -56,6 +56,13 @@ class ModelOptions:
             "help": "torch, flashinfer or triton (split-KV Triton decode; prefill by flashinfer, else torch)."
         },
     )
+    decode_fusion: bool = field(
+        default=False,
+        metadata={
+            "help": "Decode steps of at most 4 rows through the fused GEMV (norm, residual add and SiLU·mul "
+            "in the projections; tuned policy, CUDA, Qwen3); off until measured on a GPU (docs/kernels.md)."
+        },
+    )
     gdn_backend: str = field(
         default="auto",
         metadata={

@@ -1,4 +1,5 @@
-"""`infer bench gemm`: the skinny Triton GEMM against cuBLAS on the decode projections (GPU).
+"""`infer bench gemm`: the skinny Triton GEMM and the fused decode GEMV against cuBLAS on the decode
+projections (GPU).
 
 Options are parsed here, before torch looks for a device; the measurement is
 `infer_cli.bench.gemm_timing` (what is timed and how: its docstring, docs/kernels.md).
@@ -98,7 +99,7 @@ def _us(value: float | None, digits: int = 0) -> str:
 
 def print_result(console: Console, result: GemmBenchResult) -> None:
     shapes = Table(
-        title=f"skinny GEMM vs cuBLAS · {result.device} · {result.dtype} · "
+        title=f"skinny GEMM and fused GEMV vs cuBLAS · {result.device} · {result.dtype} · "
         f"copy {result.copy_gb_per_s:,.0f} GB/s (read+write) · PDL {'on' if result.pdl else 'off'}"
     )
     columns = (
@@ -112,6 +113,8 @@ def print_result(console: Console, result: GemmBenchResult) -> None:
         "cuBLAS %",
         "ours %",
         "wins",
+        "fused µs",
+        "fused %",
     )
     for column in columns:
         shapes.add_column(column, justify="left" if column in ("model", "shape", "wins") else "right")
@@ -127,6 +130,8 @@ def print_result(console: Console, result: GemmBenchResult) -> None:
             f"{t.cublas_floor_pct:.1f}",
             f"{t.ours_floor_pct:.1f}",
             t.winner.value,
+            _us(t.fused_us, 1),
+            _us(t.fused_floor_pct, 1),
         )
     console.print(shapes)
 
@@ -139,11 +144,20 @@ def print_result(console: Console, result: GemmBenchResult) -> None:
 
     if result.chains:
         chains = Table(title="whole decode chain (every projection of every layer once, then the LM head)")
-        figures = ("cuBLAS µs", "ours µs", "best µs", "cuBLAS %", "ours %", "best %")
+        figures = (
+            "cuBLAS µs",
+            "ours µs",
+            "best µs",
+            "fused layers µs",
+            "cuBLAS %",
+            "ours %",
+            "best %",
+            "fused layers %",
+        )
         for column in ("model", "M", "GEMMs", "GB", "floor µs", *figures):
             chains.add_column(column, justify="left" if column == "model" else "right")
         for c in result.chains:
-            times = (c.cublas_us, c.ours_us, c.best_us)
+            times = (c.cublas_us, c.ours_us, c.best_us, c.fused_us)
             chains.add_row(
                 c.model,
                 str(c.rows),

@@ -22,9 +22,17 @@ mean time-over-floor across the measured row counts, never one per row count (th
 K partition with M and lose batch invariance). The row count picks the faster of cuBLAS and that
 one: the dispatch table (`kernels.gemm.skinny_dispatch`).
 
+The fused decode GEMV (`kernels.triton.fused_gemv`, plain `x @ w.T`, its settings a function of the
+shape) is a third candidate per shape at the row counts it takes (M ≤ its ``MAX_ROWS``); it is not in
+the dispatch table (the models reach it through `--decode-fusion`, kernels/gemm/projections.py).
+
 Then, per model and row count, the whole decode chain (every projection of every layer once, in model
 order, then the LM head; each weight its own tensor) graphed three ways: all cuBLAS, all ours, and
-`SkinnyDispatch` over this run's table.
+`SkinnyDispatch` over this run's table; and, for Qwen3 at M ≤ the fused GEMV's ``MAX_ROWS``, the fused
+decode layer chain: per layer norm + QKV, O + residual, norm + gate/up + SiLU·mul, down + residual
+(``FUSED_LAYER``), then the LM head as a plain fused GEMV. That chain does the layer's norms,
+residual adds and activation too, which the cuBLAS chain leaves out; its floor is the same
+projection bytes (the norm weights and residual rows it also reads are under 0.01 % of them).
 
 A graph that fails (a setting Triton cannot build on this device, out of resources) is recorded as a
 `Failure` and the run goes on without it; a candidate that failed at any row count is not chosen.
@@ -45,12 +53,24 @@ from infer_cli.bench.timing import copy_gb_per_s as copy_bandwidth
 from infer_cli.bench.timing import cuda_device, graph_us, versions
 from kernels.gemm.skinny_candidates import candidate_settings
 from kernels.gemm.skinny_dispatch import Backend, ChoiceTable, ShapeChoice, SkinnyDispatch, dtype_name
+from kernels.reference import GatedActivation, NormSpec, NormWeight
+from kernels.triton.fused_gemv import MAX_ROWS as FUSED_MAX_ROWS
+from kernels.triton.fused_gemv import Fusion
 from kernels.triton.skinny_gemm import MAX_ROWS, SkinnySettings
 from kernels.triton.storage import pdl_supported
 from models.synth.families.gemma4 import GEMMA4
 from models.synth.families.qwen3 import QWEN3
 
 MODEL_NAMES: tuple[str, ...] = ("qwen3-4b", "gemma4-12b")
+# Qwen3's decode layer through the fused GEMV, by projection name (models/qwen3/model.py).
+_QWEN3_NORM = NormSpec(NormWeight.W, round_before_weight=True)
+FUSED_LAYER: dict[str, Fusion] = {
+    "qkv": Fusion(norm=_QWEN3_NORM),
+    "o": Fusion(residual=True),
+    "gate-up": Fusion(norm=_QWEN3_NORM, activation=GatedActivation.SILU),
+    "down": Fusion(residual=True),
+    "lm-head": Fusion(),
+}
 MIN_COPIES = 8
 L2_MULTIPLE = 4
 
@@ -161,6 +181,7 @@ class GemmTiming:
     ours_us: float
     floor_us: float
     settings: str
+    fused_us: float | None = None  # the fused GEMV; None above its MAX_ROWS or where it failed
 
     @property
     def cublas_floor_pct(self) -> float:
@@ -169,6 +190,10 @@ class GemmTiming:
     @property
     def ours_floor_pct(self) -> float:
         return 100 * self.floor_us / self.ours_us
+
+    @property
+    def fused_floor_pct(self) -> float | None:
+        return None if self.fused_us is None else 100 * self.floor_us / self.fused_us
 
     @property
     def winner(self) -> Backend:
@@ -196,6 +221,7 @@ class ChainTiming:
     ours_us: float | None
     best_us: float | None
     floor_us: float
+    fused_us: float | None = None  # the fused decode layer chain (Qwen3, M ≤ the fused MAX_ROWS)
 
     def floor_pct(self, us: float | None) -> float | None:
         return None if us is None else 100 * self.floor_us / us
@@ -246,6 +272,7 @@ class GemmBenchResult:
             "timings": [
                 asdict(t)
                 | {"cublas_floor_pct": t.cublas_floor_pct, "ours_floor_pct": t.ours_floor_pct}
+                | {"fused_floor_pct": t.fused_floor_pct}
                 | {"winner": t.winner.value}
                 for t in self.timings
             ],
@@ -319,7 +346,8 @@ def time_projection(
     failures: list[Failure],
     on_step: Callable[[str], None] | None = None,
 ) -> ShapeResult:
-    """cuBLAS and every candidate at every row count; the candidate kept (module doc)."""
+    """cuBLAS, every candidate and the fused GEMV at every row count; the candidate kept (module doc)."""
+    from kernels.triton.fused_gemv import fused_gemv
     from kernels.triton.skinny_gemm import skinny_gemm
 
     n, k = projection.shape
@@ -328,6 +356,7 @@ def time_projection(
     weights = [_random((n, k), dtype, device, k**-0.5) for _ in range(copies)]
     floors = {m: gemm_bytes(n, k, m, element) / (copy_gb_per_s * 1e3) for m in rows}  # µs
     cublas: dict[int, float] = {}
+    fused: dict[int, float] = {}
     ours: dict[SkinnySettings, dict[int, float]] = {s: {} for s in candidate_settings(n, k)}
     for m in rows:
         x = _random((m, k), dtype, device, 1.0)
@@ -337,6 +366,12 @@ def time_projection(
             cublas[m] = us / copies
         if on_step is not None:
             on_step(f"{projection.model} {projection.name} M={m} cuBLAS")
+        if m <= FUSED_MAX_ROWS:
+            us = _timed(f"{what} fused GEMV", [partial(fused_gemv, x, w) for w in weights], failures)
+            if us is not None:
+                fused[m] = us / copies
+            if on_step is not None:
+                on_step(f"{projection.model} {projection.name} M={m} fused GEMV")
         for settings, per_row in ours.items():
             calls = [partial(skinny_gemm, x, w, settings) for w in weights]
             us = _timed(f"{what} {settings.label}", calls, failures)
@@ -355,7 +390,16 @@ def time_projection(
     chosen = choose_settings(complete, floors)
     timings = tuple(
         GemmTiming(
-            projection.model, projection.name, n, k, m, cublas[m], ours[chosen][m], floors[m], chosen.label
+            projection.model,
+            projection.name,
+            n,
+            k,
+            m,
+            cublas[m],
+            ours[chosen][m],
+            floors[m],
+            chosen.label,
+            fused.get(m),
         )
         for m in rows
         if m in cublas
@@ -392,8 +436,35 @@ def time_decode_chain(
         ]
         ours = _timed(f"{what} ours", calls, failures)
     best = _timed(f"{what} dispatch", [partial(dispatch, xs[w.shape[1]], w) for w in weights], failures)
+    layer_calls = fused_chain_calls(chain, m, weights)
+    fused = None if layer_calls is None else _timed(f"{what} fused layers", layer_calls, failures)
     moved = chain_bytes(chain, m, torch.empty((), dtype=dtype).element_size())
-    return ChainTiming(model, m, len(chain), moved, cublas, ours, best, moved / (copy_gb_per_s * 1e3))
+    floor = moved / (copy_gb_per_s * 1e3)
+    return ChainTiming(model, m, len(chain), moved, cublas, ours, best, floor, fused)
+
+
+def fused_chain_calls(
+    chain: Sequence[Projection], m: int, weights: Sequence[torch.Tensor]
+) -> list[Callable[[], object]] | None:
+    """The decode chain as fused GEMV launches (``FUSED_LAYER`` by projection name), or None where
+    the chain has a projection without a fused op (Gemma 4: its post-norms need the whole delta row)
+    or ``m`` is above the fused GEMV's ``MAX_ROWS``. Inputs are fixed tensors per width, as in the
+    other chains: the launches do not read each other's outputs."""
+    from kernels.triton.fused_gemv import fused_gemv
+
+    if m > FUSED_MAX_ROWS or any(p.name not in FUSED_LAYER for p in chain):
+        return None
+    device, dtype = weights[0].device, weights[0].dtype
+    widths = {p.k for p in chain} | {p.n for p in chain if FUSED_LAYER[p.name].residual}
+    xs = {width: _random((m, width), dtype, device, 1.0) for width in widths}
+    norm_weights = {p.k: 1 + _random((p.k,), dtype, device, 0.1) for p in chain if FUSED_LAYER[p.name].norm}
+    calls: list[Callable[[], object]] = []
+    for p, w in zip(chain, weights, strict=True):
+        fusion = FUSED_LAYER[p.name]
+        norm_weight = norm_weights[p.k] if fusion.norm is not None else None
+        residual = xs[p.n] if fusion.residual else None
+        calls.append(partial(fused_gemv, xs[p.k], w, fusion, norm_weight=norm_weight, residual=residual))
+    return calls
 
 
 @dataclass(frozen=True, slots=True)
@@ -408,7 +479,8 @@ class GemmBenchPlan:
     def steps(self) -> int:
         """Progress steps: the copy bandwidth, each timed graph of the shapes, each chain row count."""
         per_row = sum(1 + len(candidate_settings(p.n, p.k)) for p in self.projections)
-        return 1 + per_row * len(self.rows) + len(self.chains) * len(self.rows)
+        fused = len(self.projections) * sum(1 for m in self.rows if m <= FUSED_MAX_ROWS)
+        return 1 + per_row * len(self.rows) + fused + len(self.chains) * len(self.rows)
 
 
 def gemm_bench_plan(models: Sequence[str], rows: Sequence[int], *, chains: bool = True) -> GemmBenchPlan:

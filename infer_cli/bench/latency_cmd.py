@@ -26,7 +26,12 @@ if TYPE_CHECKING:
 
 
 @knob_options(
-    "enforce_eager", "gpu_memory_utilization", "async_scheduling", "gdn_backend", "attention_backend"
+    "enforce_eager",
+    "gpu_memory_utilization",
+    "async_scheduling",
+    "gdn_backend",
+    "attention_backend",
+    "decode_fusion",
 )
 def bench_latency_command(
     model: Path = typer.Option(
@@ -98,6 +103,7 @@ def bench_latency_command(
         f"stream {ceilings.stream_gb_per_s:,.0f} GB/s · bf16 matmul {ceilings.matmul_tflops:,.0f} TFLOP/s"
         + (" · async scheduling" if knobs["async_scheduling"] else "")
         + (f" · attention {knobs['attention_backend']}" if knobs["attention_backend"] else "")
+        + (" · decode fusion" if knobs["decode_fusion"] else "")
     )
     if gdn is not None:
         title += f" · GDN {gdn}"
@@ -113,6 +119,7 @@ def bench_latency_command(
             "async_scheduling": knobs["async_scheduling"],
             "gdn_backend": None if gdn is None else {"asked": knobs["gdn_backend"], "ran": gdn},
             "attention_backend": knobs["attention_backend"],
+            "decode_fusion": knobs["decode_fusion"],
         }
         save_result.write_text(json.dumps(payload, indent=2))
         console.print(f"saved {save_result}")

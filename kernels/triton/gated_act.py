@@ -53,6 +53,18 @@ def _tanh(x, LIBDEVICE: tl.constexpr):
 
 
 @triton.jit
+def _gated_product(gate, up, KIND: tl.constexpr, STORAGE: tl.constexpr, LIBDEVICE: tl.constexpr):
+    """``R(R(act(gate)) · up)`` in fp32 for gate and up already in the storage dtype's values: the
+    one definition of the activation every kernel that applies it uses (this one, the fused GEMV)."""
+    if KIND == _SILU:
+        act = tl.div_rn(gate, 1.0 + _exp(-gate, LIBDEVICE))  # IEEE divide, as CUDA's `/` on floats
+    else:
+        inner = _GELU_BETA * (gate + _GELU_KAPPA * (gate * gate * gate))
+        act = 0.5 * gate * (1.0 + _tanh(inner, LIBDEVICE))
+    return _round_to_storage(_round_to_storage(act, STORAGE) * up, STORAGE)
+
+
+@triton.jit
 def _gated_act_kernel(
     gate_up_ptr,
     out_ptr,
@@ -70,12 +82,7 @@ def _gated_act_kernel(
     base = gate_up_ptr + row * stride_in
     gate = tl.load(base + cols, mask=ok, other=0.0).to(tl.float32)
     up = tl.load(base + intermediate + cols, mask=ok, other=0.0).to(tl.float32)
-    if KIND == _SILU:
-        act = tl.div_rn(gate, 1.0 + _exp(-gate, LIBDEVICE))  # IEEE divide, as CUDA's `/` on floats
-    else:
-        inner = _GELU_BETA * (gate + _GELU_KAPPA * (gate * gate * gate))
-        act = 0.5 * gate * (1.0 + _tanh(inner, LIBDEVICE))
-    y = _round_to_storage(_round_to_storage(act, STORAGE) * up, STORAGE)
+    y = _gated_product(gate, up, KIND, STORAGE, LIBDEVICE)
     tl.store(out_ptr + row * stride_out + cols, y.to(out_ptr.dtype.element_ty), mask=ok)
 
 

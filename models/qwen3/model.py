@@ -4,9 +4,15 @@ Per layer: RMSNorm → fused QKV projection → attention prep (per-head Q/K RMS
 full RoPE, K and V written to the pool) → paged attention → O projection → residual; RMSNorm →
 SwiGLU MLP (fused gate/up) → residual. Final RMSNorm, tied or untied LM head.
 
-The numeric policy arrives as the injected `linear` (docs/numerics.md). Each residual add goes
-with the norm that reads its sum (`layer_ops.add_rms_norm`, one launch on CUDA): the MLP's add with
-the next layer's input norm, the last layer's with the final norm. One KV group.
+The numeric policy arrives as the injected `linear` (docs/numerics.md), a plain linear or a
+`kernels.gemm.projections.Projections`. Each residual add goes with the norm that reads its sum
+(`layer_ops.add_rms_norm`, one launch on CUDA): the MLP's add with the next layer's input norm, the
+last layer's with the final norm. One KV group.
+
+Decode fusion (`--decode-fusion`, docs/kernels.md "The fused decode GEMV"): on a step the projections
+fuse (`Projections.fuses`: a few rows, `tuned`, CUDA), a layer is six launches instead: norm + QKV,
+attention prep, attention, O + residual, norm + gate/up + SiLU·mul, down + residual; the final norm
+and the LM head as on every other step.
 
 Under tensor parallelism (`plan` over `group`'s ranks; docs/tensor-parallel.md) the weights are
 this rank's slices: its query and KV heads (column-parallel QKV), its MLP columns (column-parallel
@@ -30,6 +36,7 @@ from engine.parallel.sharding import ShardPlan
 from kernels import layer_ops, reference
 from kernels.attention.base import AttentionLayerSpec
 from kernels.gemm.dispatch import Linear
+from kernels.gemm.projections import ComposedProjections
 from kernels.prep_dispatch import run_attention_prep
 from kernels.reference import GatedActivation, NormSpec, NormWeight
 from models.qwen3.config import Qwen3Config
@@ -61,7 +68,8 @@ class Qwen3Model:
         group: RankGroup = SINGLE_RANK,
     ) -> None:
         self.config = config
-        self.linear = linear
+        self.projections = linear if isinstance(linear, ComposedProjections) else ComposedProjections(linear)
+        self.linear = self.projections.linear  # the policy's own linear
         self.device = device
         self.group = group
         plan = plan or shard_plan(config, 1)
@@ -122,25 +130,37 @@ class Qwen3Model:
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         hidden = vocab_parallel_embedding(batch.input_ids, self.embed, self.vocab, self.group)
-        tokens = hidden.shape[0]
-        q_size, kv_size, head_dim = self.q_size, self.kv_size, self.config.head_dim
+        if self.projections.fuses(hidden.shape[0], hidden.device):
+            x = self._fused_layers(hidden, batch)
+        else:
+            x = self._layers(hidden, batch)
+        return x.index_select(0, batch.sample_index)
+
+    def _attend(self, index: int, layer: _Layer, qkv: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        """Attention prep and attention of one layer over its QKV projection: [tokens, q_size]."""
+        tokens, head_dim = qkv.shape[0], self.config.head_dim
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        pool_layer = self.kv.layer(0, index)
+        q_rot, _ = run_attention_prep(
+            self.prep,
+            q.view(tokens, self.num_heads, head_dim),
+            k.view(tokens, self.num_kv_heads, head_dim),
+            v.view(tokens, self.num_kv_heads, head_dim),
+            layer.q_norm,
+            layer.k_norm,
+            batch.rows[0],
+            self.rope_table,
+            pool_layer,
+        )
+        return batch.attention.run(0, self.attn_spec, q_rot, pool_layer).reshape(tokens, self.q_size)
+
+    def _layers(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        """Every layer as separate projections, each residual add fused with the norm after it; the
+        final norm's output of every token."""
         x = layer_ops.rms_norm(hidden, self.norm, self.layers[0].input_norm)
         for index, layer in enumerate(self.layers):
-            q, k, v = self.linear(x, layer.qkv).split([q_size, kv_size, kv_size], dim=-1)
-            pool_layer = self.kv.layer(0, index)
-            q_rot, _ = run_attention_prep(
-                self.prep,
-                q.view(tokens, self.num_heads, head_dim),
-                k.view(tokens, self.num_kv_heads, head_dim),
-                v.view(tokens, self.num_kv_heads, head_dim),
-                layer.q_norm,
-                layer.k_norm,
-                batch.rows[0],
-                self.rope_table,
-                pool_layer,
-            )
-            attn = batch.attention.run(0, self.attn_spec, q_rot, pool_layer)
-            attn_out = self.group.all_reduce(self.linear(attn.reshape(tokens, q_size), layer.o))
+            attn = self._attend(index, layer, self.linear(x, layer.qkv), batch)
+            attn_out = self.group.all_reduce(self.linear(attn, layer.o))
             hidden, x = layer_ops.add_rms_norm(hidden, attn_out, self.norm, layer.post_attention_norm)
             activated = layer_ops.gated_activation(self.linear(x, layer.gate_up), GatedActivation.SILU)
             mlp_out = self.group.all_reduce(self.linear(activated, layer.down))
@@ -149,7 +169,21 @@ class Qwen3Model:
             # picking the sampled ones is the same as picking first.
             next_norm = self.layers[index + 1].input_norm if index + 1 < len(self.layers) else self.final_norm
             hidden, x = layer_ops.add_rms_norm(hidden, mlp_out, self.norm, next_norm)
-        return x.index_select(0, batch.sample_index)
+        return x
+
+    def _fused_layers(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        """Every layer through the fused projections: each norm in the prologue of the projection
+        that reads it, each residual add in the epilogue of the projection that makes it."""
+        p = self.projections
+        reduce = self.group.all_reduce if self.group.size > 1 else None
+        for index, layer in enumerate(self.layers):
+            qkv = p.norm_linear(hidden, self.norm, layer.input_norm, layer.qkv)
+            hidden = p.linear_residual(self._attend(index, layer, qkv, batch), layer.o, hidden, reduce)
+            activated = p.norm_linear_gated(
+                hidden, self.norm, layer.post_attention_norm, layer.gate_up, GatedActivation.SILU
+            )
+            hidden = p.linear_residual(activated, layer.down, hidden, reduce)
+        return layer_ops.rms_norm(hidden, self.norm, self.final_norm)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits of the sampling rows; at more than one rank, on rank 0 only (the others get

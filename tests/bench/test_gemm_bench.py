@@ -32,6 +32,7 @@ from infer_cli.bench.gemm_timing import (
 )
 from infer_cli.main import app
 from kernels.gemm.skinny_dispatch import Backend, ChoiceTable
+from kernels.triton import fused_gemv as fused_module
 from kernels.triton import skinny_gemm as skinny_module
 from kernels.triton.skinny_gemm import SkinnySettings
 
@@ -178,12 +179,14 @@ def test_the_dispatch_table_takes_the_faster_backend_per_row_count() -> None:
 
 
 def _fake_cost(call: Callable[[], object]) -> float:
-    """µs a fake device charges: cuBLAS 10; ours 5 with PDL, 9 without; the dispatch 6."""
+    """µs a fake device charges: cuBLAS 10; ours 5 with PDL, 9 without; the dispatch 6; fused 4."""
     assert isinstance(call, partial)
     if call.func is F.linear:
         return 10.0
     if isinstance(call.func, gemm_timing.SkinnyDispatch):
         return 6.0
+    if call.func is fused_module.fused_gemv:
+        return 4.0
     settings = call.args[2]
     assert isinstance(settings, SkinnySettings)
     return 5.0 if settings.pdl else 9.0
@@ -233,7 +236,7 @@ def test_a_whole_run_with_the_device_timer_replaced(monkeypatch: pytest.MonkeyPa
         ],
     )
     assert run.exit_code == 0, run.output
-    assert "skinny GEMM vs cuBLAS" in run.output and "whole decode chain" in run.output
+    assert "skinny GEMM and fused GEMV vs cuBLAS" in run.output and "whole decode chain" in run.output
     saved = json.loads(result_file.read_text())
     for key in ("measured_at", "device", "torch", "triton", "copy_gb_per_s", "timings", "chains"):
         assert key in saved
@@ -246,12 +249,45 @@ def test_a_whole_run_with_the_device_timer_replaced(monkeypatch: pytest.MonkeyPa
     assert "failed: [40, 208] M=1" in run.output
     assert len(saved["timings"]) == 4 and all(t["winner"] == "ours" for t in saved["timings"])
     assert all(t["ours_us"] == 5.0 and t["cublas_us"] == 10.0 for t in saved["timings"])
+    # The fused GEMV at the row counts it takes (M ≤ 4), for both shapes; none at M = 8.
+    assert [(t["rows"], t["fused_us"]) for t in saved["timings"]] == [(1, 4.0), (8, None)] * 2
     assert all(c["settings"]["pdl"] for c in saved["chosen"])  # the PDL candidates were cheaper
     chain = saved["chains"]
     assert [c["rows"] for c in chain] == [1, 8] and all(c["gemms"] == 3 for c in chain)
     assert all((c["cublas_us"], c["ours_us"], c["best_us"]) == (30.0, 15.0, 18.0) for c in chain)
+    assert all(c["fused_us"] is None for c in chain)  # projections "a", "b": no fused layer op
     # Written after each of the 2 shapes and the 2 chain rows (incomplete), then once complete.
     assert partial_saves == [False] * 4 + [True]
     table = ChoiceTable.load(dispatch_file)
     assert {(c.n, c.k) for c in table.shapes} == {(48, 64), (40, 208)}
     assert all(c.rows == ((1, Backend.OURS), (8, Backend.OURS)) for c in table.shapes)
+
+
+def test_the_fused_layer_chain_runs_qwen3s_fused_ops(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A Qwen3-shaped chain at small sizes (hidden 64, q 32, intermediate 48, vocab 80), two layers.
+    layer = [
+        Projection("tiny", "qkv", 64, 64, 2),
+        Projection("tiny", "o", 64, 32, 2),
+        Projection("tiny", "gate-up", 96, 64, 2),
+        Projection("tiny", "down", 64, 48, 2),
+    ]
+    chain = [*layer, *layer, Projection("tiny", "lm-head", 80, 64, 1)]
+    weights = [torch.randn(p.n, p.k) / p.k**0.5 for p in chain]
+    assert gemm_timing.fused_chain_calls(chain, fused_module.MAX_ROWS + 1, weights) is None
+    global_layer = [Projection("tiny", "qk-global", 64, 64, 1), *chain[1:]]
+    assert gemm_timing.fused_chain_calls(global_layer, 1, weights) is None
+    calls = gemm_timing.fused_chain_calls(chain, 2, weights)
+    assert calls is not None and len(calls) == len(chain)
+    fusions = [call.args[2] for call in calls if isinstance(call, partial)]
+    assert fusions == [gemm_timing.FUSED_LAYER[p.name] for p in chain]
+    outputs = [call() for call in calls]  # the real kernels, under the interpreter
+    widths = [48 if p.name == "gate-up" else p.n for p in chain]  # gate/up stores SiLU·mul, [M, I]
+    assert [tuple(y.shape) for y in outputs if isinstance(y, torch.Tensor)] == [(2, n) for n in widths]
+    # The fused chain joins the timed chains at M ≤ MAX_ROWS (timer replaced as above).
+    monkeypatch.setattr(gemm_timing, "graph_us", _fake_graph_us)
+    dispatch = gemm_timing.SkinnyDispatch(ChoiceTable(shapes=()))
+    timing = gemm_timing.time_decode_chain(
+        "tiny", chain, 1, {}, weights, dispatch, torch.float32, 1000.0, failures := []
+    )
+    assert timing.fused_us == 4.0 * len(chain) and timing.cublas_us == 10.0 * len(chain)
+    assert [f.what for f in failures] == ["tiny decode chain M=1 ours"]  # no skinny settings given

@@ -102,10 +102,10 @@ def test_latency_cli_refuses_an_unknown_policy_by_name_before_anything_loads(tmp
     assert duplicate.exit_code == 2 and "twice" in duplicate.output
 
 
-def test_latency_cli_hands_its_gdn_and_attention_backends_to_the_model_load(
+def test_latency_cli_hands_its_backends_and_decode_fusion_to_the_model_load(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`--gdn-backend` and `--attention-backend` reach the ModelOptions the checkpoint is loaded with (the load itself is
+    """`--gdn-backend`, `--attention-backend` and `--decode-fusion` reach the ModelOptions the checkpoint is loaded with (the load itself is
     replaced: this machine has no GPU), and an unknown one is refused by name before anything."""
     import torch
     from typer.testing import CliRunner
@@ -140,6 +140,7 @@ def test_latency_cli_hands_its_gdn_and_attention_backends_to_the_model_load(
             "fla",
             "--attention-backend",
             "triton",
+            "--decode-fusion",
             "--batch-sizes",
             "1,8",
         ],
@@ -148,4 +149,5 @@ def test_latency_cli_hands_its_gdn_and_attention_backends_to_the_model_load(
     (options,) = seen
     assert (options.gdn_backend, options.device, options.engine.max_num_seqs) == ("fla", "cuda", 8)
     assert options.attention_backend == "triton"
+    assert options.decode_fusion
     assert not options.engine.enable_prefix_caching

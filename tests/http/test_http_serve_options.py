@@ -108,6 +108,7 @@ def test_serve_hands_every_knob_to_the_model_options(monkeypatch: pytest.MonkeyP
             "--dtype", "float32",
             "--device", "cpu",
             "--attention-backend", "torch",
+            "--decode-fusion",
             "--gdn-backend", "torch",
             "--sim-step-delay", "0.25",
         ],
@@ -132,6 +133,7 @@ def test_serve_hands_every_knob_to_the_model_options(monkeypatch: pytest.MonkeyP
         dtype="float32",
         device="cpu",
         attention_backend="torch",
+        decode_fusion=True,
         gdn_backend="torch",
         sim_step_delay_s=0.25,
     )

@@ -1,0 +1,177 @@
+"""The projections a model layer calls, with their neighbouring ops: the seam between a model's
+forward and the fused decode GEMV (docs/kernels.md, "The fused decode GEMV").
+
+A ``Projections`` is the policy's ``linear`` (it is called as one: ``projections(x, weight)``) plus
+three fused ops, each defined in ``kernels.reference``:
+
+* ``norm_linear(h, spec, norm_weight, weight)``: a layer's input norm and its projection;
+* ``linear_residual(x, weight, residual, reduce)``: a projection added to the residual stream;
+  ``reduce`` (tensor parallelism's all-reduce of the partial sums) runs before the add;
+* ``norm_linear_gated(h, spec, norm_weight, weight, kind)``: the gate/up projection and the gated
+  activation, optionally with the norm before it (``spec=None``: no norm).
+
+``ComposedProjections`` runs each as the ops a forward runs today (the policy's linear,
+``layer_ops.rms_norm``, torch's rounded add, ``layer_ops.gated_activation``): the same bits.
+``FusedDecodeProjections`` runs them as one fused GEMV launch when ``fuses(rows, device)`` (decode
+steps of at most ``fused_gemv.MAX_ROWS`` rows, on CUDA or under the Triton interpreter) and the
+shape is one the kernel takes; anything else composes, a shape the kernel refuses logged once by
+name. Under tensor parallelism the residual cannot be fused (the partial sums meet in the reduce
+first): given a ``reduce``, ``linear_residual`` composes.
+
+Only the ``tuned`` policy takes the fused path (``policy_projections``): ``invariant``, ``pin`` and
+``per-token`` promise one kernel for every row count, which a decode-only kernel would break.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import torch
+
+from kernels import layer_ops, reference
+from kernels.gemm.dispatch import Linear
+from kernels.gemm.names import NumericPolicy, parse_policy
+from kernels.reference import GatedActivation, NormSpec, NormWeight
+from kernels.triton.storage import interpreted
+
+log = logging.getLogger("infer.gemm")
+
+Reduce = Callable[[torch.Tensor], torch.Tensor]
+
+_NO_NORM = NormSpec(NormWeight.NONE)
+
+
+class ComposedProjections:
+    """Every op as the unfused kernels the forward composes; ``fuses`` is never true."""
+
+    def __init__(self, linear: Linear) -> None:
+        self.linear = linear
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return self.linear(x, weight)
+
+    def fuses(self, rows: int, device: torch.device) -> bool:
+        """Whether a step of ``rows`` token rows on ``device`` runs the fused ops as one launch each."""
+        return False
+
+    def norm_linear(
+        self, h: torch.Tensor, spec: NormSpec, norm_weight: torch.Tensor | None, weight: torch.Tensor
+    ) -> torch.Tensor:
+        return self.linear(layer_ops.rms_norm(h, spec, norm_weight), weight)
+
+    def linear_residual(
+        self, x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, reduce: Reduce | None = None
+    ) -> torch.Tensor:
+        delta = self.linear(x, weight)
+        return reference.residual_add(residual, delta if reduce is None else reduce(delta), _NO_NORM)
+
+    def norm_linear_gated(
+        self,
+        h: torch.Tensor,
+        spec: NormSpec | None,
+        norm_weight: torch.Tensor | None,
+        weight: torch.Tensor,
+        kind: GatedActivation,
+    ) -> torch.Tensor:
+        x = h if spec is None else layer_ops.rms_norm(h, spec, norm_weight)
+        return layer_ops.gated_activation(self.linear(x, weight), kind)
+
+
+class FusedDecodeProjections(ComposedProjections):
+    """Decode steps (``fuses``) through the fused GEMV, one launch per op; the rest composed."""
+
+    def __init__(self, linear: Linear) -> None:
+        super().__init__(linear)
+        self._logged: set[tuple[str, int, int, str]] = set()
+
+    def fuses(self, rows: int, device: torch.device) -> bool:
+        from kernels.triton.fused_gemv import MAX_ROWS
+
+        return 0 < rows <= MAX_ROWS and (device.type == "cuda" or interpreted())
+
+    def _fused(
+        self, op: str, x: torch.Tensor, weight: torch.Tensor, run: Callable[[], torch.Tensor]
+    ) -> torch.Tensor | None:
+        """``run()`` (the fused launch) where the step and shape are covered; None, logged once per
+        op and weight shape, where the kernel refuses the shape."""
+        from kernels.triton.fused_gemv import FusedGemvError
+
+        if x.dim() != 2 or not self.fuses(x.shape[0], x.device):
+            return None
+        try:
+            return run()
+        except FusedGemvError as exc:
+            key = (op, int(weight.shape[0]), int(weight.shape[-1]), str(weight.dtype))
+            if key not in self._logged:
+                self._logged.add(key)
+                log.warning("fused decode GEMV: %s over weight %s composes: %s", op, list(weight.shape), exc)
+            return None
+
+    def norm_linear(
+        self, h: torch.Tensor, spec: NormSpec, norm_weight: torch.Tensor | None, weight: torch.Tensor
+    ) -> torch.Tensor:
+        from kernels.triton.fused_gemv import Fusion, fused_gemv
+
+        y = self._fused(
+            "norm_linear",
+            h,
+            weight,
+            lambda: fused_gemv(h, weight, Fusion(norm=spec), norm_weight=norm_weight),
+        )
+        return super().norm_linear(h, spec, norm_weight, weight) if y is None else y
+
+    def linear_residual(
+        self, x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, reduce: Reduce | None = None
+    ) -> torch.Tensor:
+        from kernels.triton.fused_gemv import Fusion, fused_gemv
+
+        y = None
+        if reduce is None:  # with a reduce the partial sums must meet before the add
+            y = self._fused(
+                "linear_residual",
+                x,
+                weight,
+                lambda: fused_gemv(x, weight, Fusion(residual=True), residual=residual),
+            )
+        return super().linear_residual(x, weight, residual, reduce) if y is None else y
+
+    def norm_linear_gated(
+        self,
+        h: torch.Tensor,
+        spec: NormSpec | None,
+        norm_weight: torch.Tensor | None,
+        weight: torch.Tensor,
+        kind: GatedActivation,
+    ) -> torch.Tensor:
+        from kernels.triton.fused_gemv import Fusion, fused_gemv
+
+        fusion = Fusion(norm=spec, activation=kind)
+        y = self._fused(
+            "norm_linear_gated", h, weight, lambda: fused_gemv(h, weight, fusion, norm_weight=norm_weight)
+        )
+        return super().norm_linear_gated(h, spec, norm_weight, weight, kind) if y is None else y
+
+
+Projections = ComposedProjections
+
+
+def policy_projections(
+    policy: NumericPolicy | str, device: torch.device, linear: Linear, *, decode_fusion: bool
+) -> Projections:
+    """The projections a model builds on: ``FusedDecodeProjections`` when ``decode_fusion`` is asked
+    for under ``tuned`` on CUDA (or the Triton interpreter), ``ComposedProjections`` otherwise; a
+    request the policy or device rules out is logged by name."""
+    chosen = parse_policy(policy) if isinstance(policy, str) else policy
+    if not decode_fusion:
+        return ComposedProjections(linear)
+    if chosen is not NumericPolicy.TUNED:
+        log.info(
+            "--decode-fusion: policy %s promises one kernel for every row count; projections compose",
+            chosen.value,
+        )
+        return ComposedProjections(linear)
+    if device.type != "cuda" and not interpreted():
+        log.info("--decode-fusion: %s has no Triton kernels (CUDA only); projections compose", device)
+        return ComposedProjections(linear)
+    return FusedDecodeProjections(linear)

@@ -1,0 +1,442 @@
+"""The decode GEMV family, ``y = x @ w.T`` for a few rows, with the layer's norm, residual add or
+gated activation fused in (docs/kernels.md, "The fused decode GEMV").
+
+At batch 1 a projection streams its weight once; what it loses against the copy bandwidth is what a
+launch loses ramping up and draining (shared/perf-notes.md 2.1, 2.2). This kernel keeps the most
+weight bytes in flight from a program's first instruction, the design perf-notes section 7 measured
+at 83 % of the floor over Qwen3-4B's 144 projections (cuBLAS: 72 %):
+
+* One program per ``rows_per_program`` output rows of the weight (``GemvSettings``), no split-K.
+  Its whole weight slice ``[rows, next_pow2(K)]`` (masked past K) is ONE ``tl.load`` at the top:
+  ~8192 elements, 16 KB of bf16, 64 values per thread at 4 warps, held in registers while the
+  program walks its activation rows.
+* PDL (``launch_pdl=True``): ``gdc_launch_dependents()`` first, then the weight loads (and the norm
+  weight: weights are read-only for the whole chain), then ``gdc_wait()``, and only then the
+  activation, hidden and residual loads and the stores (the previous kernel writes the first and
+  may still read buffers we write). Every program waits, so "the previous kernel has completed"
+  stays transitive along a chain. Only on CUDA sm_90+ with a Triton that has the ops
+  (``storage.pdl_supported``), never under the interpreter.
+* The dot is fp32 products on the CUDA cores and one ``tl.sum`` over K per output, rounded once to
+  the storage dtype at the store (``_round_to_storage``: the interpreter truncates where the GPU
+  rounds). No ``tl.dot``: at one row the tensor cores would waste 15 of 16 rows.
+
+Fused variants (constexpr flags; the spec of each is a composition in ``kernels.reference``):
+
+* norm prologue (``reference.norm_linear``): each program loads the full hidden row, computes its
+  inverse RMS (``invariant_rmsnorm._row_inverse_rms``) and normalises it with the spec's rounding
+  points (``prep_kernel._normalise``); the fp32 order of the sum of squares is the only freedom.
+* residual epilogue (``reference.linear_residual``): ``R(residual + R(x @ w.T))``.
+* gated epilogue (``reference.linear_gated``): a program owns the same rows of the gate half and the
+  up half of a fused ``[2I, K]`` weight (two slices, both loaded before the wait) and stores
+  ``gated_act._gated_product`` of their rounded outputs; combinable with the norm prologue.
+
+Batch invariance by construction: the rows per program, the K tile and the reduction depend on the
+weight shape only; M is not specialised and the program walks its rows one at a time through the
+same code, so a row takes the same bits alone as inside any batch of up to ``MAX_ROWS``. Above
+``MAX_ROWS`` the kernel refuses (the seam, ``kernels.gemm.projections``, composes instead).
+
+``MAX_ROWS = 4``: each row costs every program a read of the whole activation row (from L1/L2: the
+weight is read once, the activation once per program) and a cross-warp reduction over K (two with
+the norm, three in the gated variant); at 4 rows those stay well under the time the program's
+weight slice takes to arrive, and batch-1 to batch-4 decode is what the kernel is for. Not yet
+measured on a GPU: the figure to check is the time at M = 4 against M = 1 (``infer bench gemm``).
+
+CUDA-graph safe: a call reads tensor metadata only and allocates only its output.
+``python -m kernels.triton.fused_gemv`` compiles every variant for sm_90 without a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.reference import GatedActivation, NormSpec, NormWeight
+from kernels.triton.gated_act import _KINDS, _gated_product
+from kernels.triton.invariant_rmsnorm import _MODES, _row_inverse_rms
+from kernels.triton.prep_kernel import WEIGHT_NONE, _normalise, _round_to_storage
+from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted, pdl_supported
+
+MAX_ROWS = 4
+# A program's weight slice: the probe's rule (8192 elements, 16 KB of bf16, 64 values per thread at
+# 4 warps) picks the rows; a slice is never wider than 16384 elements (one row of K ≤ 16384, or the
+# skinny GEMM's register budget), past which the registers spill.
+TARGET_SLICE_ELEMENTS = 8192
+MAX_SLICE_ELEMENTS = 16384
+# Every weight row must start 16-byte aligned at every dtype (16 fp32 values are 64 bytes).
+K_ALIGN = 16
+
+
+class FusedGemvError(ValueError):
+    """Operands the fused GEMV cannot run; the message names the shape, tensor or value and why."""
+
+
+def _is_pow2(value: int) -> bool:
+    return value > 0 and not value & (value - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class GemvSettings:
+    """Launch settings for one weight shape, never derived from M (that is the batch invariance).
+
+    ``rows_per_program`` output rows per program (of each half, gated); ``pdl`` asks for
+    programmatic dependent launch where ``pdl_supported`` allows it (no arithmetic changes).
+    """
+
+    rows_per_program: int
+    num_warps: int = 4
+    pdl: bool = True
+
+    def __post_init__(self) -> None:
+        if not _is_pow2(self.rows_per_program):
+            raise FusedGemvError(f"rows_per_program={self.rows_per_program}: must be a power of two")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise FusedGemvError(f"num_warps={self.num_warps}: must be 1, 2, 4, 8 or 16")
+
+    def slice_elements(self, k: int, *, gated: bool = False) -> int:
+        """Weight elements one program loads before it waits."""
+        return (2 if gated else 1) * self.rows_per_program * triton.next_power_of_2(k)
+
+    @property
+    def label(self) -> str:
+        return f"r{self.rows_per_program}·w{self.num_warps}·{'pdl' if self.pdl else 'nopdl'}"
+
+
+def gemv_settings(n: int, k: int, *, gated: bool = False) -> GemvSettings:
+    """The settings for an [n, k] weight (a fused [2I, k] gate/up weight when ``gated``): as many
+    rows as keep the slice at ``TARGET_SLICE_ELEMENTS`` (2 rows at K = 2560 or 4096, 1 at 9728)."""
+    width = (2 if gated else 1) * triton.next_power_of_2(max(k, 1))
+    return GemvSettings(rows_per_program=max(1, TARGET_SLICE_ELEMENTS // width))
+
+
+# ---------------------------------------------------------------------------------------- kernel
+
+
+# M is never specialised: one compiled kernel serves every row count (and no capture compiles).
+@triton.jit(do_not_specialize=["M"])
+def _fused_gemv_kernel(
+    x_ptr,
+    norm_w_ptr,
+    w_ptr,
+    res_ptr,
+    out_ptr,
+    M,
+    N_OUT,
+    K,
+    stride_xm,
+    stride_rm,
+    stride_om,
+    eps,
+    ROWS: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    NORM: tl.constexpr,
+    WEIGHT_MODE: tl.constexpr,
+    ROUND_BEFORE_WEIGHT: tl.constexpr,
+    RESIDUAL: tl.constexpr,
+    GATED: tl.constexpr,
+    KIND: tl.constexpr,
+    STORAGE: tl.constexpr,
+    PDL: tl.constexpr,
+    LIBDEVICE: tl.constexpr,
+):
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()  # the next kernel may start its own weight loads
+    cols = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    ks = tl.arange(0, BLOCK_K)[None, :]
+    col_ok = cols < N_OUT
+    k_ok = ks < K
+    # The program's whole weight slice (both halves when gated), requested before anything waits.
+    # Offsets in int64: an LM head's N·K passes 2³¹ at larger vocabularies.
+    w = tl.load(w_ptr + cols[:, None].to(tl.int64) * K + ks, mask=col_ok[:, None] & k_ok, other=0.0)
+    if GATED:  # the up half's same rows, I rows further on
+        up_rows = (cols + N_OUT)[:, None].to(tl.int64)
+        up_w = tl.load(w_ptr + up_rows * K + ks, mask=col_ok[:, None] & k_ok, other=0.0)
+    if NORM and WEIGHT_MODE != WEIGHT_NONE:
+        norm_w = tl.load(norm_w_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
+    else:
+        norm_w = ks.to(tl.float32)  # unread: _normalise ignores the weight without one
+    if PDL:
+        tl.extra.cuda.gdc_wait()  # x, residual and out belong to the previous kernel until now
+    for m in range(M):  # the same code for every row: a row's bits never depend on M
+        x = tl.load(x_ptr + m * stride_xm + ks, mask=k_ok, other=0.0).to(tl.float32)
+        if NORM:
+            x = _normalise(x, _row_inverse_rms(x, K, eps), norm_w, WEIGHT_MODE, ROUND_BEFORE_WEIGHT, STORAGE)
+        acc = tl.sum(w.to(tl.float32) * x, axis=1)
+        y = _round_to_storage(acc, STORAGE)
+        if GATED:
+            up = _round_to_storage(tl.sum(up_w.to(tl.float32) * x, axis=1), STORAGE)
+            y = _gated_product(y, up, KIND, STORAGE, LIBDEVICE)
+        if RESIDUAL:
+            res = tl.load(res_ptr + m * stride_rm + cols, mask=col_ok, other=0.0).to(tl.float32)
+            y = _round_to_storage(res + y, STORAGE)  # torch's `residual + delta`: one rounding
+        tl.store(out_ptr + m * stride_om + cols, y.to(out_ptr.dtype.element_ty), mask=col_ok)
+
+
+# -------------------------------------------------------------------------------------- launcher
+
+
+@dataclass(frozen=True, slots=True)
+class Fusion:
+    """What a launch fuses around the dot: a norm prologue (``norm`` with its weight), and at most one
+    epilogue (``residual`` add or gated ``activation``)."""
+
+    norm: NormSpec | None = None
+    residual: bool = False
+    activation: GatedActivation | None = None
+
+    def __post_init__(self) -> None:
+        if self.residual and self.activation is not None:
+            raise FusedGemvError("a fused GEMV takes one epilogue: a residual add or a gated activation")
+
+    @property
+    def name(self) -> str:
+        parts = (["norm"] if self.norm else []) + ["gemv"]
+        parts += ["residual"] if self.residual else []
+        parts += [self.activation.value] if self.activation else []
+        return "+".join(parts)
+
+
+def _shape_name(fusion: Fusion, m: int, n: int, k: int, dtype: torch.dtype) -> str:
+    return f"{fusion.name} x [{m}, {k}] @ w [{n}, {k}].T {str(dtype).removeprefix('torch.')}"
+
+
+def _check_rows(name: str, label: str, t: torch.Tensor, shape: tuple[int, int], like: torch.Tensor) -> None:
+    if tuple(t.shape) != shape or t.dtype != like.dtype or t.device != like.device:
+        raise FusedGemvError(
+            f"{name}: {label} is {tuple(t.shape)} {t.dtype} on {t.device}, not {list(shape)} "
+            f"{like.dtype} on {like.device}"
+        )
+    if t.stride(1) != 1:
+        raise FusedGemvError(f"{name}: {label}'s last dim has stride {t.stride(1)}; it must be contiguous")
+
+
+def check_fused_gemv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    fusion: Fusion,
+    settings: GemvSettings,
+    *,
+    norm_weight: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> int:
+    """Raise ``FusedGemvError`` naming the shape for anything ``fused_gemv`` cannot run; returns the
+    number of output columns (N, or I for a gated [2I, K] weight)."""
+    if weight.dim() != 2 or x.dim() != 2:
+        raise FusedGemvError(
+            f"{fusion.name}: x {tuple(x.shape)}, weight {tuple(weight.shape)}: takes x [M, K] and w [N, K]"
+        )
+    (m, k), n = x.shape, weight.shape[0]
+    name = _shape_name(fusion, m, n, weight.shape[1], x.dtype)
+    if weight.shape[1] != k:
+        raise FusedGemvError(f"{name}: x has K={k}, the weight K={weight.shape[1]}")
+    if m > MAX_ROWS:
+        raise FusedGemvError(f"{name}: M={m} rows, the fused GEMV takes at most {MAX_ROWS}")
+    if x.dtype != weight.dtype or x.dtype not in STORAGE_TYPES:
+        raise FusedGemvError(
+            f"{name}: dtypes x={x.dtype}, weight={weight.dtype} must match and be bf16, fp16 or fp32"
+        )
+    if x.device != weight.device:
+        raise FusedGemvError(f"{name}: devices x={x.device}, weight={weight.device} must match")
+    if x.device.type != "cuda" and not interpreted():
+        raise FusedGemvError(
+            f"{name}: device {x.device}; the Triton kernel needs CUDA (or TRITON_INTERPRET=1)"
+        )
+    if k < 1 or k % K_ALIGN:
+        raise FusedGemvError(
+            f"{name}: K={k} is not a positive multiple of {K_ALIGN} (weight rows stay 16-byte aligned)"
+        )
+    if x.stride(1) != 1:
+        raise FusedGemvError(f"{name}: x's last dim has stride {x.stride(1)}; it must be contiguous")
+    if not weight.is_contiguous():
+        raise FusedGemvError(f"{name}: the weight must be contiguous (strides {weight.stride()})")
+    gated = fusion.activation is not None
+    if gated and n % 2:
+        raise FusedGemvError(f"{name}: a gated weight has gate and up halves; N={n} is odd")
+    n_out = n // 2 if gated else n
+    elements = settings.slice_elements(k, gated=gated)
+    if elements > MAX_SLICE_ELEMENTS:
+        raise FusedGemvError(
+            f"{name}: settings {settings.label}: a program's weight slice holds {elements} elements, "
+            f"over the {MAX_SLICE_ELEMENTS} it keeps in registers"
+        )
+    if fusion.norm is not None:
+        if (norm_weight is None) != (fusion.norm.weight is NormWeight.NONE):
+            raise FusedGemvError(
+                f"{name}: norm weight {fusion.norm.weight.value!r} was given "
+                f"norm_weight={None if norm_weight is None else 'tensor'}"
+            )
+        if norm_weight is not None and (
+            tuple(norm_weight.shape) != (k,) or norm_weight.dtype != x.dtype or norm_weight.stride(0) != 1
+        ):
+            raise FusedGemvError(
+                f"{name}: norm_weight is {tuple(norm_weight.shape)} {norm_weight.dtype} "
+                f"(stride {norm_weight.stride()}), not a contiguous [{k}] {x.dtype}"
+            )
+    elif norm_weight is not None:
+        raise FusedGemvError(f"{name}: norm_weight was given without a norm spec")
+    if fusion.residual != (residual is not None):
+        raise FusedGemvError(
+            f"{name}: residual={'tensor' if residual is not None else None} for {fusion.name}"
+        )
+    if residual is not None:
+        _check_rows(name, "residual", residual, (m, n_out), x)
+    if out is not None:
+        _check_rows(name, "out", out, (m, n_out), x)
+    return n_out
+
+
+def fused_gemv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    fusion: Fusion = Fusion(),
+    settings: GemvSettings | None = None,
+    *,
+    norm_weight: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One launch of the fused GEMV for x [M ≤ MAX_ROWS, K] (any row stride) and a contiguous weight.
+
+    Plain: ``reference.linear(x, weight)``. ``fusion.norm`` (with ``norm_weight``): x is the hidden
+    row and ``reference.norm_linear`` is computed. ``fusion.residual`` (with ``residual [M, N]``):
+    ``reference.linear_residual``. ``fusion.activation``: weight is a fused ``[2I, K]`` gate/up and
+    the result ``reference.linear_gated``, ``[M, I]``. ``settings`` default to ``gemv_settings`` of
+    the weight shape. ``out`` (any row stride) receives the result; only its M rows are written.
+    Raises ``FusedGemvError`` for anything it cannot run (``check_fused_gemv``).
+    """
+    gated = fusion.activation is not None
+    chosen = settings or gemv_settings(weight.shape[0] // (2 if gated else 1), weight.shape[-1], gated=gated)
+    n_out = check_fused_gemv(x, weight, fusion, chosen, norm_weight=norm_weight, residual=residual, out=out)
+    m, k = x.shape
+    y = torch.empty(m, n_out, dtype=x.dtype, device=x.device) if out is None else out
+    if m == 0:
+        return y
+    pdl = chosen.pdl and pdl_supported(x.device)
+    # No FMA contraction: the products and their sum are separately rounded fp32, as in the spec.
+    launch: dict[str, object] = {"num_warps": chosen.num_warps, "num_stages": 1, "enable_fp_fusion": False}
+    if pdl:
+        launch["launch_pdl"] = True
+    spec = fusion.norm
+    _fused_gemv_kernel[(triton.cdiv(n_out, chosen.rows_per_program),)](
+        x,
+        x if norm_weight is None else norm_weight,  # unread without a norm weight
+        weight,
+        y if residual is None else residual,  # unread without RESIDUAL
+        y,
+        m,
+        n_out,
+        k,
+        x.stride(0),
+        y.stride(0) if residual is None else residual.stride(0),
+        y.stride(0),
+        spec.eps if spec is not None else 0.0,
+        ROWS=chosen.rows_per_program,
+        BLOCK_K=triton.next_power_of_2(k),
+        NORM=spec is not None,
+        WEIGHT_MODE=_MODES[spec.weight if spec is not None else NormWeight.NONE],
+        ROUND_BEFORE_WEIGHT=spec.round_before_weight if spec is not None else False,
+        RESIDUAL=fusion.residual,
+        GATED=gated,
+        KIND=_KINDS[fusion.activation or GatedActivation.SILU],
+        STORAGE=STORAGE_TYPES[x.dtype],
+        PDL=pdl,
+        LIBDEVICE=not interpreted(),
+        **launch,
+    )
+    return y
+
+
+# ------------------------------------------------------------------ ahead-of-time compile (sm_90)
+
+QWEN3 = NormSpec(NormWeight.W, eps=1e-6, round_before_weight=True)
+# Every fusion a model line uses, at the serving shapes of Qwen3-4B ([N, K]; the gated weight is
+# the fused [2I, K]) and the largest K a program takes in one row (Gemma 4 12B's down, K = 15360).
+COMPILE_VARIANTS: tuple[tuple[Fusion, int, int], ...] = (
+    (Fusion(), 151936, 2560),
+    (Fusion(norm=QWEN3), 6144, 2560),
+    (Fusion(residual=True), 2560, 4096),
+    (Fusion(norm=QWEN3, activation=GatedActivation.SILU), 19456, 2560),
+    (Fusion(residual=True), 2560, 9728),
+    (Fusion(), 3840, 15360),
+    (Fusion(norm=NormSpec(NormWeight.ONE_PLUS_W)), 8192, 3840),
+    (Fusion(activation=GatedActivation.GELU_TANH), 30720, 3840),
+)
+
+
+def compile_variant(
+    fusion: Fusion, n: int, k: int, dtype: torch.dtype = torch.bfloat16, *, arch: int = 90
+) -> object:
+    """The compiled kernel (cubin and PTX) for one variant, PDL on, on ``sm_{arch}``, without a GPU."""
+    if interpreted():
+        raise RuntimeError("ahead-of-time compilation needs TRITON_INTERPRET unset")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    gated = fusion.activation is not None
+    settings = gemv_settings(n // 2 if gated else n, k, gated=gated)
+    spec = fusion.norm
+    constexprs = {
+        "ROWS": settings.rows_per_program,
+        "BLOCK_K": triton.next_power_of_2(k),
+        "NORM": spec is not None,
+        "WEIGHT_MODE": _MODES[spec.weight if spec is not None else NormWeight.NONE].value,
+        "ROUND_BEFORE_WEIGHT": spec.round_before_weight if spec is not None else False,
+        "RESIDUAL": fusion.residual,
+        "GATED": gated,
+        "KIND": _KINDS[fusion.activation or GatedActivation.SILU].value,
+        "STORAGE": STORAGE_TYPES[dtype],
+        "PDL": True,
+        "LIBDEVICE": True,
+    }
+    names = list(_fused_gemv_kernel.arg_names)
+    signature = {
+        name: "constexpr"
+        if name in constexprs
+        else POINTER_TYPES[dtype]
+        if name.endswith("_ptr")
+        else "fp32"
+        if name == "eps"
+        else "i32"
+        for name in names
+    }
+    # As the runtime JIT specialises at serving shapes: 16-aligned pointers, K and row strides.
+    aligned = [name for name in names if name.endswith("_ptr") or name.startswith("stride_") or name == "K"]
+    source = ASTSource(
+        fn=_fused_gemv_kernel,
+        signature=signature,
+        constexprs={(names.index(name),): value for name, value in constexprs.items()},
+        attrs={(names.index(name),): [["tt.divisibility", 16]] for name in aligned},
+    )
+    options = {"num_warps": settings.num_warps, "launch_pdl": True, "enable_fp_fusion": False}
+    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
+
+
+def main() -> int:
+    failures = []
+    for fusion, n, k in COMPILE_VARIANTS:
+        for dtype in POINTER_TYPES:
+            kernel = compile_variant(fusion, n, k, dtype)
+            asm = getattr(kernel, "asm", {})
+            ptx = str(asm.get("ptx", ""))
+            problems = [] if asm.get("cubin") else ["no cubin"]
+            if "griddepcontrol.wait" not in ptx or "griddepcontrol.launch_dependents" not in ptx:
+                problems.append("no griddepcontrol instructions")
+            if not any("ld.global" in line and ".v4." in line for line in ptx.splitlines()):
+                problems.append("no 128-bit global loads")
+            if problems:
+                failures.append(f"{fusion.name} [{n}, {k}] {dtype}: {', '.join(problems)}")
+        print(f"compiled {fusion.name} [{n}, {k}]")
+    for failure in failures:
+        print(f"FAILED {failure}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        sys.exit("unset TRITON_INTERPRET: the compile check builds real GPU code")
+    sys.exit(main())
