@@ -26,6 +26,10 @@
 # GPU this way (gates hold a fixed KV pool); timed steps stand alone. E.g. Qwen3.5's acceptance run:
 #   PIPELINE="cutlass_dsl,qwen35-gates+qwen35-fla-tests,attn-triton-tests,qwen35-9b-parity
 #             qwen35-bench-gdn qwen35-latency qwen3-latency attn-triton-latency" STAGE=all ...
+# Issue 18's decode run (each timed step alone on the GPU; vLLM last, after its five staging calls):
+#   PIPELINE="decode-tests gemm-qwen3 qwen3-decode-variants host-profile-async gemma4-decode-variants
+#             qwen3-gates vllm-qwen3" STAGE=all ...
+# then the qwen3 and gemma4 manifests with the flags the variants showed best, before flipping a default.
 # A step that fails does not stop the ones after it. Single steps can still be run by name
 # (STAGE=gemma4-gates, STAGE=buckets, ...), in the foreground.
 set -uo pipefail
@@ -146,6 +150,54 @@ attn-triton-latency() {  # Qwen3-4B with it, beside qwen3-latency (FlashInfer) a
   synth_q3
   infer bench latency --model $q3 --attention-backend triton --batch-sizes 1,8,64 --prefill-lens 1024 \
     --breakdown --save-result $work/qwen3-4b-latency-attn-triton.json
+}
+decode-tests() {  # issue 18: every decode kernel's GPU tests (fused GEMV and MMA, prep, split-KV attention,
+  # skinny GEMM) and the fused-path model tests, before any timing
+  python3 -m pytest -q -s --tb=short tests/kernels/test_fused_gemv.py tests/kernels/test_decode_attention.py \
+    tests/kernels/test_triton_decode_backend.py tests/kernels/test_prep_kernel_small.py \
+    tests/kernels/test_skinny_gemm.py tests/models/ -k "fusion or fused or decode or prep or skinny" \
+    $(ls tests/kernels/test_fused_mma*.py 2>/dev/null)
+}
+gemm-qwen3() {  # cuBLAS / skinny / fused GEMV / fused MMA per Qwen3-4B projection and M, and the chains
+  COLUMNS=200 infer bench gemm --model qwen3-4b --rows ${GEMM_ROWS:-1,2,4,8,16,64} \
+    --save-result $work/gemm-qwen3-4b.json --save-dispatch $work/skinny-dispatch-qwen3-4b.json
+}
+# Qwen3-4B decode per path, one model load each (issue 18). NAME|FLAGS; the first is the default.
+DECODE_VARIANTS=${DECODE_VARIANTS:-"default| async|--async-scheduling triton|--attention-backend=triton
+  fused|--decode-fusion fused-triton|--decode-fusion,--attention-backend=triton
+  all|--decode-fusion,--attention-backend=triton,--async-scheduling"}
+qwen3-decode-variants() {
+  synth_q3
+  local variant
+  for variant in $DECODE_VARIANTS; do
+    local name=${variant%%|*} flags=${variant#*|}
+    echo "== $name: ${flags//,/ }"
+    infer bench latency --model $q3 ${flags//,/ } --batch-sizes 1,8,64 --prefill-lens 1024 --breakdown \
+      --save-result $work/qwen3-4b-latency-$name.json
+  done
+}
+gemma4-decode-variants() {  # the same for Gemma 4 12B (fused steps where its line takes the seam)
+  synth_g4
+  local variant
+  for variant in ${GEMMA4_VARIANTS:-"default| fused|--decode-fusion all|--decode-fusion,--async-scheduling"}; do
+    local name=${variant%%|*} flags=${variant#*|}
+    echo "== $name: ${flags//,/ }"
+    infer bench latency --model $g4 ${flags//,/ } --batch-sizes 1,8,64 --prefill-lens 1024 --breakdown \
+      --save-result $work/gemma4-12b-latency-$name.json
+  done
+}
+host-profile-async() {  # where async scheduling's steps still wait on the device (sync sites counted)
+  synth_q3
+  python3 docs/benchmarks/scripts/host_profile.py $q3 --async-scheduling \
+    --save $work/qwen3-4b-host-profile-async.json
+  python3 docs/benchmarks/scripts/host_profile.py $q3 --async-scheduling --attention-backend triton \
+    --save $work/qwen3-4b-host-profile-async-triton.json
+}
+vllm-qwen3() {  # vLLM 0.24's decode step on the same checkpoint (shared/device/vllm: staged by five
+  # calls carrying .vllm/part1..5 first; never beside an infer step: it takes 90 % of the memory)
+  synth_q3
+  [ -f .vllm/part5/bench.sh ] || { echo "vLLM is not staged (.vllm/part5 not carried)"; return 1; }
+  bash .vllm/part5/bench.sh $q3 $work/vllm 1,8,64
 }
 kernels() {
   infer gates --manifest kernels --tier gpu --json $work/kernels-gates.json
@@ -289,7 +341,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity)
+  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
