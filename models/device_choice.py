@@ -11,7 +11,12 @@ from kernels.attention.torch_backend import TorchAttention
 from kernels.gemm.names import is_end_to_end_invariant
 from models.registry import ModelLoadError, ModelOptions
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DTYPES = {
+    "float64": torch.float64,
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
 
 
 def pick_device(options: ModelOptions) -> torch.device:
