@@ -23,6 +23,7 @@ from typing import Generic, Protocol, TypeVar
 
 import torch
 
+from engine.contract import EngineFatalError
 from engine.forward_batch import PagedCausalLM
 from engine.kv.spec import KVGroupSpec
 from engine.kv.state_pool import state_pools_of
@@ -141,6 +142,11 @@ class PagedLine(Generic[ConfigT]):
             pool = WorkerPool(ranks, build, engine.collective_timeout_s, pick_device(options).type)
             try:
                 local, kv_groups, max_model_len = self._start(path, config, options, plan, pool.group())
+            except EngineFatalError as exc:
+                # A rank that raised or died while loading, or a group that never formed: a
+                # start-up error naming the rank and the cause (its traceback is in the log).
+                pool.kill()
+                raise ModelLoadError(f"--tensor-parallel-size {ranks}: start-up failed: {exc}") from exc
             except BaseException:
                 pool.kill()
                 raise

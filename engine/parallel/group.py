@@ -191,6 +191,7 @@ class ProcessRankGroup:
         return torch.cat(parts, dim=-1)
 
     def min_over_ranks(self, values: Sequence[int]) -> list[int]:
+        group = self._pg()
         tensor = torch.tensor(list(values), dtype=torch.long, device=self._device)
-        self._wait(self._pg().allreduce([tensor], dist.ReduceOp.MIN), "min all-reduce")
+        self._wait(group.allreduce([tensor], dist.ReduceOp.MIN), "min all-reduce")
         return [int(v) for v in tensor.tolist()]
