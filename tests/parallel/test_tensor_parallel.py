@@ -352,3 +352,12 @@ def test_gpu_ranks_form_an_nccl_group_or_refuse_by_name(monkeypatch: pytest.Monk
     monkeypatch.setattr(dist, "is_nccl_available", lambda: False)
     with pytest.raises(BackendUnavailableError, match="has no NCCL"):
         group.min_over_ranks([1])
+
+
+def test_float64_is_a_cpu_reference_only(tiny_qwen3: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bound's fp64 reference runs on the CPU; asked of a GPU (faked here) it is refused by name."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(
+        ModelLoadError, match="--dtype float64 on cuda: float64 is the CPU reference dtype only"
+    ):
+        load(tiny_qwen3, 1, dtype="float64", device="cuda")
