@@ -158,7 +158,9 @@ def start_paged_model(
     if use_graphs and group.size > 1:
         # Decode graphs would hold the ranks' collectives; capturing those is not built
         # (docs/tensor-parallel.md), so sharded decode runs eager, said once per start-up.
-        log.warning("tensor parallelism (%d ranks): decode runs eager, no CUDA graphs are captured", group.size)
+        log.warning(
+            "tensor parallelism (%d ranks): decode runs eager, no CUDA graphs are captured", group.size
+        )
         use_graphs = False
     buckets = decode_buckets(config.max_num_seqs)
     total = torch.cuda.get_device_properties(device).total_memory
