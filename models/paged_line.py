@@ -279,6 +279,8 @@ def _start_rank(
     """A worker rank's runner (engine.parallel.workers runs it in the worker process), on the
     device its group names (its own GPU) when it names one."""
     if group.device is not None:
+        # Its GPU is also the current device: what allocates on "the" CUDA device lands there.
+        torch.cuda.set_device(group.device)
         options = replace(options, device=str(group.device))
     path = Path(spec)
     config = line.parse_config(path)
