@@ -29,10 +29,11 @@ from gates.harness.serving import (
 )
 
 # How many times the serving dtype's reordering error (max |Δ log-prob| of TP = 1 against TP = 1
-# at the wider dtype) TP = N may differ from TP = 1 by. Measured on the tiny synthetic Qwen3,
-# Gemma 3 and Gemma 4 over a 60-token prompt in fp32 (CPU, 2026-12-04): fp32 against fp64
-# 7.4e-7, 8.7e-7 and 1.0e-6; TP = 2 and 4 against TP = 1 at most 9.5e-7, about 1× the scale. A
-# wrong slice or a missing all-reduce moves log-probs by 1e-2 or more.
+# at the wider dtype) TP = N may differ from TP = 1 by. Measured in fp32 on the CPU (2026-12-04),
+# 60 teacher-forced positions: the tiny synthetic Qwen3, Gemma 3 and Gemma 4 have a scale of
+# 9.5e-7 to 1.4e-6 (one or two fp32 ulps of a log-prob between −16 and −8) and TP = 2 and 4 differ
+# by 9.5e-7 to 1.4e-6, 1× the scale; on Gemma 3 270M's real weights the scale is 2.7e-5 and TP = 2
+# differs by 3.1e-5, 1.14×. A wrong slice or a missing all-reduce moves log-probs by 1e-2 or more.
 REORDERING_MULTIPLE = 4.0
 
 # The dtype each serving dtype's reordering error is measured against.

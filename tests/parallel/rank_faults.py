@@ -1,6 +1,6 @@
-"""A worker rank's start that fails where a real one can: reading its slice of the weights. The
-tests put it in place of `models.paged_line._start_rank`; it runs in the spawned worker, so what it
-is told comes through the environment the worker inherits."""
+"""Worker rank starts that fail where a real one can: reading its slice of the weights, or in a
+step's forward. The tests put one in place of `models.paged_line._start_rank`; it runs in the
+spawned worker, so what it is told comes through the environment the worker inherits."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 from engine.model_runner import PagedModelRunner
 from engine.parallel.group import RankGroup
+from engine.runner import StepBatch
 from models import checkpoint, paged_line
 from models.registry import ModelOptions
 
@@ -31,3 +32,20 @@ def start_rank_failing_slice_read(
     if group.rank == int(os.environ[FAILING_RANK_ENV]):
         checkpoint.TensorSlice.read = _unreadable  # type: ignore[method-assign, assignment]
     return paged_line._start_rank(line, spec, options, group)
+
+
+def _failing_forward(self: PagedModelRunner, batch: StepBatch) -> None:
+    raise RuntimeError("forward failed (injected)")
+
+
+def start_rank_failing_forward(
+    line: paged_line.PagedLine,
+    spec: str,
+    options: ModelOptions,
+    group: RankGroup,  # type: ignore[type-arg]
+) -> PagedModelRunner:
+    """Starts as a rank does; the failing rank's every step then raises in its forward."""
+    runner = paged_line._start_rank(line, spec, options, group)
+    if group.rank == int(os.environ[FAILING_RANK_ENV]):
+        PagedModelRunner.forward = _failing_forward  # type: ignore[method-assign, assignment]
+    return runner

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
-from engine.contract import Failed, Request, SamplingParams
+from engine.contract import Failed, Request, SamplingParams, one_line
 from engine.parallel.runner import TensorParallelRunner
 from engine.parallel.sharding import ShardError
 from engine.scheduler import BatchScheduler
@@ -29,8 +29,8 @@ from models.registry import LoadedModel, ModelLoadError, ModelOptions, load_mode
 
 # The log-prob bound is measured in each run (gates.harness.tensor_parallel): TP = N may differ
 # from TP = 1 by REORDERING_MULTIPLE (4) times TP = 1's own fp32 error against fp64 on the same
-# tokens. On a 60-token prompt (2026-12-04): that error 7.4e-7 (Qwen3), 8.7e-7 (Gemma 3), 1.0e-6
-# (Gemma 4); TP = 2 and 4 against TP = 1 at most 9.5e-7.
+# tokens. On this file's 60-token prompt (2026-12-04) that error is 9.5e-7 on all three lines (one
+# fp32 ulp of a log-prob between −16 and −8), and TP = 2 and 4 differ from TP = 1 by 9.5e-7: 1×.
 
 ENGINE = dict(max_num_seqs=8, max_num_batched_tokens=48, num_kv_pages=96, enable_prefix_caching=False)
 
@@ -197,7 +197,7 @@ def _step_until_terminal(scheduler: BatchScheduler, request_id: str) -> object:
         try:
             outputs = scheduler.step()
         except Exception as exc:
-            outputs = scheduler.fail_step(f"step failed: {exc!r}")
+            outputs = scheduler.fail_step(f"step failed: {one_line(exc)}")
         for update in outputs.updates:
             if update.request_id == request_id and update.terminal is not None:
                 return update.terminal
@@ -303,6 +303,38 @@ def test_a_worker_that_raises_while_loading_fails_start_up_by_rank_and_cause(
     for pid in pids.values():
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_a_worker_that_raises_in_a_step_fails_the_requests_with_one_line_and_no_hang(
+    tiny_qwen3: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 1's forward raises: the step fails its batch with one line naming the rank, what it
+    was doing and the cause, at once, and so does every later request (the engine is stopped)."""
+    from rank_faults import FAILING_RANK_ENV, start_rank_failing_forward
+
+    import models.paged_line
+
+    monkeypatch.setattr(models.paged_line, "_start_rank", start_rank_failing_forward)
+    monkeypatch.setenv(FAILING_RANK_ENV, "1")
+    model = load(tiny_qwen3, 2)
+    scheduler = scheduler_of(model)
+    runner = tp_runner(model)
+    try:
+        started = time.monotonic()
+        scheduler.submit(greedy("f")[0])
+        terminal = _step_until_terminal(scheduler, "f0")
+        assert isinstance(terminal, Failed), terminal
+        assert "\n" not in terminal.message, terminal.message
+        assert (
+            "worker rank 1 exited with code 1: while serving steps: RuntimeError: forward failed (injected)"
+            in (terminal.message)
+        ), terminal.message
+        scheduler.submit(greedy("g")[0])
+        assert isinstance(_step_until_terminal(scheduler, "g0"), Failed)
+        assert time.monotonic() - started < 10.0
+        assert scheduler.load().kv_pages_used == 0
+    finally:
+        runner.close()
 
 
 def test_more_ranks_than_visible_gpus_are_refused_naming_both(
