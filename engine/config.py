@@ -81,8 +81,8 @@ class EngineConfig:
     tensor_parallel_size: int = field(
         default=1,
         metadata={
-            "help": "Ranks the model is split over (CPU: worker processes over gloo); lines not yet "
-            "sharded refuse more than 1."
+            "help": "Ranks the model is split over (CPU: worker processes over gloo; CUDA: one GPU "
+            "per rank over NCCL); lines not yet sharded refuse more than 1."
         },
     )
     collective_timeout_s: float = field(

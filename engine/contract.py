@@ -28,6 +28,13 @@ class EngineFatalError(RuntimeError):
     driver fails the step's batch, then every open request, and turns unhealthy."""
 
 
+def one_line(exc: BaseException) -> str:
+    """`Type: the message's first line`: what a failed request, /health or a one-line log may
+    carry of an error (a traceback goes to the server's log only)."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
 class FinishReason(StrEnum):
     LENGTH = "length"
     STOP = "stop"

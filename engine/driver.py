@@ -19,7 +19,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.contract import EngineFatalError, Load, Request, Scheduler, StepOutputs
+from engine.contract import EngineFatalError, Load, Request, Scheduler, StepOutputs, one_line
 
 log = logging.getLogger("infer.driver")
 
@@ -99,7 +99,9 @@ class Driver:
                     self._step()
                 self._load = self._scheduler.load()
         except BaseException as exc:
-            self._die(f"driver stopped: {exc!r}\n{traceback.format_exc()}")
+            # The traceback stays in the server's log; what clients and /health see is one line.
+            log.error("driver stopped:\n%s", traceback.format_exc())
+            self._die(f"driver stopped: {one_line(exc)}")
 
     def _drain_inbox(self, block: bool) -> bool:
         """Apply every queued message; block for the first one when idle. False on shutdown."""
@@ -127,7 +129,7 @@ class Driver:
         except Exception as exc:
             self.failed_steps += 1
             log.exception("step failed; failing its batch")
-            outputs = self._scheduler.fail_step(f"step failed: {exc!r}")
+            outputs = self._scheduler.fail_step(f"step failed: {one_line(exc)}")
             if isinstance(exc, EngineFatalError):
                 self._load = self._scheduler.load()
                 if outputs:

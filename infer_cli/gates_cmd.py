@@ -2,7 +2,7 @@
 
 Exit status: 0 when every selected gate passed (or `--check`/`--list` found nothing wrong, or the
 tier selected no gate); 1 when a gate failed; 2 when the run stopped before executing anything
-(manifest, membership or preflight problems).
+(manifest, membership or preflight problems, or a refused `--tensor-parallel-size`).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from engine.contract import ContractError
 from gates.runner import (
     Gate,
     GateOutcome,
@@ -41,6 +42,7 @@ from gates.runner import (
 )
 from gates.runner.preflight import checkpoint_argument
 from gates.runner.reports import now
+from infer_cli.engine_options import Knobs, knob_options
 
 EXIT_GATE_FAILED = 1
 EXIT_STOPPED = 2
@@ -203,6 +205,7 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
+@knob_options("tensor_parallel_size", help_prefix="every gate's engines: ")
 def gates_command(
     manifest: str = typer.Option(
         ..., "--manifest", help="Manifest NAME (manifests/NAME.toml) or PATH to a .toml."
@@ -238,9 +241,15 @@ def gates_command(
         help="Run the gates in one pytest process (the checkpoint is read once; gates marked isolated "
         "still get their own). A gate that fails or times out ends its process; the rest go on in a new one.",
     ),
+    *,
+    knobs: Knobs,
 ) -> None:
     console = Console()
     started = now()
+    try:
+        tensor_parallel_size = knobs.engine_config().tensor_parallel_size
+    except ContractError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--tensor-parallel-size") from None
     try:
         loaded = load_manifest(locate_manifest(manifest))
     except GateRunError as exc:
@@ -253,6 +262,7 @@ def gates_command(
             problems=tuple(exc.problems),
             rows=(),
             started=started,
+            tensor_parallel_size=tensor_parallel_size,
         )
         console.print(problems_table(exc.problems))
         _write_reports(stopped, json_out, junit, console)
@@ -278,9 +288,11 @@ def gates_command(
         checkpoint=given,
         only=tuple(only),
         shared_process=shared_process,
+        tensor_parallel_size=tensor_parallel_size,
     )
     console.print(
         f"[bold]infer gates[/bold] · suite {loaded.suite.name} · {len(loaded.gates)} gate(s) · {loaded.path}"
+        + (f" · tensor-parallel size {tensor_parallel_size}" if tensor_parallel_size > 1 else "")
     )
     observer = _ConsoleObserver(console, json_out)
     # A stopped run (`timeout`, a job killed) unwinds through run_pytest, which kills the running

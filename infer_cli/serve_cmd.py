@@ -15,6 +15,7 @@ from rich.console import Console
 
 from engine.contract import ContractError
 from engine.memory_budget import MemoryBudgetError
+from engine.parallel.sharding import ShardError
 from infer_cli.engine_options import Knobs, knob_options
 from infer_cli.http.app import ServerSettings, create_app
 from infer_cli.http.body import DEFAULT_MAX_BODY_BYTES
@@ -68,7 +69,7 @@ def serve_command(
         options = knobs.model_options(progress=RichProgress(_console))
         _console.print(f"infer serve: loading {model}")
         loaded = load_model(model, options)
-    except (ContractError, ModelLoadError, ConfigError, WeightsError, MemoryBudgetError) as exc:
+    except (ContractError, ModelLoadError, ShardError, ConfigError, WeightsError, MemoryBudgetError) as exc:
         _console.print(f"[red]infer serve:[/red] {exc}")
         raise typer.Exit(2) from None
     if max_request_bytes < 1024:

@@ -11,7 +11,12 @@ from kernels.attention.torch_backend import TorchAttention
 from kernels.gemm.names import is_end_to_end_invariant
 from models.registry import ModelLoadError, ModelOptions
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DTYPES = {
+    "float64": torch.float64,
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
 
 
 def pick_device(options: ModelOptions) -> torch.device:
@@ -24,11 +29,14 @@ def pick_device(options: ModelOptions) -> torch.device:
 
 
 def pick_dtype(options: ModelOptions, device: torch.device) -> torch.dtype:
-    """bf16 on GPU; fp32 on CPU (exact parity with references), either by `--dtype`."""
+    """bf16 on GPU; fp32 on CPU (exact parity with references), either by `--dtype`; float64 on the
+    CPU only, as the reference a serving dtype's error is measured against (gates.harness)."""
     if options.dtype in (None, "auto"):
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     if options.dtype not in _DTYPES:
         raise ModelLoadError(f"--dtype {options.dtype!r}: expected one of auto, {', '.join(_DTYPES)}")
+    if options.dtype == "float64" and device.type != "cpu":
+        raise ModelLoadError(f"--dtype float64 on {device}: float64 is the CPU reference dtype only")
     return _DTYPES[options.dtype]
 
 

@@ -5,10 +5,11 @@ In order, before any weight is read: the config (fail-closed), device, dtype, to
 ceiling; then every tensor is checked and loaded; then the model is built, start-up sizes its KV
 groups on the device (engine.paged_startup) and the scheduler gets the groups start-up sized.
 
-At `--tensor-parallel-size N` > 1 the split is checked against the config first (the line's
-`shard_plan`, refusing by field), then the engine's worker pool starts ranks 1..N-1, each running
-`_start_rank` (this same path over its own slices of the weights), while rank 0 does the same here
-and hands the scheduler a `TensorParallelRunner`. docs/tensor-parallel.md.
+At `--tensor-parallel-size N` > 1 the split is checked first (`check_split`: the line runs
+sharded, the device has a GPU per rank, the config's `shard_plan` divides, each refused by name),
+then the engine's worker pool starts ranks 1..N-1, each running `_start_rank` (this same path over
+its own slices of the weights; on CUDA rank r on `cuda:r`), while rank 0 does the same here and
+hands the scheduler a `TensorParallelRunner`. docs/tensor-parallel.md.
 """
 
 from __future__ import annotations
@@ -22,12 +23,13 @@ from typing import Generic, Protocol, TypeVar
 
 import torch
 
+from engine.contract import EngineFatalError
 from engine.forward_batch import PagedCausalLM
 from engine.kv.spec import KVGroupSpec
 from engine.kv.state_pool import state_pools_of
 from engine.model_runner import PagedModelRunner
 from engine.paged_startup import start_paged_model
-from engine.parallel.group import SINGLE_RANK, RankGroup
+from engine.parallel.group import SINGLE_RANK, RankGroup, rank_device
 from engine.parallel.runner import TensorParallelRunner
 from engine.parallel.sharding import ShardPlan
 from engine.parallel.workers import WorkerPool
@@ -128,6 +130,8 @@ class PagedLine(Generic[ConfigT]):
         engine = options.engine
         ranks = engine.tensor_parallel_size
         plan = self._plan(config, options, ranks) if ranks > 1 else None
+        if plan is not None and pick_device(options).type == "cuda":
+            options = replace(options, device=str(rank_device("cuda", 0)))
         tokenizer = HFTokenizer(path)
         runner: ModelRunner
         if plan is None:
@@ -136,9 +140,14 @@ class PagedLine(Generic[ConfigT]):
         else:
             # Workers get what they load with, not where rank 0 reports progress.
             build = functools.partial(_start_rank, self, spec, replace(options, progress=SILENT))
-            pool = WorkerPool(ranks, build, engine.collective_timeout_s)
+            pool = WorkerPool(ranks, build, engine.collective_timeout_s, pick_device(options).type)
             try:
                 local, kv_groups, max_model_len = self._start(path, config, options, plan, pool.group())
+            except EngineFatalError as exc:
+                # A rank that raised or died while loading, or a group that never formed: a
+                # start-up error naming the rank and the cause (its traceback is in the log).
+                pool.kill()
+                raise ModelLoadError(f"--tensor-parallel-size {ranks}: start-up failed: {exc}") from exc
             except BaseException:
                 pool.kill()
                 raise
@@ -159,21 +168,23 @@ class PagedLine(Generic[ConfigT]):
             name=path.name, scheduler=scheduler, tokenizer=tokenizer, max_model_len=max_model_len
         )
 
+    def check_split(self, spec: str, options: ModelOptions) -> None:
+        """Refuse `options`' tensor-parallel size for this checkpoint as `load` would, reading only
+        its config: what a command checks before it loads anything."""
+        ranks = options.engine.tensor_parallel_size
+        if ranks > 1:
+            self._plan(self.parse_config(Path(spec)), options, ranks)
+
     def _plan(self, config: ConfigT, options: ModelOptions, ranks: int) -> ShardPlan:
         """The split at `ranks`, refused before any weight is read or process started: by the line
-        (not sharded yet), by the device (not yet run on GPUs), or by the config field that does
-        not divide."""
+        (not sharded yet), by the device (a GPU per rank), or by the config field that does not
+        divide."""
         if self.sharded is None:
             raise ModelLoadError(
                 f"--tensor-parallel-size {ranks}: the {self.family} line does not run sharded yet "
                 "(docs/tensor-parallel.md lists the lines that do)"
             )
-        device = pick_device(options)
-        if device.type != "cpu":
-            raise ModelLoadError(
-                f"--tensor-parallel-size {ranks} on {device}: tensor parallelism has run only on CPU "
-                "with gloo so far (docs/tensor-parallel.md); use --device cpu"
-            )
+        check_rank_devices(pick_device(options), ranks)
         return self.shard_plan(config, ranks)
 
     def _start(
@@ -236,10 +247,44 @@ class PagedLine(Generic[ConfigT]):
         return runner, kv_groups, max_model_len
 
 
+def check_rank_devices(device: torch.device, ranks: int) -> None:
+    """`ranks` > 1 ranks on `device`: processes on the CPU (gloo), or one visible GPU each (NCCL,
+    rank r on `cuda:r`: pick the GPUs with CUDA_VISIBLE_DEVICES). Anything else is refused by name."""
+    if device.type == "cpu":
+        return
+    if device.type != "cuda":
+        raise ModelLoadError(
+            f"--tensor-parallel-size {ranks} on {device}: tensor parallelism runs on the CPU (gloo) or "
+            "on CUDA GPUs (NCCL)"
+        )
+    if device.index not in (None, 0):
+        raise ModelLoadError(
+            f"--tensor-parallel-size {ranks} with --device {device}: rank r runs on cuda:r; choose the "
+            "GPUs with CUDA_VISIBLE_DEVICES instead"
+        )
+    visible = torch.cuda.device_count()
+    if ranks > visible:
+        raise ModelLoadError(
+            f"--tensor-parallel-size {ranks}: each rank needs a GPU of its own and {visible} "
+            f"{'is' if visible == 1 else 'are'} visible"
+        )
+    log.warning(
+        "tensor parallelism over NCCL (%d ranks on cuda:0..%d) has not run on GPUs before "
+        "(docs/tensor-parallel.md)",
+        ranks,
+        ranks - 1,
+    )
+
+
 def _start_rank(
     line: PagedLine[ConfigT], spec: str, options: ModelOptions, group: RankGroup
 ) -> PagedModelRunner:
-    """A worker rank's runner (engine.parallel.workers runs it in the worker process)."""
+    """A worker rank's runner (engine.parallel.workers runs it in the worker process), on the
+    device its group names (its own GPU) when it names one."""
+    if group.device is not None:
+        # Its GPU is also the current device: what allocates on "the" CUDA device lands there.
+        torch.cuda.set_device(group.device)
+        options = replace(options, device=str(group.device))
     path = Path(spec)
     config = line.parse_config(path)
     plan = line.shard_plan(config, group.size)
@@ -248,4 +293,4 @@ def _start_rank(
 
 
 def register_paged_line(line: PagedLine[ConfigT]) -> None:
-    register_model_types(line.model_types, line.load)
+    register_model_types(line.model_types, line.load, line.check_split)

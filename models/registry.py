@@ -90,18 +90,26 @@ class LoadedModel:
 
 
 Loader = Callable[[str, ModelOptions], LoadedModel]
+# Refuses (raises) what a loader would refuse of the options before it reads a weight, from the
+# checkpoint's config alone.
+SplitCheck = Callable[[str, ModelOptions], None]
 
 _BY_NAME: dict[str, Loader] = {}
 _BY_MODEL_TYPE: dict[str, Loader] = {}
+_SPLIT_CHECK_BY_MODEL_TYPE: dict[str, SplitCheck] = {}
 
 
 def register_name(name: str, loader: Loader) -> None:
     _BY_NAME[name] = loader
 
 
-def register_model_types(model_types: Sequence[str], loader: Loader) -> None:
+def register_model_types(
+    model_types: Sequence[str], loader: Loader, check_split: SplitCheck | None = None
+) -> None:
     for model_type in model_types:
         _BY_MODEL_TYPE[model_type] = loader
+        if check_split is not None:
+            _SPLIT_CHECK_BY_MODEL_TYPE[model_type] = check_split
 
 
 def _register_builtin_lines() -> None:
@@ -180,3 +188,21 @@ def load_model(spec: str, options: ModelOptions | None = None) -> LoadedModel:
     if resolved.name is not None:
         loaded.name = resolved.name
     return loaded
+
+
+def check_tensor_parallel(path: Path, options: ModelOptions) -> None:
+    """Refuse `options.engine.tensor_parallel_size` for the checkpoint directory `path` as loading
+    it would (the line does not run sharded, too few GPUs, a config field that does not divide:
+    `ModelLoadError` or `ShardError`, naming it), reading only its config: a command that loads
+    later, or many times (`infer gates`, `infer bench latency`), checks this before anything."""
+    ranks = options.engine.tensor_parallel_size
+    if ranks == 1:
+        return
+    _register_builtin_lines()
+    model_type = checkpoint_model_type(path)
+    check = _SPLIT_CHECK_BY_MODEL_TYPE.get(model_type)
+    if check is None:
+        raise ModelLoadError(
+            f"--tensor-parallel-size {ranks}: model_type {model_type!r} does not run sharded"
+        )
+    check(str(path), options)

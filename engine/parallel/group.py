@@ -1,11 +1,13 @@
 """The collectives a sharded forward runs, behind one small interface.
 
 `SingleRank` is the group of one: every collective is the identity, so a model line's forward is
-the same code at any size. `GlooGroup` runs them over torch.distributed's gloo process group (CPU),
-each wait bounded by the group's timeout: a rank that stops answering fails the step with an error
-instead of hanging it. The group connects on its first collective; rank 0 first waits for every
-peer to reach that point while it checks that their processes are alive (`peers_alive`), so a
-worker that dies while loading fails start-up at once (a live one gets `JOIN_TIMEOUT_S`).
+the same code at any size. `ProcessRankGroup` runs them over a torch.distributed process group:
+gloo when the ranks run on the CPU, NCCL when each rank has a GPU of its own (`cuda:RANK`; this
+path has not run yet, docs/tensor-parallel.md). Each wait is bounded by the group's timeout: a rank
+that stops answering fails the step with an error instead of hanging it. The group connects on
+its first collective; rank 0 first waits for every peer to reach that point while it checks that
+their processes are alive (`peers_alive`), so a worker that dies while loading fails start-up at
+once (a live one gets `JOIN_TIMEOUT_S`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,11 @@ class RankGroup(Protocol):
     @property
     def size(self) -> int: ...
 
+    @property
+    def device(self) -> torch.device | None:
+        """The device this rank runs on when the group fixes it (one GPU per rank), else None."""
+        ...
+
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """`tensor` summed over the ranks, in place; returned for chaining."""
         ...
@@ -52,6 +59,7 @@ class RankGroup(Protocol):
 class SingleRank:
     rank = 0
     size = 1
+    device = None
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor
@@ -76,8 +84,35 @@ def _joined_key(rank: int) -> str:
     return f"joined/{rank}"
 
 
-class GlooGroup:
-    """One rank's membership of a gloo process group over `store`."""
+class BackendUnavailableError(RuntimeError):
+    """The collective backend the ranks' device needs is not in this torch build."""
+
+
+def rank_device(device_type: str, rank: int) -> torch.device | None:
+    """Where rank `rank` runs: its own GPU (`cuda:RANK`) on CUDA; on the CPU the group fixes none."""
+    return torch.device("cuda", rank) if device_type == "cuda" else None
+
+
+def _process_group(
+    store: dist.Store, rank: int, size: int, timeout: timedelta, device: torch.device | None
+) -> Any:
+    """gloo on the CPU, NCCL on GPUs (each rank's tensors on its own device)."""
+    if device is None:
+        return dist.ProcessGroupGloo(store, rank, size, timeout)
+    nccl = getattr(dist, "ProcessGroupNCCL", None)
+    if nccl is None or not dist.is_nccl_available():
+        raise BackendUnavailableError(
+            f"tensor parallelism on {device.type}: this torch build ({torch.__version__}) has no NCCL"
+        )
+    torch.cuda.set_device(device)
+    options = nccl.Options()
+    options._timeout = timeout
+    return nccl(store, rank, size, options)
+
+
+class ProcessRankGroup:
+    """One rank's membership of a process group over `store`: gloo when `device` is None (CPU
+    ranks), NCCL when it names this rank's GPU."""
 
     def __init__(
         self,
@@ -86,13 +121,16 @@ class GlooGroup:
         size: int,
         timeout_s: float,
         peers_alive: Callable[[], None] | None = None,
+        device: torch.device | None = None,
     ) -> None:
         self._store = store
         self._rank = rank
         self._size = size
+        self._device = device
         self.timeout = timedelta(seconds=timeout_s)
         self._peers_alive = peers_alive
-        # A ProcessGroupGloo: its collectives are bound methods the type stubs do not declare.
+        # A ProcessGroupGloo or ProcessGroupNCCL: their collectives are bound methods the type
+        # stubs do not declare.
         self._group: Any = None
 
     @property
@@ -103,12 +141,20 @@ class GlooGroup:
     def size(self) -> int:
         return self._size
 
+    @property
+    def device(self) -> torch.device | None:
+        return self._device
+
+    @property
+    def backend(self) -> str:
+        return "gloo" if self._device is None else "nccl"
+
     def _pg(self) -> Any:
         if self._group is None:
             self._store.set(_joined_key(self._rank), "1")
             if self._rank == ROOT:
                 self._wait_for_peers()
-            self._group = dist.ProcessGroupGloo(self._store, self._rank, self._size, self.timeout)
+            self._group = _process_group(self._store, self._rank, self._size, self.timeout, self._device)
         return self._group
 
     def _wait_for_peers(self) -> None:
@@ -145,6 +191,7 @@ class GlooGroup:
         return torch.cat(parts, dim=-1)
 
     def min_over_ranks(self, values: Sequence[int]) -> list[int]:
-        tensor = torch.tensor(list(values), dtype=torch.long)
-        self._wait(self._pg().allreduce([tensor], dist.ReduceOp.MIN), "min all-reduce")
+        group = self._pg()
+        tensor = torch.tensor(list(values), dtype=torch.long, device=self._device)
+        self._wait(group.allreduce([tensor], dist.ReduceOp.MIN), "min all-reduce")
         return [int(v) for v in tensor.tolist()]

@@ -1,7 +1,13 @@
-"""Loading a checkpoint through infer's own path and driving its scheduler synchronously."""
+"""Loading a checkpoint through infer's own path and driving its scheduler synchronously.
+
+Every engine a gate builds runs at the tensor-parallel size the run was given (`infer gates
+--tensor-parallel-size N`, which the runner passes as INFER_GATE_TENSOR_PARALLEL_SIZE), unless the
+gate asks for a size itself."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -12,7 +18,9 @@ import torch
 from engine.config import EngineConfig
 from engine.contract import Admission, Request, SamplingParams, Terminal, TokenLogprob
 from engine.model_runner import PagedModelRunner
+from engine.parallel.runner import TensorParallelRunner
 from engine.scheduler import BatchScheduler
+from gates.runner.needs import TENSOR_PARALLEL_ENV
 from kernels.kv_layout import pages_for
 from models.checkpoint import WeightCache, reusing_weights
 from models.registry import LoadedModel, ModelOptions, load_model
@@ -51,21 +59,39 @@ def gate_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def load_for_gate(checkpoint: Path, **engine: object) -> LoadedModel:
+def gate_tensor_parallel_size() -> int:
+    """The ranks the run asks every gate's engines to run at (1 when it asks nothing)."""
+    raw = os.environ.get(TENSOR_PARALLEL_ENV, "").strip() or "1"
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"{TENSOR_PARALLEL_ENV}={raw!r}: expected a whole number of ranks ≥ 1")
+    return int(raw)
+
+
+def load_for_gate(checkpoint: Path, *, dtype: str | None = None, **engine: object) -> LoadedModel:
     """The model as `infer serve` would load it on this machine (bf16 + FlashInfer + CUDA graphs on a
-    GPU, fp32 + torch attention on CPU), with engine settings overridden by keyword. The KV pool
+    GPU, fp32 + torch attention on CPU; `dtype` overrides the dtype), with engine settings
+    overridden by keyword, at the run's tensor-parallel size unless they name one. The KV pool
     has a fixed size (gates load several models side by side, so none may take the device), and
     the weights are shared with every other engine this process built over the checkpoint."""
     on_gpu = gate_device().type == "cuda"
     engine.setdefault("num_kv_pages", GATE_KV_PAGES_GPU if on_gpu else GATE_KV_PAGES_CPU)
+    engine.setdefault("tensor_parallel_size", gate_tensor_parallel_size())
     if on_gpu:
         engine.setdefault("max_num_seqs", GATE_MAX_NUM_SEQS_GPU)
     config = EngineConfig(**engine)  # type: ignore[arg-type]
-    with reusing_weights(_WEIGHTS):
+    # Another dtype than the serving one is a one-off (a wider reference): not kept in the cache.
+    with reusing_weights(_WEIGHTS) if dtype is None else contextlib.nullcontext():
         return load_model(
             str(checkpoint),
-            ModelOptions(engine=config, device=str(gate_device()), progress=_PrintedProgress()),
+            ModelOptions(engine=config, device=str(gate_device()), dtype=dtype, progress=_PrintedProgress()),
         )
+
+
+def close_engine(model: LoadedModel) -> None:
+    """Stop a sharded engine's worker processes now (a one-rank engine holds none)."""
+    runner = batch_scheduler(model).runner
+    if isinstance(runner, TensorParallelRunner):
+        runner.close()
 
 
 def batch_scheduler(model: LoadedModel) -> BatchScheduler:
@@ -75,7 +101,11 @@ def batch_scheduler(model: LoadedModel) -> BatchScheduler:
 
 
 def paged_runner(model: LoadedModel) -> PagedModelRunner:
+    """The engine's paged runner; of a sharded engine, rank 0's (its model, its graphs: to read,
+    never to run a step on alone, which would leave the other ranks waiting)."""
     runner = batch_scheduler(model).runner
+    if isinstance(runner, TensorParallelRunner):
+        return runner.local
     if not isinstance(runner, PagedModelRunner):
         raise TypeError(f"expected a PagedModelRunner, got {type(runner).__name__}")
     return runner
@@ -152,9 +182,13 @@ def random_prompt(length: int, seed: int, vocab_size: int, avoid: Iterable[int] 
 
 def _fresh_logits(model: LoadedModel, token_ids: Sequence[int]) -> torch.Tensor:
     """infer's float32 logits at every position of `token_ids`, from one prefill on a model that has
-    served nothing yet (the pages used are 1..n/16, which nothing else holds)."""
+    served nothing yet (the pages used are 1..n/16, which nothing else holds); on every rank of a
+    sharded engine, the logits rank 0's."""
     pages = list(range(1, 1 + pages_for(len(token_ids))))
-    return paged_runner(model).score(token_ids, pages)
+    runner = batch_scheduler(model).runner
+    if not isinstance(runner, PagedModelRunner | TensorParallelRunner):
+        raise TypeError(f"expected a paged or tensor-parallel runner, got {type(runner).__name__}")
+    return runner.score(token_ids, pages)
 
 
 def top_logit(model: LoadedModel, length: int = 64) -> float:

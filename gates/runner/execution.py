@@ -2,7 +2,8 @@
 (shared_process.py runs many gates in one process instead).
 
 A process per gate means a gate that exhausts GPU memory, leaks a CUDA context or crashes the
-interpreter cannot poison the next one. The checkpoint reaches the gate as INFER_TEST_CHECKPOINT.
+interpreter cannot poison the next one. The checkpoint reaches the gate as INFER_TEST_CHECKPOINT,
+the run's tensor-parallel size as INFER_GATE_TENSOR_PARALLEL_SIZE (`gate_env`).
 A gate passes only when pytest ran at least one test for it and every one of them passed; a
 skip, an xfail, a timeout, a crash or an empty collection is a failure.
 """
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from gates.runner.manifest import Gate, Manifest
+from gates.runner.needs import TENSOR_PARALLEL_ENV
 from gates.runner.preflight import CHECKPOINT_ENV
 from gates.runner.pytest_process import PytestRun, run_pytest
 
@@ -69,8 +71,15 @@ def judge(gate: Gate, run: PytestRun) -> tuple[Result, str]:
     return result, message
 
 
-def run_gate(manifest: Manifest, gate: Gate, checkpoint: Path | None) -> GateOutcome:
-    env = {CHECKPOINT_ENV: str(checkpoint)} if checkpoint is not None else {}
+def gate_env(checkpoint: Path | None, tensor_parallel_size: int = 1) -> dict[str, str]:
+    """What a gate's process is told of the run, in its environment."""
+    env = {TENSOR_PARALLEL_ENV: str(tensor_parallel_size)}
+    if checkpoint is not None:
+        env[CHECKPOINT_ENV] = str(checkpoint)
+    return env
+
+
+def run_gate(manifest: Manifest, gate: Gate, env: Mapping[str, str]) -> GateOutcome:
     run = run_pytest(manifest.suite.root, ["-q", "-rA", gate.test], gate.timeout_s, env)
     result, message = judge(gate, run)
     return GateOutcome(gate, result, run.seconds, message, run.output_tail)
@@ -79,14 +88,15 @@ def run_gate(manifest: Manifest, gate: Gate, checkpoint: Path | None) -> GateOut
 def run_gates(
     manifest: Manifest,
     gates: Sequence[Gate],
-    checkpoint: Path | None,
+    env: Mapping[str, str],
     on_start: Callable[[Gate], None],
     on_done: Callable[[GateOutcome], None],
 ) -> list[GateOutcome]:
+    """`env`: `gate_env`'s, for every gate's process."""
     outcomes: list[GateOutcome] = []
     for gate in gates:
         on_start(gate)
-        outcome = run_gate(manifest, gate, checkpoint)
+        outcome = run_gate(manifest, gate, env)
         outcomes.append(outcome)
         on_done(outcome)
     return outcomes

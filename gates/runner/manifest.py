@@ -30,7 +30,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from gates.runner.fixture_needs import FixtureNeed, catalog
-from gates.runner.needs import BASE_NEEDS, INVARIANTS
+from gates.runner.needs import BASE_NEEDS, GPUS_PREFIX, INVARIANTS, is_base_need
 from gates.runner.problems import GateRunError, Problem
 
 DEFAULT_TIMEOUT_S = 900
@@ -77,7 +77,7 @@ class Manifest:
         """The gate's needs with each named fixture replaced by the base needs it implies."""
         base: set[str] = set()
         for need in gate.needs:
-            if need in BASE_NEEDS:
+            if is_base_need(need):
                 base.add(need)
             else:
                 base.update(self.fixture_needs[need].implies)
@@ -194,13 +194,14 @@ def _gate(
         )
         needs = []
     for need in needs:
-        if need not in BASE_NEEDS and need not in fixtures:
+        if not is_base_need(need) and need not in fixtures:
             named = ", ".join(sorted(fixtures)) or "none declared"
             problems.append(
                 Problem(
                     "manifest",
                     where,
-                    f"unknown need {need!r} (base needs: {', '.join(BASE_NEEDS)}; named fixtures: {named})",
+                    f"unknown need {need!r} (base needs: {', '.join(BASE_NEEDS)}, {GPUS_PREFIX}N with N ≥ 1; "
+                    f"named fixtures: {named})",
                 )
             )
     for need in {n for n in needs if needs.count(n) > 1}:
@@ -283,7 +284,7 @@ def load_manifest(path: Path) -> Manifest:
             if gate is None:
                 continue
             implied = {
-                n for need in gate.needs for n in ((need,) if need in BASE_NEEDS else fixtures[need].implies)
+                n for need in gate.needs for n in ((need,) if is_base_need(need) else fixtures[need].implies)
             }
             if "checkpoint" in implied:
                 problems.append(

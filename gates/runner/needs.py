@@ -4,7 +4,11 @@ Base needs are what the runner itself can check before running anything:
 - checkpoint: a checkpoint directory (--checkpoint or INFER_TEST_CHECKPOINT) of a model type the
   suite covers;
 - gpu: a CUDA device (torch.cuda.is_available());
-- hf-reference: transformers importable and knowing the checkpoint's model type.
+- hf-reference: transformers importable and knowing the checkpoint's model type;
+- gpus:N: N ranks of the gate's device. Without CUDA the ranks are N gloo processes on the CPU and
+  the need is met; with CUDA each rank needs a GPU of its own, so at least N must be visible
+  (torch.cuda.device_count()). It does not put a gate in the gpu tier: such a gate runs on
+  whichever device the machine has.
 A named fixture need is a fixture that a conftest on the suite's path declares in
 GATE_FIXTURE_NEEDS together with the base needs it implies (see fixture_needs.py).
 """
@@ -18,6 +22,29 @@ CHECKPOINT = "checkpoint"
 GPU = "gpu"
 HF_REFERENCE = "hf-reference"
 BASE_NEEDS: tuple[str, ...] = (CHECKPOINT, GPU, HF_REFERENCE)
+GPUS_PREFIX = "gpus:"
+# The tensor-parallel size `infer gates --tensor-parallel-size N` runs every gate's engines at
+# (gates.harness.serving reads it; unset means 1).
+TENSOR_PARALLEL_ENV = "INFER_GATE_TENSOR_PARALLEL_SIZE"
+
+
+def gpus_need(ranks: int) -> str:
+    return f"{GPUS_PREFIX}{ranks}"
+
+
+def gpus_of(need: str) -> int | None:
+    """N of a well-formed `gpus:N` need (N a whole number ≥ 1), else None."""
+    if not need.startswith(GPUS_PREFIX):
+        return None
+    digits = need.removeprefix(GPUS_PREFIX)
+    if not digits.isdigit() or digits.startswith("0"):
+        return None
+    return int(digits)
+
+
+def is_base_need(need: str) -> bool:
+    return need in BASE_NEEDS or gpus_of(need) is not None
+
 
 INVARIANTS: tuple[str, ...] = (
     "numeric-parity",

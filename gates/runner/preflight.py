@@ -2,7 +2,11 @@
 
 Each unmet need is one problem naming the need, why it is unmet and the gates that need it. The
 checkpoint comes from --checkpoint, else INFER_TEST_CHECKPOINT; it must be a folder whose
-config.json parses and names a model type the suite covers.
+config.json parses and names a model type the suite covers. A `gpus:N` need is met on a machine
+without CUDA (N gloo ranks on the CPU) and, with CUDA, by N visible GPUs. A run at
+`--tensor-parallel-size N` > 1 is checked as every engine it builds will be (models.registry.
+check_tensor_parallel: the line runs sharded, a GPU per rank on CUDA, the config divides), from the
+checkpoint's config alone, before anything loads.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from typing import Any
 
 from gates.runner.manifest import Gate, Manifest
 from gates.runner.model_types import checkpoint_types, covered_types, covers
-from gates.runner.needs import CHECKPOINT, GPU, HF_REFERENCE
+from gates.runner.needs import CHECKPOINT, GPU, HF_REFERENCE, gpus_of
 from gates.runner.problems import Problem
 
 CHECKPOINT_ENV = "INFER_TEST_CHECKPOINT"
@@ -90,7 +94,49 @@ def _gpu_unmet() -> str | None:
     return None
 
 
-def preflight(manifest: Manifest, selected: Sequence[Gate], checkpoint: Path | None) -> PreflightResult:
+def _gpus_unmet(ranks: int) -> str | None:
+    if importlib.util.find_spec("torch") is None:
+        return "torch is not installed"
+    import torch
+
+    if not torch.cuda.is_available():
+        return None  # the ranks are gloo processes on the CPU
+    visible = torch.cuda.device_count()
+    if visible < ranks:
+        return (
+            f"{ranks} ranks need a GPU each and {visible} {'is' if visible == 1 else 'are'} visible "
+            "(torch.cuda.device_count())"
+        )
+    return None
+
+
+TENSOR_PARALLEL_SUBJECT = "--tensor-parallel-size"
+
+
+def _split_unmet(ranks: int, checkpoint: CheckpointInfo | None) -> str | None:
+    """Why the gates' engines cannot run at `ranks`, as loading them would say it."""
+    import torch
+
+    from engine.config import EngineConfig
+    from engine.parallel.sharding import ShardError
+    from models.paged_line import check_rank_devices
+    from models.registry import ModelLoadError, ModelOptions, check_tensor_parallel
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    options = ModelOptions(engine=EngineConfig(tensor_parallel_size=ranks), device=device)
+    try:
+        if checkpoint is None:
+            check_rank_devices(torch.device(device), ranks)
+        else:
+            check_tensor_parallel(checkpoint.path, options)
+    except (ModelLoadError, ShardError) as exc:
+        return str(exc)
+    return None
+
+
+def preflight(
+    manifest: Manifest, selected: Sequence[Gate], checkpoint: Path | None, tensor_parallel_size: int = 1
+) -> PreflightResult:
     needed_by: dict[str, list[str]] = {}
     for gate in selected:
         for need in manifest.base_needs(gate):
@@ -116,4 +162,18 @@ def preflight(manifest: Manifest, selected: Sequence[Gate], checkpoint: Path | N
         why = _gpu_unmet()
         if why is not None:
             unmet(GPU, why)
+    for need in sorted(needed_by):
+        ranks = gpus_of(need)
+        if ranks is not None and (why := _gpus_unmet(ranks)) is not None:
+            unmet(need, why)
+    loads_checkpoint = CHECKPOINT in needed_by or HF_REFERENCE in needed_by
+    if tensor_parallel_size > 1 and (info is not None or not loads_checkpoint):
+        why = _split_unmet(tensor_parallel_size, info)
+        if why is not None:
+            gates = ", ".join(gate.id for gate in selected)
+            problems.append(
+                Problem(
+                    "preflight", TENSOR_PARALLEL_SUBJECT, f"{why}; every selected gate runs at it ({gates})"
+                )
+            )
     return PreflightResult(tuple(problems), info)

@@ -50,6 +50,8 @@ class RunReport:
     # The gates `--gate` picked (empty: the whole tier).
     only: tuple[str, ...] = ()
     shared_process: bool = False
+    # `--tensor-parallel-size`: the ranks every gate's engines ran at.
+    tensor_parallel_size: int = 1
     # False for the report written after each gate while the run goes on: a run whose process is
     # killed (a lent machine taken back) still leaves what its finished gates found.
     finished: bool = True
@@ -83,6 +85,7 @@ def to_json(report: RunReport) -> dict[str, Any]:
         "tier": report.tier,
         "only": list(report.only),
         "shared_process": report.shared_process,
+        "tensor_parallel_size": report.tensor_parallel_size,
         "checkpoint": str(report.checkpoint) if report.checkpoint is not None else None,
         "started": report.started.isoformat(),
         "status": report.status,

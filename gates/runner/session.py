@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from gates.runner.execution import GateOutcome, run_gates
+from gates.runner.execution import GateOutcome, gate_env, run_gates
 from gates.runner.manifest import Gate, Manifest
 from gates.runner.membership import collect, membership_problems
 from gates.runner.needs import Tier, in_tier
@@ -29,6 +29,8 @@ class RunOptions:
     only: tuple[str, ...] = ()
     # `--shared-process`: the gates share one pytest process (shared_process.py says what holds).
     shared_process: bool = False
+    # `--tensor-parallel-size`: every gate's engines run at it (preflight checks the split).
+    tensor_parallel_size: int = 1
 
 
 class Observer(Protocol):
@@ -73,6 +75,7 @@ def run_manifest(manifest: Manifest, options: RunOptions, observer: Observer) ->
             started=started,
             only=options.only,
             shared_process=options.shared_process,
+            tensor_parallel_size=options.tensor_parallel_size,
             finished=finished,
         )
 
@@ -94,7 +97,7 @@ def run_manifest(manifest: Manifest, options: RunOptions, observer: Observer) ->
     if not chosen:
         return report([])
     observer.stage(f"preflight of {len(chosen)} gate(s)")
-    checked = preflight(manifest, chosen, options.checkpoint)
+    checked = preflight(manifest, chosen, options.checkpoint, options.tensor_parallel_size)
     if checked.problems:
         return report(list(checked.problems))
 
@@ -108,5 +111,6 @@ def run_manifest(manifest: Manifest, options: RunOptions, observer: Observer) ->
         observer.gate_done(outcome)
         observer.report_so_far(report([], done, finished=False))
 
-    outcomes = execute(manifest, chosen, checkpoint, observer.gate_started, gate_done)
+    env = gate_env(checkpoint, options.tensor_parallel_size)
+    outcomes = execute(manifest, chosen, env, observer.gate_started, gate_done)
     return report([], outcomes)

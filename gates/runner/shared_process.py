@@ -30,7 +30,6 @@ from typing import Any
 from gates.runner.execution import GateOutcome, Result, judge_tests, run_gates
 from gates.runner.manifest import Gate, Manifest
 from gates.runner.needs import HF_REFERENCE
-from gates.runner.preflight import CHECKPOINT_ENV
 from gates.runner.pytest_process import OUTPUT_TAIL_CHARS, PROGRESS_OUT, kill_group, start_pytest
 
 POLL_S = 0.1
@@ -50,16 +49,16 @@ def shared_order(manifest: Manifest, gates: Sequence[Gate]) -> list[Gate]:
 def run_gates_shared(
     manifest: Manifest,
     gates: Sequence[Gate],
-    checkpoint: Path | None,
+    env: Mapping[str, str],
     on_start: Callable[[Gate], None],
     on_done: Callable[[GateOutcome], None],
 ) -> list[GateOutcome]:
-    """Outcomes in the order of `gates`."""
-    isolated = run_gates(manifest, [gate for gate in gates if gate.isolated], checkpoint, on_start, on_done)
+    """Outcomes in the order of `gates`; `env` is execution.gate_env's."""
+    isolated = run_gates(manifest, [gate for gate in gates if gate.isolated], env, on_start, on_done)
     outcomes = {outcome.gate.id: outcome for outcome in isolated}
     pending = shared_order(manifest, gates)
     while pending:
-        finished = _one_process(manifest, pending, checkpoint, on_start, on_done)
+        finished = _one_process(manifest, pending, env, on_start, on_done)
         outcomes.update(finished)
         pending = [gate for gate in pending if gate.id not in finished]
     return [outcomes[gate.id] for gate in gates]
@@ -148,7 +147,7 @@ def _events(path: Path, offset: int) -> tuple[list[Mapping[str, Any]], int]:
 def _one_process(
     manifest: Manifest,
     gates: Sequence[Gate],
-    checkpoint: Path | None,
+    env: Mapping[str, str],
     on_start: Callable[[Gate], None],
     on_done: Callable[[GateOutcome], None],
 ) -> dict[str, GateOutcome]:
@@ -156,12 +155,9 @@ def _one_process(
     process dies; returns the gates it judged (at least one, so the caller's loop ends)."""
     with tempfile.TemporaryDirectory(prefix="infer-gates-shared-") as scratch:
         progress, log = Path(scratch) / "progress.jsonl", Path(scratch) / "pytest.log"
-        env = {PROGRESS_OUT: str(progress)}
-        if checkpoint is not None:
-            env[CHECKPOINT_ENV] = str(checkpoint)
         # -x: a failed gate ends the process; the rest go on in a new one.
         args = ["-q", "-rA", "-x", "--continue-on-collection-errors", *(gate.test for gate in gates)]
-        process = start_pytest(manifest.suite.root, args, env, log)
+        process = start_pytest(manifest.suite.root, args, {**env, PROGRESS_OUT: str(progress)}, log)
         follow = _Follow(gates, started=time.monotonic())
         offset = 0
         try:

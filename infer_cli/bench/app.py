@@ -22,7 +22,9 @@ bench_app = typer.Typer(
 
 
 @bench_app.callback()
-@knob_options("gpu_memory_utilization", "attention_backend", help_prefix="--buckets: ")
+@knob_options(
+    "gpu_memory_utilization", "attention_backend", "tensor_parallel_size", help_prefix="--buckets: "
+)
 def bench_callback(
     ctx: typer.Context,
     buckets: str | None = typer.Option(
@@ -57,6 +59,7 @@ def bench_callback(
         save_result,
         plot,
         knobs["attention_backend"],
+        tensor_parallel_size=knobs["tensor_parallel_size"],
     )
 
 

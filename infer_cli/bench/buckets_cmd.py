@@ -1,5 +1,9 @@
 """`infer bench --buckets`: the CUDA-graph memory sweep's options, table, JSON and plot.
 
+The sweep measures decode graphs; under tensor parallelism no graph is captured (a graph would hold
+the ranks' collectives, which is not built: docs/tensor-parallel.md), so `--tensor-parallel-size`
+above 1 is refused by name, and the saved result records the size it ran at.
+
 The measuring lives in infer_cli.bench.bucket_sweep; this module parses the options, prints, saves and plots.
 """
 
@@ -129,8 +133,19 @@ def run_bucket_bench(
     plot: bool,
     attention_backend: str | None,
     console: Console | None = None,
+    tensor_parallel_size: int = 1,
 ) -> None:
     console = console or Console()
+    if tensor_parallel_size < 1:
+        raise typer.BadParameter(
+            f"{tensor_parallel_size}: must be at least 1", param_hint="--tensor-parallel-size"
+        )
+    if tensor_parallel_size > 1:
+        raise typer.BadParameter(
+            f"{tensor_parallel_size}: the bucket sweep measures decode graphs, and sharded decode "
+            "captures none (graphs holding the ranks' collectives are not built; docs/tensor-parallel.md)",
+            param_hint="--tensor-parallel-size",
+        )
     buckets = parse_buckets(buckets_text)
     try:
         policies = parse_policies(numeric_policy)
@@ -183,6 +198,7 @@ def run_bucket_bench(
             "gpu_memory_utilization": gpu_memory_utilization,
             "bucket_list": list(buckets),
             "refused": refused,
+            "tensor_parallel_size": tensor_parallel_size,
         },
     )
     _report(result, console, save_result, plot)

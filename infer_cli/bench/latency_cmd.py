@@ -1,6 +1,9 @@
 """`infer bench latency`: decode step time per batch size and prefill throughput, against floors,
 under one or more numeric policies (one model load per policy, one row group per policy). A Qwen3.5
-checkpoint runs on the `--gdn-backend` given; the report says what that backend chose per phase."""
+checkpoint runs on the `--gdn-backend` given; the report says what that backend chose per phase.
+At `--tensor-parallel-size N` > 1 the model is split over N GPUs (rank 0 on the first): the split is
+checked before anything is measured or loaded, decode runs eager (no graphs hold collectives yet),
+the floors are rank 0's (its shard's bytes and flops on one device), and the saved result records N."""
 
 from __future__ import annotations
 
@@ -32,6 +35,8 @@ if TYPE_CHECKING:
     "gdn_backend",
     "attention_backend",
     "decode_fusion",
+    "tensor_parallel_size",
+    "collective_timeout_s",
 )
 def bench_latency_command(
     model: Path = typer.Option(
@@ -76,6 +81,7 @@ def bench_latency_command(
     if not torch.cuda.is_available():
         console.print("[red]infer bench latency needs a CUDA GPU; none is available on this machine.[/red]")
         raise typer.Exit(2)
+    _check_split(model, knobs)
     from infer_cli.bench.latency import measure_ceilings, results_json
 
     ceilings = measure_ceilings(torch.device("cuda"))
@@ -104,6 +110,7 @@ def bench_latency_command(
         + (" · async scheduling" if knobs["async_scheduling"] else "")
         + (f" · attention {knobs['attention_backend']}" if knobs["attention_backend"] else "")
         + (" · decode fusion" if knobs["decode_fusion"] else "")
+        + (f" · TP {knobs['tensor_parallel_size']}" if knobs["tensor_parallel_size"] > 1 else "")
     )
     if gdn is not None:
         title += f" · GDN {gdn}"
@@ -120,9 +127,23 @@ def bench_latency_command(
             "gdn_backend": None if gdn is None else {"asked": knobs["gdn_backend"], "ran": gdn},
             "attention_backend": knobs["attention_backend"],
             "decode_fusion": knobs["decode_fusion"],
+            "tensor_parallel_size": knobs["tensor_parallel_size"],
         }
         save_result.write_text(json.dumps(payload, indent=2))
         console.print(f"saved {save_result}")
+
+
+def _check_split(model: Path, knobs: Knobs) -> None:
+    """Refuse a tensor-parallel size the checkpoint or this machine cannot take, by name, from the
+    config alone: before the ceilings are measured or any policy's model loads."""
+    from engine.contract import ContractError
+    from engine.parallel.sharding import ShardError
+    from models.registry import ModelLoadError, check_tensor_parallel
+
+    try:
+        check_tensor_parallel(model, knobs.model_options(device="cuda"))
+    except (ContractError, ModelLoadError, ShardError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="--tensor-parallel-size") from None
 
 
 def _bench_policy(
@@ -141,6 +162,7 @@ def _bench_policy(
     import torch
 
     from engine.model_runner import PagedModelRunner
+    from engine.parallel.runner import TensorParallelRunner
     from engine.scheduler import BatchScheduler
     from infer_cli.bench.latency import PolicyRun, bench_decode, bench_prefill
     from kernels.gdn import GDNBackend
@@ -149,10 +171,14 @@ def _bench_policy(
     policy = options.engine.numeric_policy
     loaded = load_model(str(model), options)
     scheduler = loaded.scheduler
-    if not isinstance(scheduler, BatchScheduler) or not isinstance(scheduler.runner, PagedModelRunner):
+    if not isinstance(scheduler, BatchScheduler) or not isinstance(
+        scheduler.runner, PagedModelRunner | TensorParallelRunner
+    ):
         raise typer.BadParameter(f"{model}: not a paged model line", param_hint="--model")
-    facts = scheduler.runner.model.roofline()
-    backend = getattr(scheduler.runner.model, "gdn", None)
+    # Sharded: rank 0's model, so the floors are one rank's shard on one device.
+    paged = scheduler.runner.local if isinstance(scheduler.runner, TensorParallelRunner) else scheduler.runner
+    facts = paged.model.roofline()
+    backend = getattr(paged.model, "gdn", None)
     gdn = backend.describe() if isinstance(backend, GDNBackend) else None
     decode, prefill = [], []
     with Progress(console=console, transient=True) as progress:
@@ -165,7 +191,9 @@ def _bench_policy(
             progress.update(task, description=f"{policy}: prefill {tokens} tokens")
             prefill.append(bench_prefill(scheduler, facts, ceilings, tokens, breakdown=breakdown))
             progress.advance(task)
-    del scheduler, loaded
+    if isinstance(scheduler.runner, TensorParallelRunner):
+        scheduler.runner.close()  # the workers hold their GPUs until they stop
+    del scheduler, loaded, paged
     torch.cuda.synchronize()
     return PolicyRun(policy, tuple(decode), tuple(prefill)), facts, gdn
 

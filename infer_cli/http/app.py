@@ -126,7 +126,10 @@ def _start(gen: Generation) -> None:
         gen.start()
     except EngineDeadError as exc:
         raise APIError(
-            503, f"the engine is not running: {exc.reason}", type=UNAVAILABLE, code="engine_dead"
+            503,
+            f"the engine is not running: {_client_line(exc.reason)}",
+            type=UNAVAILABLE,
+            code="engine_dead",
         ) from None
 
 
@@ -209,7 +212,13 @@ async def health(http_request: HTTPRequest) -> Response:
     if engine.healthy:
         return JSONResponse({"status": "ok"})
     reason = engine.fatal_error or "the engine is not running"
-    return error_response(ErrorInfo(503, reason, type=UNAVAILABLE, code="engine_unhealthy"))
+    return error_response(ErrorInfo(503, _client_line(reason), type=UNAVAILABLE, code="engine_unhealthy"))
+
+
+def _client_line(reason: str) -> str:
+    """A client gets one line of an engine failure: the driver logged the whole of it (traceback
+    included) when it happened, and a client is owed what failed, not where."""
+    return reason.strip().partition("\n")[0]
 
 
 async def prometheus_metrics(http_request: HTTPRequest) -> Response:

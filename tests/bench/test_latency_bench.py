@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ from engine.forward_batch import RooflineFacts
 from engine.model_runner import PagedModelRunner
 from engine.scheduler import BatchScheduler
 from infer_cli.bench.latency import Ceilings, bench_decode, bench_prefill, decode_floor_ms, prefill_floor_ms
-from models.registry import ModelOptions, load_model
+from models.registry import LoadedModel, ModelOptions, load_model
 
 FACTS = RooflineFacts(
     weight_bytes=8_000_000_000,
@@ -151,3 +152,91 @@ def test_latency_cli_hands_its_backends_and_decode_fusion_to_the_model_load(
     assert options.attention_backend == "triton"
     assert options.decode_fusion
     assert not options.engine.enable_prefix_caching
+
+
+def test_latency_cli_runs_sharded_at_the_tensor_parallel_size_and_records_it(
+    tiny_qwen3: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--tensor-parallel-size 2` reaches the engine: the benchmark runs on the tiny checkpoint split
+    over two gloo ranks (the load is moved to the CPU and the device calls stood in for: this
+    machine has no GPU) and the saved result records the size."""
+    import json
+
+    import torch
+    from typer.testing import CliRunner
+
+    import infer_cli.bench.latency
+    import models.registry
+    from engine.parallel.runner import TensorParallelRunner
+    from infer_cli.main import app
+
+    real_load = models.registry.load_model
+    runners: list[object] = []
+
+    def on_cpu(spec: str, options: ModelOptions) -> LoadedModel:
+        loaded = real_load(spec, replace(options, device="cpu"))
+        runners.append(loaded.scheduler.runner)  # type: ignore[attr-defined]
+        return loaded
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *args: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "no GPU (test)")
+    monkeypatch.setattr(infer_cli.bench.latency, "measure_ceilings", lambda device: CEILINGS)
+    monkeypatch.setattr(models.registry, "load_model", on_cpu)
+    saved = tmp_path / "latency.json"
+    args = ["bench", "latency", "--model", str(tiny_qwen3), "--batch-sizes", "1,2", "--context", "16"]
+    args += ["--prefill-lens", "16", "--save-result", str(saved)]
+    result = CliRunner().invoke(app, [*args, "--tensor-parallel-size", "2"])
+    assert result.exit_code == 0, result.output
+    (runner,) = runners
+    assert isinstance(runner, TensorParallelRunner) and len(runner.worker_pids()) == 1
+    report = json.loads(saved.read_text())
+    assert report["tensor_parallel_size"] == 2
+    assert [row["batch"] for row in report["decode"]] == [1, 2]
+
+
+def test_latency_cli_refuses_a_split_by_name_before_anything_loads(
+    tiny_qwen3: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+    from typer.testing import CliRunner
+
+    import infer_cli.bench.latency
+    import models.registry
+    from infer_cli.main import app
+
+    def never(*args: object) -> None:
+        raise AssertionError("measured or loaded before the split was checked")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    monkeypatch.setattr(infer_cli.bench.latency, "measure_ceilings", never)
+    monkeypatch.setattr(models.registry, "load_model", never)
+    base = ["bench", "latency", "--model", str(tiny_qwen3), "--tensor-parallel-size"]
+    result = CliRunner().invoke(app, [*base, "3"], env={"COLUMNS": "200"})
+    flat = " ".join(result.output.split())
+    assert result.exit_code == 2 and "field 'num_attention_heads' = 4" in flat, result.output
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    result = CliRunner().invoke(app, [*base, "2"], env={"COLUMNS": "200"})
+    flat = " ".join(result.output.split())
+    assert result.exit_code == 2 and "each rank needs a GPU of its own and 1 is visible" in flat, (
+        result.output
+    )
+
+
+def test_bucket_sweep_refuses_tensor_parallelism_by_name(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from infer_cli.main import app
+
+    result = CliRunner().invoke(
+        app,
+        ["bench", "--buckets", "1,2", "--model", str(tmp_path), "--tensor-parallel-size", "2"],
+        env={"COLUMNS": "200"},
+    )
+    flat = " ".join(result.output.split())
+    assert result.exit_code == 2 and "--tensor-parallel-size" in flat and "captures none" in flat, (
+        result.output
+    )

@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
+import pytest
 from http_support import LiveServer, live_server, spied_server
 
 from engine.contract import SamplingParams
@@ -183,7 +184,9 @@ def test_a_failure_in_the_first_step_still_streams_an_error_event() -> None:
         assert live.wait_idle().kv_pages_used == 0
 
 
-def test_a_dead_driver_fails_every_open_request_and_health_turns_503() -> None:
+def test_a_dead_driver_fails_every_open_request_and_health_turns_503(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     with spied_server(SimOptions(step_delay_s=0.003)) as (live, spy):
         bodies = _bodies("orphaned", LONG)
 
@@ -201,8 +204,17 @@ def test_a_dead_driver_fails_every_open_request_and_health_turns_503() -> None:
 
         health = httpx.get(f"{live.url}/health")
         assert health.status_code == 503
-        assert "injected fatal" in health.json()["error"]["message"]
+        error = health.json()["error"]
+        # One line for the client, OpenAI-shaped; the traceback is in the server's log only.
+        assert (
+            error["message"] == "driver stopped: RuntimeError: injected fatal: the scheduler cannot recover"
+        )
+        assert (error["type"], error["code"]) == ("service_unavailable_error", "engine_unhealthy")
+        assert "Traceback" not in health.text
+        logged = [r.getMessage() for r in caplog.records if r.name == "infer.driver"]
+        assert any("Traceback" in m and "injected fatal" in m for m in logged), logged
         refused = httpx.post(f"{live.url}/v1/completions", json={"prompt": "anyone?", "max_tokens": 2})
         assert refused.status_code == 503
         assert refused.json()["error"]["code"] == "engine_dead"
+        assert "\n" not in refused.json()["error"]["message"] and "Traceback" not in refused.text
         assert live.engine.counters.open_streams == 0

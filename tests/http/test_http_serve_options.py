@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -158,6 +159,12 @@ def test_bench_commands_take_their_knobs_from_the_fields_and_keep_their_policy_l
     for name in ("gpu_memory_utilization", "attention_backend"):
         _check_option(buckets[name], fields[name])
         assert buckets[name].help == "--buckets: " + fields[name].metadata["help"]
+    for name in ("tensor_parallel_size", "collective_timeout_s"):
+        _check_option(latency[name], fields[name])
+    _check_option(buckets["tensor_parallel_size"], fields["tensor_parallel_size"])
+    gates = _options("gates")["tensor_parallel_size"]
+    _check_option(gates, fields["tensor_parallel_size"])
+    assert gates.help == "every gate's engines: " + fields["tensor_parallel_size"].metadata["help"]
     # --numeric-policy there is a comma-separated list of policies, not the engine knob.
     for options in (latency, buckets):
         policy = options["numeric_policy"]
@@ -175,3 +182,14 @@ def test_knob_options_refuses_a_command_option_that_shadows_a_knob() -> None:
         knob_options("not_a_knob")(command)
     with pytest.raises(KeyError, match="page_size"):
         Knobs({"page_size": 8})
+
+
+def test_serve_refuses_a_split_that_does_not_divide_by_field_and_exits_2(tiny_qwen3: Path) -> None:
+    result = CliRunner().invoke(
+        app,
+        ["serve", "--model", str(tiny_qwen3), "--device", "cpu", "--tensor-parallel-size", "3"],
+        env={"COLUMNS": "200"},
+    )
+    assert result.exit_code == 2, result.output
+    assert "--tensor-parallel-size 3: field 'num_attention_heads' = 4" in " ".join(result.output.split())
+    assert "Traceback" not in result.output
