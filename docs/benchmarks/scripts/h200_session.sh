@@ -64,10 +64,24 @@ qwen35_synth_bg() {  # both checkpoints, one after the other, beside the first s
     rm -f $work/q3-4b.running ) >$work/q35-synth.log 2>&1 &
 }
 
+# A whole manifest on this machine: every gate, less the multi-rank ones (need gpus:N) when fewer
+# than N GPUs are visible, which preflight would otherwise refuse (failing closed, running nothing).
+# With a subset the report says so: such a run does not stand for the whole manifest.
+gate_args() {  # MANIFEST -> nothing, or a --gate for every gate this machine can run
+  python3 - "$1" <<'PY'
+import sys, tomllib, torch
+gates = tomllib.load(open(f"manifests/{sys.argv[1]}.toml", "rb"))["gate"]
+visible = torch.cuda.device_count()
+ranks = lambda g: max([int(n[5:]) for n in g["needs"] if n.startswith("gpus:")] or [1])
+if visible and any(ranks(g) > visible for g in gates):
+    print(" ".join(f"--gate {g['id']}" for g in gates if ranks(g) <= visible))
+PY
+}
+
 # One step per function; each writes its reports into $work.
 gemma4-gates() {
   synth_g4
-  infer gates --manifest gemma4 --shared-process --checkpoint $g4 \
+  infer gates --manifest gemma4 --shared-process --checkpoint $g4 $(gate_args gemma4) \
     --json $work/gemma4-gates.json --junit $work/gemma4-gates.xml
 }
 qwen3-greedy() {  # the Qwen3 gate that failed on the rounded reference at 3a1aa3d
@@ -123,7 +137,7 @@ gemma4-startup() {  # issue 7's start-up point on the 12b, every policy
 }
 qwen3-gates() {
   synth_q3
-  infer gates --manifest qwen3 --shared-process --checkpoint $q3 \
+  infer gates --manifest qwen3 --shared-process --checkpoint $q3 $(gate_args qwen3) \
     --json $work/qwen3-gates.json --junit $work/qwen3-gates.xml
 }
 qwen3-latency() {  # decode and prefill at the current commit, beside the 0e80bdd/2c80cbe figures
@@ -231,7 +245,7 @@ gemma3-gates() {  # the gemma3 manifest on the real 270M weights (bf16, FlashInf
   # The pipeline starts the conversion beside the steps before this one (CPU only).
   while [ -f $work/real-g3.running ]; do sleep 5; done
   real_g3 || return 1
-  infer gates --manifest gemma3 --shared-process --checkpoint $g3 \
+  infer gates --manifest gemma3 --shared-process --checkpoint $g3 $(gate_args gemma3) \
     --json $work/gemma3-gates.json --junit $work/gemma3-gates.xml
 }
 cutlass_dsl() {  # FlashInfer's SM90 GDN prefill needs the CUTLASS DSL: carried in .cdsl/part1..2
@@ -269,7 +283,7 @@ qwen35-bench-gdn() {  # one GDN layer per backend, 4B and 9B geometry (the JSON 
 }
 qwen35-gates() {  # the whole manifest, GPU tier included, on the 4b
   synth_q35
-  infer gates --manifest qwen35 --shared-process --checkpoint $q35 \
+  infer gates --manifest qwen35 --shared-process --checkpoint $q35 $(gate_args qwen35) \
     --json $work/qwen35-gates.json --junit $work/qwen35-gates.xml
 }
 qwen35-latency() {  # decode and prefill on the 4b, one load per GDN backend (auto picks one of them)
