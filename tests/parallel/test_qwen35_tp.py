@@ -35,12 +35,8 @@ BOUND_FACTOR = 4.0
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from models.synth.writer import SynthRequest, synthesize
-
-    out = tmp_path_factory.mktemp("tiny-qwen35")
-    synthesize(SynthRequest(family="qwen35", preset="tiny", out=out, device="cpu"))
-    return out
+def tiny(tiny_qwen35: Path) -> Path:
+    return tiny_qwen35
 
 
 @pytest.fixture(scope="module")

@@ -53,24 +53,6 @@ def tp_runner(model: LoadedModel) -> TensorParallelRunner:
     return runner
 
 
-def _tiny(tmp_path_factory: pytest.TempPathFactory, family: str) -> Path:
-    from models.synth.writer import SynthRequest, synthesize
-
-    out = tmp_path_factory.mktemp(f"tiny-{family}")
-    synthesize(SynthRequest(family=family, preset="tiny", out=out, device="cpu"))
-    return out
-
-
-@pytest.fixture(scope="session")
-def tiny_gemma3(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _tiny(tmp_path_factory, "gemma3")
-
-
-@pytest.fixture(scope="session")
-def tiny_gemma4(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _tiny(tmp_path_factory, "gemma4")
-
-
 # The key of the one-rank engine in float64, the reference the bound is measured against.
 WIDE = 0
 
