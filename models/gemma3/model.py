@@ -14,6 +14,12 @@ pre-feedforward norm; the post-feedforward norm of the delta, the add and the ne
 norm (the final norm after the last layer). One KV group per layer kind the checkpoint has, each with its own pool:
 the sliding layers' (its pages released as the window moves past them) and the global layers'.
 
+Every projection goes through the injected `Projections` (`kernels.gemm.projections`), on every
+step: with `--decode-fusion`, a step the projections fuse (`fuses`: a few rows, `tuned`, CUDA) runs
+QKV, O, down and the LM head as the fused GEMV's plain variant and gate/up with the GELU-tanh
+epilogue (docs/kernels.md "The fused decode GEMV"); other steps compose, the same ops as without
+the flag. The residual steps stay one `add_rms_norm` each: the post-norms read the whole delta row.
+
 Under tensor parallelism (`plan` over `group`'s ranks; docs/tensor-parallel.md) each rank holds its
 query and KV heads (a single KV head, as on the published 270M and 1B, replicated on every rank),
 its MLP columns and its vocabulary rows of the embedding and LM head; O and down are row-parallel
@@ -37,6 +43,7 @@ from engine.parallel.sharding import ShardPlan
 from kernels import layer_ops, reference
 from kernels.attention.base import AttentionLayerSpec
 from kernels.gemm.dispatch import Linear
+from kernels.gemm.projections import ComposedProjections
 from kernels.prep_dispatch import run_attention_prep
 from kernels.reference import GatedActivation, NormSpec, NormWeight, PrepSpec
 from models.gemma3.config import LAYER_TYPES, SLIDING, Gemma3Config
@@ -80,7 +87,8 @@ class Gemma3Model:
         group: RankGroup = SINGLE_RANK,
     ) -> None:
         self.config = config
-        self.linear = linear
+        self.projections = linear if isinstance(linear, ComposedProjections) else ComposedProjections(linear)
+        self.linear = self.projections.linear  # the policy's own linear
         self.device = device
         self.group = group
         c = config
@@ -177,7 +185,7 @@ class Gemma3Model:
         tokens = hidden.shape[0]
         x = layer_ops.rms_norm(hidden, self.norm, self.layers[0].input_norm)
         for index, layer in enumerate(self.layers):
-            q, k, v = self.linear(x, layer.qkv).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+            q, k, v = self.projections(x, layer.qkv).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
             pool_layer = self.kv.layer(layer.group, layer.slot)
             q_rot, _ = run_attention_prep(
                 self.preps[layer.kind],
@@ -192,7 +200,7 @@ class Gemma3Model:
             )
             spec = self.kv.attention_specs[layer.group]
             attn = batch.attention.run(layer.group, spec, q_rot, pool_layer)
-            attn_out = self.group.all_reduce(self.linear(attn.reshape(tokens, self.q_size), layer.o))
+            attn_out = self.group.all_reduce(self.projections(attn.reshape(tokens, self.q_size), layer.o))
             hidden, x = layer_ops.add_rms_norm(
                 hidden,
                 attn_out,
@@ -200,8 +208,10 @@ class Gemma3Model:
                 layer.pre_feedforward_norm,
                 delta_weight=layer.post_attention_norm,
             )
-            activated = layer_ops.gated_activation(self.linear(x, layer.gate_up), GatedActivation.GELU_TANH)
-            mlp_out = self.group.all_reduce(self.linear(activated, layer.down))
+            activated = self.projections.norm_linear_gated(
+                x, None, None, layer.gate_up, GatedActivation.GELU_TANH
+            )
+            mlp_out = self.group.all_reduce(self.projections(activated, layer.down))
             # Norms are per row: normalising every token with the final norm, then picking the
             # sampled ones, is the same as picking first.
             next_norm = self.layers[index + 1].input_norm if index + 1 < len(self.layers) else self.final_norm
@@ -211,7 +221,7 @@ class Gemma3Model:
         return x.index_select(0, batch.sample_index)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.linear(hidden, self.lm_head)
+        logits = self.projections(hidden, self.lm_head)
         cap = self.config.final_logit_softcapping
         if cap is not None:
             # In the serving dtype, step by step, as the reference rounds it.

@@ -13,6 +13,13 @@ pre-feedforward norm; the post-feedforward norm of the delta, the add, the layer
 layer's input norm (the final norm after the last layer). Two KV groups, each with its own pool and page count: the sliding
 layers', and the global layers'.
 
+Every projection goes through the injected `Projections` (`kernels.gemm.projections`), on every
+step: with `--decode-fusion`, a step the projections fuse (`fuses`: a few rows, `tuned`, CUDA) runs
+QKV, O, down and the LM head as the fused GEMV's plain variant and gate/up with the GELU-tanh
+epilogue (docs/kernels.md "The fused decode GEMV"); other steps compose, the same ops as without
+the flag. The residual steps stay one `add_rms_norm` each: the post-norms and the layer scalar read
+the whole delta row, which no projection's epilogue holds.
+
 Under tensor parallelism (`plan` over `group`'s ranks; docs/tensor-parallel.md) each rank holds its
 query heads and its KV heads per layer kind (the global layers' few KV heads replicated once the
 ranks outnumber them), its MLP columns, and its vocabulary rows of the tied embedding; O and down
@@ -37,6 +44,7 @@ from engine.parallel.sharding import ShardPlan
 from kernels import layer_ops, reference
 from kernels.attention.base import AttentionLayerSpec
 from kernels.gemm.dispatch import Linear
+from kernels.gemm.projections import ComposedProjections
 from kernels.prep_dispatch import run_attention_prep
 from kernels.reference import GatedActivation, NormSpec, NormWeight, PrepSpec
 from models.gemma4.config import GLOBAL, SLIDING, Gemma4Config
@@ -78,7 +86,8 @@ class Gemma4Model:
         group: RankGroup = SINGLE_RANK,
     ) -> None:
         self.config = config
-        self.linear = linear
+        self.projections = linear if isinstance(linear, ComposedProjections) else ComposedProjections(linear)
+        self.linear = self.projections.linear  # the policy's own linear
         self.device = device
         self.group = group
         c = config
@@ -196,7 +205,7 @@ class Gemma4Model:
             g = c.geometry(layer.kind)
             num_heads, num_kv_heads = self.heads[layer.kind]
             q_size, kv_size = num_heads * g.head_dim, num_kv_heads * g.head_dim
-            projected = self.linear(x, layer.qkv)
+            projected = self.projections(x, layer.qkv)
             if layer.kind == SLIDING:
                 q, k, v = projected.split([q_size, kv_size, kv_size], dim=-1)
                 v_heads: torch.Tensor | None = v.reshape(tokens, num_kv_heads, g.head_dim)
@@ -217,7 +226,7 @@ class Gemma4Model:
             )
             spec = self.kv.shapes[layer.group].attention
             attn = batch.attention.run(layer.group, spec, q_rot, pool_layer)
-            attn_out = self.group.all_reduce(self.linear(attn.reshape(tokens, q_size), layer.o))
+            attn_out = self.group.all_reduce(self.projections(attn.reshape(tokens, q_size), layer.o))
             hidden, x = layer_ops.add_rms_norm(
                 hidden,
                 attn_out,
@@ -225,8 +234,10 @@ class Gemma4Model:
                 layer.pre_feedforward_norm,
                 delta_weight=layer.post_attention_norm,
             )
-            activated = layer_ops.gated_activation(self.linear(x, layer.gate_up), GatedActivation.GELU_TANH)
-            mlp_out = self.group.all_reduce(self.linear(activated, layer.down))
+            activated = self.projections.norm_linear_gated(
+                x, None, None, layer.gate_up, GatedActivation.GELU_TANH
+            )
+            mlp_out = self.group.all_reduce(self.projections(activated, layer.down))
             # Norms are per row: normalising every token with the final norm, then picking the
             # sampled ones, is the same as picking first.
             next_norm = self.layers[index + 1].input_norm if index + 1 < len(self.layers) else self.final_norm
@@ -243,7 +254,7 @@ class Gemma4Model:
         return x.index_select(0, batch.sample_index)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.linear(hidden, self.embed)
+        logits = self.projections(hidden, self.embed)
         cap = self.config.final_logit_softcapping
         if cap is not None:
             # In the serving dtype, step by step, as the reference rounds it.
