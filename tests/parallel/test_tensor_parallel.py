@@ -182,6 +182,61 @@ def test_abort_gives_the_pages_back_to_every_rank(engines: dict[int, LoadedModel
     assert got == expected
 
 
+@pytest.mark.parametrize("line", ("qwen3", "gemma3", "gemma4"))
+def test_decode_fusion_at_two_ranks_gives_one_ranks_tokens(
+    request: pytest.FixtureRequest, line: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--decode-fusion`` at TP = 2, every rank's decode steps through the fused GEMV (under the
+    interpreter): Qwen3's O and down residuals compose around the all-reduce while its norm
+    prologues fuse; Gemma's QKV and gate/up fuse (its O and down, row-parallel slices that load as
+    strided views on the CPU, compose, logged by name). One rank's greedy tokens, log-probs within
+    ``LOGPROB_BOUND`` of one unfused rank (4.8e-7 at all three lines when measured), and rank 0
+    launched the kernel (the workers are other processes: only rank 0 is spied on)."""
+    import kernels.triton.fused_gemv as fused_module
+
+    expected, expected_logprobs = _streams(scheduler_of(engines_of(request, line)[1]), greedy("f-"))
+    launched: list[str] = []
+    real = fused_module.fused_gemv
+
+    def spied(x: torch.Tensor, weight: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        fusion = args[0] if args else kwargs.get("fusion")
+        launched.append(getattr(fusion, "name", "gemv"))
+        return real(x, weight, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(fused_module, "fused_gemv", spied)
+    config = EngineConfig(**{**ENGINE, "tensor_parallel_size": 2, "collective_timeout_s": 30.0})  # type: ignore[arg-type]
+    checkpoint = request.getfixturevalue(f"tiny_{line}")
+    model = load_model(str(checkpoint), ModelOptions(engine=config, device="cpu", decode_fusion=True))
+    try:
+        got, logprobs = _streams(scheduler_of(model), greedy("f-"))
+    finally:
+        tp_runner(model).close()
+    assert got == expected
+    delta = max(
+        abs(a - b) for key in expected for a, b in zip(logprobs[key], expected_logprobs[key], strict=True)
+    )
+    print(f"{line} tp=2 fused: max |Δ log-prob| {delta:.3g}")
+    assert delta <= LOGPROB_BOUND, delta
+    # Qwen3 fuses its norm prologues (its residuals compose under TP); Gemma its GELU gate/up.
+    assert ("norm+gemv" if line == "qwen3" else "gemv+gelu_tanh") in launched, sorted(set(launched))
+    assert "gemv+residual" not in launched
+
+
+def _streams(
+    scheduler: BatchScheduler, requests: Sequence[Request]
+) -> tuple[dict[str, list[int]], dict[str, list[float]]]:
+    """Each request's tokens and their log-probs."""
+    tokens: dict[str, list[int]] = {}
+    logprobs: dict[str, list[float]] = {}
+    for request in requests:
+        scheduler.submit(request)
+    while scheduler.has_work():
+        for update in scheduler.step().updates:
+            tokens.setdefault(update.request_id, []).extend(update.new_token_ids)
+            logprobs.setdefault(update.request_id, []).extend(lp.logprob for lp in update.logprobs or ())
+    return tokens, logprobs
+
+
 def _step_until_terminal(scheduler: BatchScheduler, request_id: str) -> object:
     """Steps as the driver runs them: a step that raises fails its batch."""
     while scheduler.has_work():
