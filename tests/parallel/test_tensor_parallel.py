@@ -2,7 +2,8 @@
 over 2 KV heads: split 2 + 2 at TP = 2, each KV head replicated on two ranks at TP = 4), Gemma 3
 (the same heads, sliding and global layers, soft-capped logits) and Gemma 4 (the same sliding
 layers; global layers with one KV head, replicated on every rank): the same
-log-probs as one rank within a measured fp32 bound, the same greedy streams, aborts that give their
+log-probs as one rank within a measured fp32 bound, the same greedy streams (with `--decode-fusion`
+too, at TP = 2), aborts that give their
 pages back, and a worker that dies or hangs failing its steps with an error instead of a hang."""
 
 from __future__ import annotations
