@@ -15,9 +15,9 @@ three fused ops, each defined in ``kernels.reference``:
 ``FusedDecodeProjections`` runs each of them, and the plain projection ``projections(x, weight)``
 (the LM head included: the fused GEMV's weight offsets are 64-bit), as one fused GEMV launch when
 ``fuses(rows, device)`` (decode steps of at most ``fused_gemv.MAX_ROWS`` rows, on CUDA or under the
-Triton interpreter) and the shape is one the kernel takes; anything else composes, a shape the kernel refuses logged once by
-name. Under tensor parallelism the residual cannot be fused (the partial sums meet in the reduce
-first): given a ``reduce``, ``linear_residual`` composes.
+Triton interpreter) and the shape is one the kernel takes; anything else composes, a shape the
+kernel refuses logged once by name. Under tensor parallelism the residual cannot be fused (the
+partial sums meet in the reduce first): given a ``reduce``, ``linear_residual`` composes.
 
 Only the ``tuned`` policy takes the fused path (``policy_projections``): ``invariant``, ``pin`` and
 ``per-token`` promise one kernel for every row count, which a decode-only kernel would break.
