@@ -59,8 +59,9 @@ class ModelOptions:
     decode_fusion: bool = field(
         default=False,
         metadata={
-            "help": "Decode steps of at most 4 rows through the fused GEMV (norm, residual add and SiLU·mul "
-            "in the projections; tuned policy, CUDA, Qwen3); off until measured on a GPU (docs/kernels.md)."
+            "help": "Decode steps of ≤ 4 rows through the fused GEMV (tuned, CUDA): Qwen3, Qwen3.5 with "
+            "norms, residual adds, SiLU·mul; Gemma 3, 4 with GELU-tanh·mul; every LM head; off until "
+            "measured on a GPU (docs/kernels.md)."
         },
     )
     gdn_backend: str = field(

@@ -12,11 +12,12 @@ three fused ops, each defined in ``kernels.reference``:
 
 ``ComposedProjections`` runs each as the ops a forward runs today (the policy's linear,
 ``layer_ops.rms_norm``, torch's rounded add, ``layer_ops.gated_activation``): the same bits.
-``FusedDecodeProjections`` runs them as one fused GEMV launch when ``fuses(rows, device)`` (decode
-steps of at most ``fused_gemv.MAX_ROWS`` rows, on CUDA or under the Triton interpreter) and the
-shape is one the kernel takes; anything else composes, a shape the kernel refuses logged once by
-name. Under tensor parallelism the residual cannot be fused (the partial sums meet in the reduce
-first): given a ``reduce``, ``linear_residual`` composes.
+``FusedDecodeProjections`` runs each of them, and the plain projection ``projections(x, weight)``
+(the LM head included: the fused GEMV's weight offsets are 64-bit), as one fused GEMV launch when
+``fuses(rows, device)`` (decode steps of at most ``fused_gemv.MAX_ROWS`` rows, on CUDA or under the
+Triton interpreter) and the shape is one the kernel takes; anything else composes, a shape the
+kernel refuses logged once by name. Under tensor parallelism the residual cannot be fused (the
+partial sums meet in the reduce first): given a ``reduce``, ``linear_residual`` composes.
 
 Only the ``tuned`` policy takes the fused path (``policy_projections``): ``invariant``, ``pin`` and
 ``per-token`` promise one kernel for every row count, which a decode-only kernel would break.
@@ -107,6 +108,12 @@ class FusedDecodeProjections(ComposedProjections):
                 self._logged.add(key)
                 log.warning("fused decode GEMV: %s over weight %s composes: %s", op, list(weight.shape), exc)
             return None
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        from kernels.triton.fused_gemv import fused_gemv
+
+        y = self._fused("linear", x, weight, lambda: fused_gemv(x, weight))
+        return super().__call__(x, weight) if y is None else y
 
     def norm_linear(
         self, h: torch.Tensor, spec: NormSpec, norm_weight: torch.Tensor | None, weight: torch.Tensor

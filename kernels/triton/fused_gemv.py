@@ -354,16 +354,22 @@ def fused_gemv(
 # ------------------------------------------------------------------ ahead-of-time compile (sm_90)
 
 QWEN3 = NormSpec(NormWeight.W, eps=1e-6, round_before_weight=True)
-# Every fusion a model line uses, at the serving shapes of Qwen3-4B ([N, K]; the gated weight is
-# the fused [2I, K]) and the largest K a program takes in one row (Gemma 4 12B's down, K = 15360).
+QWEN35 = NormSpec(NormWeight.ONE_PLUS_W, eps=1e-6)
+# Every fusion a model line uses ([N, K]; the gated weight is the fused [2I, K]): Qwen3-4B's serving
+# shapes; Qwen3.5-4B's norm + in_proj and norm + gate/up (`1 + w`, one rounding); Gemma 4 12B's plain
+# QKV and LM head (K = 3840), global O (K = 8192), down (K = 15360, the largest K a program takes in
+# one row) and gate/up with GELU-tanh.
 COMPILE_VARIANTS: tuple[tuple[Fusion, int, int], ...] = (
     (Fusion(), 151936, 2560),
     (Fusion(norm=QWEN3), 6144, 2560),
     (Fusion(residual=True), 2560, 4096),
     (Fusion(norm=QWEN3, activation=GatedActivation.SILU), 19456, 2560),
     (Fusion(residual=True), 2560, 9728),
+    (Fusion(norm=QWEN35), 12352, 2560),
+    (Fusion(norm=QWEN35, activation=GatedActivation.SILU), 18432, 2560),
+    (Fusion(), 262144, 3840),
+    (Fusion(), 3840, 8192),
     (Fusion(), 3840, 15360),
-    (Fusion(norm=NormSpec(NormWeight.ONE_PLUS_W)), 8192, 3840),
     (Fusion(activation=GatedActivation.GELU_TANH), 30720, 3840),
 )
 

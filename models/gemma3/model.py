@@ -8,11 +8,18 @@ included) → O projection → RMSNorm → residual add; RMSNorm → gelu_tanh(g
 residual add. Final RMSNorm, tied (or stored) LM head, logits soft-capped `c·tanh(x/c)` where the
 config sets a cap. Every RMSNorm multiplies by `1+w`.
 
-The numeric policy arrives as the injected `linear` (docs/numerics.md). Each residual step is one
-`layer_ops.add_rms_norm` (one launch on CUDA): the post-attention norm of the delta, the add and the
-pre-feedforward norm; the post-feedforward norm of the delta, the add and the next layer's input
-norm (the final norm after the last layer). One KV group per layer kind the checkpoint has, each with its own pool:
-the sliding layers' (its pages released as the window moves past them) and the global layers'.
+The layer around attention is the step Gemma 4 shares (`models.gemma_layer`), without a layer
+scalar: each residual step one `layer_ops.add_rms_norm` (one launch on CUDA), the post-attention
+norm of the delta, the add and the pre-feedforward norm; the post-feedforward norm of the delta, the
+add and the next layer's input norm (the final norm after the last layer). One KV group per layer
+kind the checkpoint has, each with its own pool: the sliding layers' (its pages released as the
+window moves past them) and the global layers'.
+
+The numeric policy arrives as the injected `linear` (docs/numerics.md), which every projection and
+the LM head are called through as `Projections` (`kernels.gemm.projections`): with
+`--decode-fusion`, a step the projections fuse (`fuses`: a few rows, `tuned`, CUDA) runs QKV, O,
+down and the LM head as the fused GEMV's plain variant and gate/up with its GELU-tanh epilogue
+(docs/kernels.md "The fused decode GEMV"); other steps compose, the same ops as without the flag.
 
 Under tensor parallelism (`plan` over `group`'s ranks; docs/tensor-parallel.md) each rank holds its
 query and KV heads (a single KV head, as on the published 270M and 1B, replicated on every rank),
@@ -23,6 +30,7 @@ slice of the logits.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -37,11 +45,13 @@ from engine.parallel.sharding import ShardPlan
 from kernels import layer_ops, reference
 from kernels.attention.base import AttentionLayerSpec
 from kernels.gemm.dispatch import Linear
+from kernels.gemm.projections import ComposedProjections
 from kernels.prep_dispatch import run_attention_prep
-from kernels.reference import GatedActivation, NormSpec, NormWeight, PrepSpec
+from kernels.reference import NormSpec, NormWeight, PrepSpec
 from models.gemma3.config import LAYER_TYPES, SLIDING, Gemma3Config
 from models.gemma3.sharding import shard_plan
 from models.gemma3.weights import lm_head_name, text_prefix
+from models.gemma_layer import gemma_layer
 
 
 def group_kinds(config: Gemma3Config) -> tuple[str, ...]:
@@ -80,7 +90,8 @@ class Gemma3Model:
         group: RankGroup = SINGLE_RANK,
     ) -> None:
         self.config = config
-        self.linear = linear
+        self.projections = linear if isinstance(linear, ComposedProjections) else ComposedProjections(linear)
+        self.linear = self.projections.linear  # the policy's own linear
         self.device = device
         self.group = group
         c = config
@@ -170,48 +181,48 @@ class Gemma3Model:
     # -- forward -------------------------------------------------------------------------------
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        c = self.config
         hidden = (
             vocab_parallel_embedding(batch.input_ids, self.embed, self.vocab, self.group) * self.embed_scale
         )
-        tokens = hidden.shape[0]
         x = layer_ops.rms_norm(hidden, self.norm, self.layers[0].input_norm)
         for index, layer in enumerate(self.layers):
-            q, k, v = self.linear(x, layer.qkv).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-            pool_layer = self.kv.layer(layer.group, layer.slot)
-            q_rot, _ = run_attention_prep(
-                self.preps[layer.kind],
-                q.reshape(tokens, self.num_heads, c.head_dim),
-                k.reshape(tokens, self.num_kv_heads, c.head_dim),
-                v.reshape(tokens, self.num_kv_heads, c.head_dim),
-                layer.q_norm,
-                layer.k_norm,
-                batch.rows[layer.group],
-                self.rope_tables[layer.kind],
-                pool_layer,
-            )
-            spec = self.kv.attention_specs[layer.group]
-            attn = batch.attention.run(layer.group, spec, q_rot, pool_layer)
-            attn_out = self.group.all_reduce(self.linear(attn.reshape(tokens, self.q_size), layer.o))
-            hidden, x = layer_ops.add_rms_norm(
-                hidden,
-                attn_out,
-                self.norm,
-                layer.pre_feedforward_norm,
-                delta_weight=layer.post_attention_norm,
-            )
-            activated = layer_ops.gated_activation(self.linear(x, layer.gate_up), GatedActivation.GELU_TANH)
-            mlp_out = self.group.all_reduce(self.linear(activated, layer.down))
             # Norms are per row: normalising every token with the final norm, then picking the
             # sampled ones, is the same as picking first.
             next_norm = self.layers[index + 1].input_norm if index + 1 < len(self.layers) else self.final_norm
-            hidden, x = layer_ops.add_rms_norm(
-                hidden, mlp_out, self.norm, next_norm, delta_weight=layer.post_feedforward_norm
+            hidden, x = gemma_layer(
+                self.projections,
+                layer,
+                hidden,
+                x,
+                functools.partial(self._attend, layer, batch),
+                norm=self.norm,
+                next_norm=next_norm,
+                scale=None,
+                reduce=self.group.all_reduce,
             )
         return x.index_select(0, batch.sample_index)
 
+    def _attend(self, layer: _Layer, batch: ForwardBatch, projected: torch.Tensor) -> torch.Tensor:
+        """Attention prep and attention of one layer over its QKV projection: [tokens, q_size]."""
+        head_dim, tokens = self.config.head_dim, projected.shape[0]
+        q, k, v = projected.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        pool_layer = self.kv.layer(layer.group, layer.slot)
+        q_rot, _ = run_attention_prep(
+            self.preps[layer.kind],
+            q.reshape(tokens, self.num_heads, head_dim),
+            k.reshape(tokens, self.num_kv_heads, head_dim),
+            v.reshape(tokens, self.num_kv_heads, head_dim),
+            layer.q_norm,
+            layer.k_norm,
+            batch.rows[layer.group],
+            self.rope_tables[layer.kind],
+            pool_layer,
+        )
+        spec = self.kv.attention_specs[layer.group]
+        return batch.attention.run(layer.group, spec, q_rot, pool_layer).reshape(tokens, self.q_size)
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.linear(hidden, self.lm_head)
+        logits = self.projections(hidden, self.lm_head)
         cap = self.config.final_logit_softcapping
         if cap is not None:
             # In the serving dtype, step by step, as the reference rounds it.

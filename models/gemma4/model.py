@@ -7,11 +7,17 @@ paged attention with scale 1.0 (sliding layers see the last W positions, their o
 projection → RMSNorm → residual add; RMSNorm → gelu_tanh(gate)·up → down → RMSNorm → residual add;
 then the layer's scalar. Final RMSNorm, tied LM head, logits soft-capped `c·tanh(x/c)`.
 
-The numeric policy arrives as the injected `linear` (docs/numerics.md). Each residual step is one
-`layer_ops.add_rms_norm` (one launch on CUDA): the post-attention norm of the delta, the add and the
-pre-feedforward norm; the post-feedforward norm of the delta, the add, the layer scalar and the next
-layer's input norm (the final norm after the last layer). Two KV groups, each with its own pool and page count: the sliding
-layers', and the global layers'.
+The layer around attention is the step Gemma 3 shares (`models.gemma_layer`): each residual step
+one `layer_ops.add_rms_norm` (one launch on CUDA), the post-attention norm of the delta, the add and
+the pre-feedforward norm; the post-feedforward norm of the delta, the add, the layer scalar and the
+next layer's input norm (the final norm after the last layer). Two KV groups, each with its own pool
+and page count: the sliding layers', and the global layers'.
+
+The numeric policy arrives as the injected `linear` (docs/numerics.md), which every projection and
+the LM head are called through as `Projections` (`kernels.gemm.projections`): with
+`--decode-fusion`, a step the projections fuse (`fuses`: a few rows, `tuned`, CUDA) runs QKV, O,
+down and the LM head as the fused GEMV's plain variant and gate/up with its GELU-tanh epilogue
+(docs/kernels.md "The fused decode GEMV"); other steps compose, the same ops as without the flag.
 
 Under tensor parallelism (`plan` over `group`'s ranks; docs/tensor-parallel.md) each rank holds its
 query heads and its KV heads per layer kind (the global layers' few KV heads replicated once the
@@ -23,6 +29,7 @@ rank 0, after the gather.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -37,11 +44,13 @@ from engine.parallel.sharding import ShardPlan
 from kernels import layer_ops, reference
 from kernels.attention.base import AttentionLayerSpec
 from kernels.gemm.dispatch import Linear
+from kernels.gemm.projections import ComposedProjections
 from kernels.prep_dispatch import run_attention_prep
-from kernels.reference import GatedActivation, NormSpec, NormWeight, PrepSpec
+from kernels.reference import NormSpec, NormWeight, PrepSpec
 from models.gemma4.config import GLOBAL, SLIDING, Gemma4Config
 from models.gemma4.sharding import shard_plan
 from models.gemma4.weights import text_prefix
+from models.gemma_layer import gemma_layer
 
 # The KV groups, in the order the model declares them: one per attention family.
 GROUP_KINDS = (SLIDING, GLOBAL)
@@ -78,7 +87,8 @@ class Gemma4Model:
         group: RankGroup = SINGLE_RANK,
     ) -> None:
         self.config = config
-        self.linear = linear
+        self.projections = linear if isinstance(linear, ComposedProjections) else ComposedProjections(linear)
+        self.linear = self.projections.linear  # the policy's own linear
         self.device = device
         self.group = group
         c = config
@@ -186,64 +196,59 @@ class Gemma4Model:
     # -- forward -------------------------------------------------------------------------------
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        c = self.config
         hidden = (
             vocab_parallel_embedding(batch.input_ids, self.embed, self.vocab, self.group) * self.embed_scale
         )
-        tokens = hidden.shape[0]
         x = layer_ops.rms_norm(hidden, self.norm, self.layers[0].input_norm)
         for index, layer in enumerate(self.layers):
-            g = c.geometry(layer.kind)
-            num_heads, num_kv_heads = self.heads[layer.kind]
-            q_size, kv_size = num_heads * g.head_dim, num_kv_heads * g.head_dim
-            projected = self.linear(x, layer.qkv)
-            if layer.kind == SLIDING:
-                q, k, v = projected.split([q_size, kv_size, kv_size], dim=-1)
-                v_heads: torch.Tensor | None = v.reshape(tokens, num_kv_heads, g.head_dim)
-            else:
-                q, k = projected.split([q_size, kv_size], dim=-1)
-                v_heads = None
-            pool_layer = self.kv.layer(layer.group, layer.slot)
-            q_rot, _ = run_attention_prep(
-                self.preps[layer.kind],
-                q.reshape(tokens, num_heads, g.head_dim),
-                k.reshape(tokens, num_kv_heads, g.head_dim),
-                v_heads,
-                layer.q_norm,
-                layer.k_norm,
-                batch.rows[layer.group],
-                self.rope_tables[layer.kind],
-                pool_layer,
-            )
-            spec = self.kv.shapes[layer.group].attention
-            attn = batch.attention.run(layer.group, spec, q_rot, pool_layer)
-            attn_out = self.group.all_reduce(self.linear(attn.reshape(tokens, q_size), layer.o))
-            hidden, x = layer_ops.add_rms_norm(
-                hidden,
-                attn_out,
-                self.norm,
-                layer.pre_feedforward_norm,
-                delta_weight=layer.post_attention_norm,
-            )
-            activated = layer_ops.gated_activation(self.linear(x, layer.gate_up), GatedActivation.GELU_TANH)
-            mlp_out = self.group.all_reduce(self.linear(activated, layer.down))
             # Norms are per row: normalising every token with the final norm, then picking the
             # sampled ones, is the same as picking first.
             next_norm = self.layers[index + 1].input_norm if index + 1 < len(self.layers) else self.final_norm
-            hidden, x = layer_ops.add_rms_norm(
+            hidden, x = gemma_layer(
+                self.projections,
+                layer,
                 hidden,
-                mlp_out,
-                self.norm,
-                next_norm,
-                delta_weight=layer.post_feedforward_norm,
+                x,
+                functools.partial(self._attend, layer, batch),
+                norm=self.norm,
+                next_norm=next_norm,
                 scale=layer.scalar,
+                reduce=self.group.all_reduce,
             )
             if index in self.probe_layers:
                 self.probes[index] = hidden.clone()
         return x.index_select(0, batch.sample_index)
 
+    def _attend(self, layer: _Layer, batch: ForwardBatch, projected: torch.Tensor) -> torch.Tensor:
+        """Attention prep and attention of one layer over its QKV projection (K only on global
+        layers, whose V is the raw K): [tokens, q_size]."""
+        g = self.config.geometry(layer.kind)
+        tokens = projected.shape[0]
+        num_heads, num_kv_heads = self.heads[layer.kind]
+        q_size, kv_size = num_heads * g.head_dim, num_kv_heads * g.head_dim
+        if layer.kind == SLIDING:
+            q, k, v = projected.split([q_size, kv_size, kv_size], dim=-1)
+            v_heads: torch.Tensor | None = v.reshape(tokens, num_kv_heads, g.head_dim)
+        else:
+            q, k = projected.split([q_size, kv_size], dim=-1)
+            v_heads = None
+        pool_layer = self.kv.layer(layer.group, layer.slot)
+        q_rot, _ = run_attention_prep(
+            self.preps[layer.kind],
+            q.reshape(tokens, num_heads, g.head_dim),
+            k.reshape(tokens, num_kv_heads, g.head_dim),
+            v_heads,
+            layer.q_norm,
+            layer.k_norm,
+            batch.rows[layer.group],
+            self.rope_tables[layer.kind],
+            pool_layer,
+        )
+        spec = self.kv.shapes[layer.group].attention
+        return batch.attention.run(layer.group, spec, q_rot, pool_layer).reshape(tokens, q_size)
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.linear(hidden, self.embed)
+        logits = self.projections(hidden, self.embed)
         cap = self.config.final_logit_softcapping
         if cap is not None:
             # In the serving dtype, step by step, as the reference rounds it.

@@ -11,8 +11,8 @@ last layer's with the final norm. One KV group.
 
 Decode fusion (`--decode-fusion`, docs/kernels.md "The fused decode GEMV"): on a step the projections
 fuse (`Projections.fuses`: a few rows, `tuned`, CUDA), a layer is six launches instead: norm + QKV,
-attention prep, attention, O + residual, norm + gate/up + SiLU·mul, down + residual; the final norm
-and the LM head as on every other step.
+attention prep, attention, O + residual, norm + gate/up + SiLU·mul, down + residual; then the final
+norm, and the LM head as the plain fused GEMV (on every step it goes through the projections).
 
 Under tensor parallelism (`plan` over `group`'s ranks; docs/tensor-parallel.md) the weights are
 this rank's slices: its query and KV heads (column-parallel QKV), its MLP columns (column-parallel
@@ -188,4 +188,4 @@ class Qwen3Model:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits of the sampling rows; at more than one rank, on rank 0 only (the others get
         an empty [rows, 0])."""
-        return vocab_parallel_logits(hidden, self.lm_head, self.group, self.linear)
+        return vocab_parallel_logits(hidden, self.lm_head, self.group, self.projections)

@@ -14,6 +14,13 @@ is one of two:
 
 Final RMSNorm, then the LM head (tied to the embedding unless the checkpoint stores its own).
 
+Decode fusion (`--decode-fusion`, docs/kernels.md "The fused decode GEMV"): on a step the projections
+fuse (`Projections.fuses`: a few rows, `tuned`, CUDA) a layer runs as Qwen3's does: the input norm
+in the prologue of the mixer's input projection (GDN's in_proj or attention's QKV), the mixer's
+output projection (out_proj or O) with the residual add in its epilogue, norm + gate/up + SiLU·mul,
+down + residual; the LM head as the plain fused GEMV. The conv, the gated delta rule, the gated
+RMSNorm and attention run as on every step.
+
 Under tensor parallelism (`plan` over `group`'s ranks; docs/tensor-parallel.md) the weights are
 this rank's slices. Gated attention splits as the dense lines (its query and gate heads, its KV
 heads; O row-parallel). Gated DeltaNet splits by value head: the rank's value heads and the key
@@ -41,6 +48,7 @@ from kernels import layer_ops, reference
 from kernels.attention.base import AttentionLayerSpec
 from kernels.gdn import GDNBackend, StateRows, TorchGDN
 from kernels.gemm.dispatch import Linear
+from kernels.gemm.projections import ComposedProjections
 from kernels.prep_dispatch import run_attention_prep
 from kernels.reference import GatedActivation, NormSpec, NormWeight
 from models.qwen35.config import FULL, LINEAR, GDNGeometry, Qwen35Config
@@ -91,7 +99,8 @@ class Qwen35Model:
         group: RankGroup = SINGLE_RANK,
     ) -> None:
         self.config = config
-        self.linear = linear
+        self.projections = linear if isinstance(linear, ComposedProjections) else ComposedProjections(linear)
+        self.linear = self.projections.linear  # the policy's own linear
         self.device = device
         self.gdn = gdn or TorchGDN()
         self.group = group
@@ -201,14 +210,20 @@ class Qwen35Model:
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         hidden = vocab_parallel_embedding(batch.input_ids, self.embed, self.vocab, self.group)
-        x = layer_ops.rms_norm(hidden, self.norm, self.layers[0].input_norm)
         rows = self._state_rows(batch)
+        if self.projections.fuses(hidden.shape[0], hidden.device):
+            x = self._fused_layers(hidden, batch, rows)
+        else:
+            x = self._layers(hidden, batch, rows)
+        return x.index_select(0, batch.sample_index)
+
+    def _layers(self, hidden: torch.Tensor, batch: ForwardBatch, rows: StateRows) -> torch.Tensor:
+        """Every layer as separate projections, each residual add fused with the norm after it; the
+        final norm's output of every token."""
+        x = layer_ops.rms_norm(hidden, self.norm, self.layers[0].input_norm)
         for index, layer in enumerate(self.layers):
-            mixer = layer.mixer
-            if isinstance(mixer, _DeltaNet):
-                mixed = self._deltanet(mixer, x, rows)
-            else:
-                mixed = self._attention(mixer, x, batch)
+            into, out = _mixer_projections(layer.mixer)
+            mixed = self.linear(self._mix(layer.mixer, self.linear(x, into), batch, rows), out)
             mixed = self.group.all_reduce(mixed)
             hidden, x = layer_ops.add_rms_norm(hidden, mixed, self.norm, layer.post_attention_norm)
             activated = layer_ops.gated_activation(self.linear(x, layer.gate_up), GatedActivation.SILU)
@@ -217,12 +232,27 @@ class Qwen35Model:
             # same as picking first.
             next_norm = self.layers[index + 1].input_norm if index + 1 < len(self.layers) else self.final_norm
             hidden, x = layer_ops.add_rms_norm(hidden, mlp_out, self.norm, next_norm)
-        return x.index_select(0, batch.sample_index)
+        return x
+
+    def _fused_layers(self, hidden: torch.Tensor, batch: ForwardBatch, rows: StateRows) -> torch.Tensor:
+        """Every layer through the fused projections: each norm in the prologue of the projection
+        that reads it, each residual add in the epilogue of the projection that makes it."""
+        p = self.projections
+        reduce = self.group.all_reduce if self.group.size > 1 else None
+        for layer in self.layers:
+            into, out = _mixer_projections(layer.mixer)
+            projected = p.norm_linear(hidden, self.norm, layer.input_norm, into)
+            hidden = p.linear_residual(self._mix(layer.mixer, projected, batch, rows), out, hidden, reduce)
+            activated = p.norm_linear_gated(
+                hidden, self.norm, layer.post_attention_norm, layer.gate_up, GatedActivation.SILU
+            )
+            hidden = p.linear_residual(activated, layer.down, hidden, reduce)
+        return layer_ops.rms_norm(hidden, self.norm, self.final_norm)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits of the sampling rows; at more than one rank, on rank 0 only (the others get
         an empty [rows, 0])."""
-        return vocab_parallel_logits(hidden, self.lm_head, self.group, self.linear)
+        return vocab_parallel_logits(hidden, self.lm_head, self.group, self.projections)
 
     # -- mixers ----------------------------------------------------------------------------------
 
@@ -244,11 +274,20 @@ class Qwen35Model:
         starts = torch.tensor(cu[:-1], dtype=torch.long, device=batch.positions.device)
         return StateRows(slots, batch.positions.index_select(0, starts) == 0, tuple(cu))
 
-    def _deltanet(self, layer: _DeltaNet, x: torch.Tensor, rows: StateRows) -> torch.Tensor:
-        """This rank's value heads' share of the output projection (a partial sum under TP)."""
+    def _mix(
+        self, mixer: _DeltaNet | _Attention, projected: torch.Tensor, batch: ForwardBatch, rows: StateRows
+    ) -> torch.Tensor:
+        """The token mixer between its two projections: from the input projection's output to the
+        output projection's input."""
+        if isinstance(mixer, _DeltaNet):
+            return self._deltanet(mixer, projected, rows)
+        return self._attention(mixer, projected, batch)
+
+    def _deltanet(self, layer: _DeltaNet, projected: torch.Tensor, rows: StateRows) -> torch.Tensor:
+        """out_proj's input from in_proj's output: this rank's value heads, [tokens, value_dim]."""
         g = self.gdn_geometry
-        tokens = x.shape[0]
-        qkv, z, b, a = self.linear(x, layer.in_proj).split(
+        tokens = projected.shape[0]
+        qkv, z, b, a = projected.split(
             [g.conv_dim, g.value_dim, g.num_value_heads, g.num_value_heads], dim=-1
         )
         mixed = self.gdn.conv(qkv.contiguous(), layer.conv, rows, self.state.conv_layer(layer.state_index))
@@ -265,13 +304,13 @@ class Qwen35Model:
         )
         gate = z.reshape(tokens, g.num_value_heads, g.value_head_dim)
         normed = reference.gated_rms_norm(core, gate, layer.norm, self.config.rms_norm_eps)
-        return self.linear(normed.reshape(tokens, g.value_dim), layer.out)
+        return normed.reshape(tokens, g.value_dim)
 
-    def _attention(self, layer: _Attention, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        """This rank's heads' share of the output projection (a partial sum under TP)."""
+    def _attention(self, layer: _Attention, projected: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        """O's input from the QKV projection's output: this rank's heads, gated, [tokens, q_size]."""
         head_dim, q_size, kv_size = self.config.head_dim, self.q_size, self.kv_size
-        tokens = x.shape[0]
-        q, k, v = self.linear(x, layer.qkv).split([2 * q_size, kv_size, kv_size], dim=-1)
+        tokens = projected.shape[0]
+        q, k, v = projected.split([2 * q_size, kv_size, kv_size], dim=-1)
         pool_layer = self.kv.layer(0, layer.kv_index)
         q_rot, gate = run_attention_prep(
             self.prep,
@@ -287,7 +326,15 @@ class Qwen35Model:
         assert gate is not None  # the gated-Q prep always returns the gate
         attn = batch.attention.run(0, self.attn_spec, q_rot, pool_layer)
         gated = attn.reshape(tokens, self.num_heads, head_dim) * torch.sigmoid(gate)
-        return self.linear(gated.reshape(tokens, q_size), layer.o)
+        return gated.reshape(tokens, q_size)
+
+
+def _mixer_projections(mixer: _DeltaNet | _Attention) -> tuple[torch.Tensor, torch.Tensor]:
+    """A mixer's input and output projection weights: in_proj and out_proj, or QKV and O (each
+    output projection row-parallel under TP: a partial sum)."""
+    if isinstance(mixer, _DeltaNet):
+        return mixer.in_proj, mixer.out
+    return mixer.qkv, mixer.o
 
 
 def _split_of(plan: ShardPlan, kind: str) -> GroupedHeads | None:

@@ -398,13 +398,23 @@ def test_every_variant_compiles_for_sm90_with_pdl_and_16_byte_loads() -> None:
 # ------------------------------------------------------ GPU only: serving shapes, graphs and PDL
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-# Qwen3-4B's decode layer and LM head ([N, K]; gate/up is the fused [2I, K]) with their fusions.
+QWEN35_NORM = NormSpec(NormWeight.ONE_PLUS_W, eps=1e-6)
+# Each line's decode projections ([N, K]; gate/up is the fused [2I, K]) with their fusions: Qwen3-4B's
+# layer and LM head; what Qwen3.5-4B adds (GDN's norm + in_proj, the `1 + w` norm + gate/up; its
+# out_proj, O and down are Qwen3's residual shapes); Gemma 4 12B's plain projections and GELU gate/up.
 SERVING = {
     "qkv": (6144, 2560, Fusion(norm=QWEN3_NORM)),
     "o": (2560, 4096, Fusion(residual=True)),
     "gate-up": (19456, 2560, Fusion(norm=QWEN3_NORM, activation=GatedActivation.SILU)),
     "down": (2560, 9728, Fusion(residual=True)),
     "lm-head": (151936, 2560, Fusion()),
+    "qwen35-in-proj": (12352, 2560, Fusion(norm=QWEN35_NORM)),
+    "qwen35-gate-up": (18432, 2560, Fusion(norm=QWEN35_NORM, activation=GatedActivation.SILU)),
+    "gemma4-qkv": (8192, 3840, Fusion()),
+    "gemma4-global-o": (3840, 8192, Fusion()),
+    "gemma4-gate-up": (30720, 3840, Fusion(activation=GatedActivation.GELU_TANH)),
+    "gemma4-down": (3840, 15360, Fusion()),
+    "gemma4-lm-head": (262144, 3840, Fusion()),
 }
 
 
@@ -432,7 +442,7 @@ def test_gpu_serving_shapes_are_batch_invariant_and_within_the_bound(name: str) 
     for m in range(1, MAX_ROWS):
         assert torch.equal(run(slice(0, m)), full[:m]), f"first {m} rows"
     assert torch.equal(run(slice(2, 3))[0], full[2])
-    xs = reference.rms_norm(x.cpu(), QWEN3_NORM, nw.cpu()) if fusion.norm else x.cpu()
+    xs = reference.rms_norm(x.cpu(), fusion.norm, nw.cpu()) if fusion.norm else x.cpu()
     if fusion.activation:
         want = reference.linear_gated(xs, w.cpu(), fusion.activation)
         allowed = _gated_allowed(xs, w, fusion.activation)

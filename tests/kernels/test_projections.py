@@ -10,11 +10,12 @@ import logging
 import pytest
 import torch
 import torch.nn.functional as F
+from linear_bounds import agreement
 
-from kernels import layer_ops
+from kernels import layer_ops, reference
 from kernels.gemm.projections import ComposedProjections, FusedDecodeProjections, policy_projections
 from kernels.reference import GatedActivation, NormSpec, NormWeight
-from kernels.triton.fused_gemv import MAX_ROWS, Fusion, fused_gemv
+from kernels.triton.fused_gemv import MAX_ROWS, Fusion, fused_gemv, gemv_settings
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 NORM = NormSpec(NormWeight.W, eps=1e-6, round_before_weight=True)
@@ -129,3 +130,37 @@ def test_without_cuda_or_the_interpreter_it_composes(monkeypatch: pytest.MonkeyP
     chosen = policy_projections("tuned", torch.device("cpu"), F.linear, decode_fusion=True)
     assert type(chosen) is ComposedProjections
     assert not FusedDecodeProjections(F.linear).fuses(1, torch.device("cpu"))
+
+
+def test_the_plain_projection_runs_the_fused_gemv_on_decode_rows(caplog: pytest.LogCaptureFixture) -> None:
+    fused = FusedDecodeProjections(F.linear)
+    for m in (1, MAX_ROWS, MAX_ROWS + 1):
+        t = _tensors(m)
+        want = fused_gemv(t["h"], t["w"]) if m <= MAX_ROWS else F.linear(t["h"], t["w"])
+        assert torch.equal(fused(t["h"], t["w"]), want), m
+    h = torch.randn(1, 40, dtype=torch.bfloat16, device=DEVICE)
+    w = torch.randn(24, 40, dtype=torch.bfloat16, device=DEVICE)
+    with caplog.at_level(logging.WARNING, logger="infer.gemm"):
+        for _ in range(2):
+            assert torch.equal(fused(h, w), F.linear(h, w))
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 1 and "linear over weight [24, 40]" in messages[0], messages
+
+
+def test_an_lm_head_wide_projection_is_the_spec_and_a_row_alone_is_the_row_in_the_batch() -> None:
+    """Qwen3's vocabulary of output rows (K kept small for the interpreter): 297 programs of 512 rows,
+    the last one masked past row 151936; every row within the linear's reordering bound of the spec
+    (``linear_bounds``), and each row alone the same bits as inside the 4-row batch."""
+    n, k = 151936, 16
+    settings = gemv_settings(n, k)
+    assert n % settings.rows_per_program, "the shape must leave the last program a masked tail"
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(MAX_ROWS, k, generator=g).to(torch.bfloat16).to(DEVICE)
+    w = (torch.randn(n, k, generator=g) / k**0.5).to(torch.bfloat16).to(DEVICE)
+    fused = FusedDecodeProjections(F.linear)
+    y = fused(x, w)
+    assert torch.equal(y, fused_gemv(x, w))  # the fused route, not the composed one
+    verdict = agreement(y, reference.linear(x.cpu(), w.cpu()), x, w)
+    assert verdict.ok, str(verdict)
+    for row in range(MAX_ROWS):
+        assert torch.equal(fused(x[row : row + 1], w), y[row : row + 1]), row

@@ -4,7 +4,7 @@ each KV head replicated on two ranks at TP = 4), its Gated DeltaNet layers 4 val
 heads (two value heads and their key head per rank at TP = 2; one value head per rank at TP = 4,
 each key head replicated on two ranks). 3 and 8 ranks do not split its 4 query heads and are
 refused. Against one rank: teacher-forced log-probs within a bound measured in the same run,
-identical greedy streams, prefill in several chunks (the state carried across chunk boundaries on
+identical greedy streams (with `--decode-fusion` too, at TP = 2), prefill in several chunks (the state carried across chunk boundaries on
 every rank), aborts that give back pages and state slots, prefix-cache hits that restore every
 rank's state snapshot, an untied LM head, and the whole checkpoint still checked by a sharded load."""
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from test_tensor_parallel import PROMPTS, greedy, load, scheduler_of, tp_runner
+from test_tensor_parallel import ENGINE, PROMPTS, greedy, load, scheduler_of, tp_runner
 
 from engine.config import EngineConfig
 from engine.contract import Request, SamplingParams
@@ -120,6 +120,37 @@ def test_greedy_streams_match_one_rank(
     assert got == expected
     assert all(len(t) == 12 for t in got.values()) and len(got) == len(PROMPTS)
     assert_logprobs_close(got_logprobs, expected_logprobs, BOUND_FACTOR * fp32_error)
+
+
+def test_decode_fusion_at_two_ranks_gives_one_ranks_tokens(
+    tiny: Path, engines: dict[int, LoadedModel], fp32_error: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--decode-fusion`` at TP = 2, every rank's decode steps through the fused GEMV (under the
+    interpreter): the input norms fuse into in_proj and QKV and the post-attention norm into gate/up
+    (SiLU·mul); out_proj, O and down compose around the all-reduce. One rank's greedy tokens and
+    log-probs within the bound, and rank 0 launched the kernel (only rank 0 is in this process)."""
+    import kernels.triton.fused_gemv as fused_module
+
+    expected, expected_logprobs = logprobs_of(engines[1], greedy("f-"))
+    launched: list[str] = []
+    real = fused_module.fused_gemv
+
+    def spied(x: torch.Tensor, weight: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        fusion = args[0] if args else kwargs.get("fusion")
+        launched.append(getattr(fusion, "name", "gemv"))
+        return real(x, weight, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(fused_module, "fused_gemv", spied)
+    config = EngineConfig(**{**ENGINE, "tensor_parallel_size": 2, "collective_timeout_s": 30.0})  # type: ignore[arg-type]
+    model = load_model(str(tiny), ModelOptions(engine=config, device="cpu", decode_fusion=True))
+    try:
+        got, got_logprobs = logprobs_of(model, greedy("f-"))
+    finally:
+        tp_runner(model).close()
+    assert got == expected
+    assert_logprobs_close(got_logprobs, expected_logprobs, BOUND_FACTOR * fp32_error)
+    assert {"norm+gemv", "norm+gemv+silu"} <= set(launched), sorted(set(launched))
+    assert "gemv+residual" not in launched
 
 
 @pytest.mark.parametrize("ranks", [2, 4])

@@ -2,10 +2,11 @@
 over 2 KV heads: split 2 + 2 at TP = 2, each KV head replicated on two ranks at TP = 4), Gemma 3
 (the same heads, sliding and global layers, soft-capped logits) and Gemma 4 (the same sliding
 layers; global layers with one KV head, replicated on every rank): the same
-log-probs as one rank within a bound measured in the same run, the same greedy streams, aborts that
-give their pages back, a worker that dies or hangs failing its steps with an error instead of a
-hang, a worker that raises while loading failing start-up by name, and the refusals (a split that
-does not divide, a line not sharded, more ranks than GPUs)."""
+log-probs as one rank within a bound measured in the same run, the same greedy streams (with
+`--decode-fusion` too, at TP = 2), aborts that give their pages back, a worker that dies or hangs
+failing its steps with an error instead of a hang, a worker that raises while loading failing
+start-up by name, and the refusals (a split that does not divide, a line not sharded, more ranks
+than GPUs)."""
 
 from __future__ import annotations
 
@@ -171,6 +172,61 @@ def test_abort_gives_the_pages_back_to_every_rank(engines: dict[int, LoadedModel
     expected, _ = run(scheduler_of(engines[1]), greedy("c"))
     got, _ = run(scheduler, greedy("c"))
     assert got == expected
+
+
+@pytest.mark.parametrize("line", ("qwen3", "gemma3", "gemma4"))
+def test_decode_fusion_at_two_ranks_gives_one_ranks_tokens(
+    request: pytest.FixtureRequest, line: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--decode-fusion`` at TP = 2, every rank's decode steps through the fused GEMV (under the
+    interpreter): Qwen3's O and down residuals compose around the all-reduce while its norm
+    prologues fuse; Gemma's QKV and gate/up fuse (its O and down, row-parallel slices that load as
+    strided views on the CPU, compose, logged by name). One rank's greedy tokens, log-probs within
+    ``LOGPROB_BOUND`` of one unfused rank (4.8e-7 at all three lines when measured), and rank 0
+    launched the kernel (the workers are other processes: only rank 0 is spied on)."""
+    import kernels.triton.fused_gemv as fused_module
+
+    expected, expected_logprobs = _streams(scheduler_of(engines_of(request, line)[1]), greedy("f-"))
+    launched: list[str] = []
+    real = fused_module.fused_gemv
+
+    def spied(x: torch.Tensor, weight: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        fusion = args[0] if args else kwargs.get("fusion")
+        launched.append(getattr(fusion, "name", "gemv"))
+        return real(x, weight, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(fused_module, "fused_gemv", spied)
+    config = EngineConfig(**{**ENGINE, "tensor_parallel_size": 2, "collective_timeout_s": 30.0})  # type: ignore[arg-type]
+    checkpoint = request.getfixturevalue(f"tiny_{line}")
+    model = load_model(str(checkpoint), ModelOptions(engine=config, device="cpu", decode_fusion=True))
+    try:
+        got, logprobs = _streams(scheduler_of(model), greedy("f-"))
+    finally:
+        tp_runner(model).close()
+    assert got == expected
+    delta = max(
+        abs(a - b) for key in expected for a, b in zip(logprobs[key], expected_logprobs[key], strict=True)
+    )
+    print(f"{line} tp=2 fused: max |Δ log-prob| {delta:.3g}")
+    assert delta <= LOGPROB_BOUND, delta
+    # Qwen3 fuses its norm prologues (its residuals compose under TP); Gemma its GELU gate/up.
+    assert ("norm+gemv" if line == "qwen3" else "gemv+gelu_tanh") in launched, sorted(set(launched))
+    assert "gemv+residual" not in launched
+
+
+def _streams(
+    scheduler: BatchScheduler, requests: Sequence[Request]
+) -> tuple[dict[str, list[int]], dict[str, list[float]]]:
+    """Each request's tokens and their log-probs."""
+    tokens: dict[str, list[int]] = {}
+    logprobs: dict[str, list[float]] = {}
+    for request in requests:
+        scheduler.submit(request)
+    while scheduler.has_work():
+        for update in scheduler.step().updates:
+            tokens.setdefault(update.request_id, []).extend(update.new_token_ids)
+            logprobs.setdefault(update.request_id, []).extend(lp.logprob for lp in update.logprobs or ())
+    return tokens, logprobs
 
 
 def _step_until_terminal(scheduler: BatchScheduler, request_id: str) -> object:

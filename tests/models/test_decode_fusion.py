@@ -1,0 +1,159 @@
+"""Each model line's tiny checkpoint decoding with ``--decode-fusion`` (the fused decode GEMV forced on
+under the Triton interpreter) against the same model composing its projections as every other step
+does.
+
+Greedy tokens must be the same. Log-probs may differ by what the spec leaves free (the fp32 order of
+each projection's sum and of each norm's sum of squares), so the bound is measured in the same run:
+the composed model once more with every projection's sum over K reversed (a linear the spec allows,
+``tests/kernels/linear_bounds.py``) gives the log-prob spread that reordering alone causes; the
+fused model may sit at most 4× that worst spread from the composed one (about the margin the linear
+bounds keep over their measured reordering).
+
+Every fused launch is spied on: each layer's projections, and the LM head, must each have run
+through the kernel with the line's fusion (docs/kernels.md, "The fused decode GEMV").
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kernels.triton.fused_gemv as fused_module
+import models.paged_line
+from engine.config import EngineConfig
+from engine.contract import Request, SamplingParams
+from engine.scheduler import BatchScheduler
+from kernels.gemm.projections import FusedDecodeProjections
+from kernels.triton.fused_gemv import Fusion
+from models.registry import ModelOptions, load_model
+
+Run = tuple[dict[str, list[int]], dict[str, list[float]]]
+# What a line's decode step launches per weight: the fusion's name (``Fusion.name``).
+Expected = dict[int, str]
+
+
+def _qwen3_launches(model: Any) -> Expected:
+    """Qwen3: norm + QKV, O + residual, norm + gate/up + SiLU·mul, down + residual; the LM head."""
+    launches = {model.lm_head.data_ptr(): "gemv"}
+    for layer in model.layers:
+        launches[layer.qkv.data_ptr()] = "norm+gemv"
+        launches[layer.o.data_ptr()] = "gemv+residual"
+        launches[layer.gate_up.data_ptr()] = "norm+gemv+silu"
+        launches[layer.down.data_ptr()] = "gemv+residual"
+    return launches
+
+
+def _qwen35_launches(model: Any) -> Expected:
+    """Qwen3.5: as Qwen3, the mixer's projections (GDN's in_proj/out_proj or QKV/O) in place of QKV/O."""
+    launches = {model.lm_head.data_ptr(): "gemv"}
+    for layer in model.layers:
+        mixer = layer.mixer
+        into, out = (mixer.in_proj, mixer.out) if hasattr(mixer, "in_proj") else (mixer.qkv, mixer.o)
+        launches[into.data_ptr()] = "norm+gemv"
+        launches[out.data_ptr()] = "gemv+residual"
+        launches[layer.gate_up.data_ptr()] = "norm+gemv+silu"
+        launches[layer.down.data_ptr()] = "gemv+residual"
+    return launches
+
+
+def _gemma_launches(head: str) -> Callable[[Any], Expected]:
+    """Gemma 3 and 4: QKV, O, down and the LM head plain; gate/up with the GELU-tanh epilogue (the
+    norms stay in the residual kernel)."""
+
+    def launches(model: Any) -> Expected:
+        found = {getattr(model, head).data_ptr(): "gemv"}
+        for layer in model.layers:
+            found[layer.qkv.data_ptr()] = "gemv"
+            found[layer.o.data_ptr()] = "gemv"
+            found[layer.gate_up.data_ptr()] = "gemv+gelu_tanh"
+            found[layer.down.data_ptr()] = "gemv"
+        return found
+
+    return launches
+
+
+LINES: dict[str, Callable[[Any], Expected]] = {
+    "tiny_qwen3": _qwen3_launches,
+    "tiny_qwen35": _qwen35_launches,
+    "tiny_gemma4": _gemma_launches("embed"),
+    "tiny_gemma3": _gemma_launches("lm_head"),
+}
+
+
+def _decode(checkpoint: Path, *, fusion: bool) -> tuple[Run, Any]:
+    engine = EngineConfig(max_num_batched_tokens=64, num_kv_pages=64, max_num_seqs=4)
+    options = ModelOptions(engine=engine, device="cpu", decode_fusion=fusion)
+    scheduler = load_model(str(checkpoint), options).scheduler
+    assert isinstance(scheduler, BatchScheduler)
+    model = scheduler.runner.model  # type: ignore[attr-defined]
+    assert isinstance(model.projections, FusedDecodeProjections) == fusion
+    prompts = [tuple(range(40, 40 + n)) for n in (5, 21, 12)]
+    for i, prompt in enumerate(prompts):
+        params = SamplingParams(max_tokens=10, temperature=0.0, logprobs=0)
+        scheduler.submit(Request(f"r{i}", prompt, params))
+    tokens: dict[str, list[int]] = {}
+    logprobs: dict[str, list[float]] = {}
+    while scheduler.has_work():
+        for update in scheduler.step().updates:
+            tokens.setdefault(update.request_id, []).extend(update.new_token_ids)
+            logprobs.setdefault(update.request_id, []).extend(lp.logprob for lp in update.logprobs or ())
+    return (tokens, logprobs), model
+
+
+def _worst(a: dict[str, list[float]], b: dict[str, list[float]]) -> float:
+    return max(abs(x - y) for key in a for x, y in zip(a[key], b[key], strict=True))
+
+
+@pytest.mark.parametrize("line", sorted(LINES))
+def test_fused_decode_gives_the_composed_tokens_within_the_reordering_bound(
+    line: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checkpoint: Path = request.getfixturevalue(line)
+    composed, _ = _decode(checkpoint, fusion=False)
+
+    rows_seen: list[int] = []
+    launched: Counter[tuple[int, str]] = Counter()
+    real = fused_module.fused_gemv
+
+    def spied(x: torch.Tensor, weight: torch.Tensor, fusion: Fusion = Fusion(), *args: Any, **kw: Any) -> Any:
+        rows_seen.append(x.shape[0])
+        launched[(weight.data_ptr(), fusion.name)] += 1
+        return real(x, weight, fusion, *args, **kw)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(fused_module, "fused_gemv", spied)
+        fused, model = _decode(checkpoint, fusion=True)
+    # Decode steps of 3 rows (and fewer as requests finish) ran fused, every projection of every
+    # layer once a step with its line's fusion, and the LM head (on the prefill steps' sampled rows
+    # too: it fuses by its own row count).
+    assert rows_seen and max(rows_seen) <= fused_module.MAX_ROWS, rows_seen
+    expected = LINES[line](model)
+    assert {ptr: name for ptr, name in launched} == expected
+    assert len(launched) == len(expected), "a weight ran under two fusions"
+    head = next(iter(expected))
+    per_layer = {count for (ptr, _), count in launched.items() if ptr != head}
+    assert len(per_layer) == 1, per_layer
+    assert launched[(head, "gemv")] >= per_layer.pop() > 0
+
+    def k_reversed(
+        policy: object, device: torch.device
+    ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        return lambda x, w: F.linear(x.flip(-1), w.flip(-1))
+
+    with monkeypatch.context() as patch:
+        patch.setattr(models.paged_line, "policy_linear", k_reversed)
+        reordered, _ = _decode(checkpoint, fusion=False)
+
+    assert fused[0] == composed[0] and all(len(t) == 10 for t in composed[0].values())
+    assert reordered[0] == composed[0]
+    spread = _worst(reordered[1], composed[1])
+    got = _worst(fused[1], composed[1])
+    print(f"{line} log-prob |Δ|: fused {got:.3g}, reordered sums {spread:.3g}")
+    assert spread > 0, "the reordered sums changed no log-prob: the bound would be zero"
+    assert got <= 4 * spread, (got, spread)
