@@ -53,9 +53,11 @@ class TensorSlice:
     stop: int
 
     def read(self, stored: Any) -> torch.Tensor:
-        """This part of a safetensors slice, without reading the rest."""
+        """This part of a safetensors slice, without reading the rest, as a dense tensor of its own
+        (a column range can come back as a strided view of whole rows, which kernels that need
+        dense weights refuse and which keeps the rest of the rows alive)."""
         index = (slice(None),) * self.dim + (slice(self.start, self.stop),)
-        return stored[index]
+        return stored[index].contiguous()
 
     def parts(self) -> tuple[TensorSlice, ...]:
         return (self,)
