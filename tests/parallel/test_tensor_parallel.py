@@ -180,10 +180,10 @@ def test_decode_fusion_at_two_ranks_gives_one_ranks_tokens(
 ) -> None:
     """``--decode-fusion`` at TP = 2, every rank's decode steps through the fused GEMV (under the
     interpreter): Qwen3's O and down residuals compose around the all-reduce while its norm
-    prologues fuse; Gemma's QKV and gate/up fuse (its O and down, row-parallel slices that load as
-    strided views on the CPU, compose, logged by name). One rank's greedy tokens, log-probs within
-    the bound measured in the run of one unfused rank (4.8e-7 at all three lines when measured), and rank 0
-    launched the kernel (the workers are other processes: only rank 0 is spied on)."""
+    prologues fuse; Gemma's QKV, O, gate/up and down fuse (its row-parallel slices load dense). One
+    rank's greedy tokens, log-probs within the bound measured in the run of one unfused rank (4.8e-7
+    at all three lines when measured), and rank 0 launched the kernel (the workers are other
+    processes: only rank 0 is spied on)."""
     import kernels.triton.fused_gemv as fused_module
 
     engines = engines_of(request, line)
