@@ -1,5 +1,5 @@
-"""The one host-side statement of the attention-prep ops, the projection GEMM and the Gated DeltaNet
-ops (at the end), in plain torch.
+"""The one host-side statement of the attention-prep ops, the projection GEMM, the Gated DeltaNet ops
+and the sampler's token draw (the last two sections), in plain torch.
 
 Fast kernels are tested against these functions and model code on the CPU calls them directly, so
 they are written for use, not only for reading: batched over rows, positions per row.
