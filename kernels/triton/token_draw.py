@@ -206,7 +206,7 @@ def _token_draw_kernel(
 
 
 @triton.jit
-def _finish_kernel(best_score_ptr, best_token_ptr, out_ptr, chunks, CHUNKS_BLOCK: tl.constexpr):
+def _token_draw_finish_kernel(best_score_ptr, best_token_ptr, out_ptr, chunks, CHUNKS_BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     index = tl.arange(0, CHUNKS_BLOCK)
     inside = index < chunks
@@ -326,7 +326,7 @@ def token_draw(
         enable_fp_fusion=False,  # every add and multiply rounded on its own, as torch's are
         enable_reflect_ftz=False,  # libdevice keeps subnormals, as torch's CUDA kernels do
     )
-    _finish_kernel[(num_rows,)](
+    _token_draw_finish_kernel[(num_rows,)](
         best_score, best_token, out, chunks, CHUNKS_BLOCK=triton.next_power_of_2(chunks), num_warps=1
     )
     return out
@@ -387,11 +387,11 @@ def compile_variants(dtype: torch.dtype, *, has_keep: bool, has_min_p: bool, arc
         attrs={(names.index(name),): [["tt.divisibility", 16]] for name in aligned},
     )
     options = {"num_warps": _NUM_WARPS, "enable_fp_fusion": False, "enable_reflect_ftz": False}
-    finish_names = list(_finish_kernel.arg_names)
+    finish_names = list(_token_draw_finish_kernel.arg_names)
     finish_types = {"best_score_ptr": "*fp32", "best_token_ptr": "*i32", "out_ptr": "*i64", "chunks": "i32"}
     # 64 chunks covers vocabularies up to 262,144 tokens (Gemma's).
     finish = ASTSource(
-        fn=_finish_kernel,
+        fn=_token_draw_finish_kernel,
         signature={name: finish_types.get(name, "constexpr") for name in finish_names},
         constexprs={(finish_names.index("CHUNKS_BLOCK"),): 64},
     )
