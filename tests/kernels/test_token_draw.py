@@ -121,6 +121,7 @@ def _check_against_spec(
     assert torch.equal(torch.isneginf(scores), torch.isneginf(spec)), "the filters kept other tokens"
     greedy = rows.greedy != 0
     assert torch.equal(scores[greedy].view(torch.int32), spec[greedy].view(torch.int32))
+    assert torch.equal(got[greedy], want[greedy]), "a greedy row is not the raw argmax"
     finite = torch.isfinite(spec)
     epsilon = float((scores[finite] - spec[finite]).abs().max()) if bool(finite.any()) else 0.0
     # Everything before the noise is exact, so a score may move only by the Gumbel values' own
