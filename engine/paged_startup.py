@@ -47,7 +47,8 @@ def profile_step(
 ) -> None:
     """An eager step of `tokens` tokens (default: the token budget) as one prefill, its last
     min(tokens, max_num_seqs) positions sampled through the most demanding sampler plan (filters
-    and 20 log-probs)."""
+    and 20 log-probs); then one row through each cheaper plan that draws, so that every variant of
+    the draw kernel is compiled before the first request needs it."""
     tokens = config.max_num_batched_tokens if tokens is None else tokens
     specs = model.kv.attention_specs
     pages = tuple(range(1, 1 + pages_for(tokens)))
@@ -60,6 +61,10 @@ def profile_step(
             [RowSampling(SamplingParams(top_p=0.9, top_k=50, logprobs=20), 0, 0)] * rows
         )
         sample(logits, params.to(model.device), SamplingPlan.widest(20))
+        one_row = SamplingBatch.pack([RowSampling(SamplingParams(), 0, 0)]).to(model.device)
+        for sorted_filters, min_p_filter in ((False, False), (False, True), (True, False)):
+            plan = SamplingPlan(sorted_filters=sorted_filters, min_p_filter=min_p_filter)
+            sample(logits[:1], one_row, plan)
     torch.cuda.synchronize()
 
 

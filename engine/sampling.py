@@ -13,8 +13,11 @@ Semantics, per row:
   set. This is vLLM V0's order; vLLM V1 applies min-p before top-k/top-p, so top-p there sees
   a min-p-renormalised distribution: results differ only for rows that set both min-p and top-p.
 - The token is then drawn by Gumbel-max: argmax over survivors of scaled logit + Gumbel noise,
-  the noise keyed by (seed, step, token id) (see `engine.sampling_noise`). This is an exact
-  draw from the softmax of the surviving scaled logits.
+  the noise keyed by (seed, step, token id). This is an exact draw from the softmax of the
+  surviving scaled logits. The draw, min-p and the noise are `kernels.reference.draw_tokens`
+  (the one statement of them); on CUDA the Triton kernel `kernels.triton.token_draw` runs it, one
+  launch and a per-row finish over the whole batch, greedy rows included; elsewhere the spec runs.
+  Top-k and top-p need a sort, which stays here in torch and hands the draw a keep mask.
 - Log-probs are those of the raw model distribution — log_softmax of the logits before
   temperature and filters — as vLLM returns by default: the chosen token's, and the top
   `num_logprobs` alternatives ordered by log-prob, ties by lower id.
@@ -54,7 +57,8 @@ from engine.contract import TokenLogprob
 from engine.forward_batch import HostStaging
 from engine.runner import SampledToken
 from engine.sampling_batch import SamplingPlan, SamplingTensors
-from engine.sampling_noise import gumbel_noise
+from kernels import reference
+from kernels.reference import DrawRows
 
 _LOG_2 = 0.6931471805599453
 
@@ -123,8 +127,13 @@ class SamplerOutput:
         return sampled
 
 
-def sample(logits: Tensor, params: SamplingTensors, plan: SamplingPlan) -> SamplerOutput:
-    """Sample one token per row of `logits` [rows, vocab] (any float dtype; computed in float32)."""
+def sample(
+    logits: Tensor, params: SamplingTensors, plan: SamplingPlan, *, triton_draw: bool | None = None
+) -> SamplerOutput:
+    """Sample one token per row of `logits` [rows, vocab] (any float dtype; computed in float32).
+
+    `triton_draw`: None draws through the Triton kernel on CUDA and the spec elsewhere; True forces
+    the kernel (CUDA, or the interpreter under TRITON_INTERPRET=1), False the spec."""
     if logits.dim() != 2:
         raise ValueError(f"logits.shape={tuple(logits.shape)}: expected [rows, vocab]")
     rows, vocab_size = logits.shape
@@ -134,36 +143,49 @@ def sample(logits: Tensor, params: SamplingTensors, plan: SamplingPlan) -> Sampl
         raise ValueError(f"num_logprobs={plan.num_logprobs!r}: more than the vocabulary ({vocab_size})")
     logits = logits.float()
 
-    token_ids = logits.argmax(dim=-1)
     if plan.random_rows:
-        sampled = _sample_random(logits, params, sorted_filters=plan.sorted_filters)
-        token_ids = torch.where(params.greedy != 0, token_ids, sampled)
+        keep = _top_k_top_p_keep(logits, params) if plan.sorted_filters else None
+        token_ids = _draw(logits, params, keep, min_p=plan.min_p_filter, triton_draw=triton_draw)
+    else:
+        token_ids = logits.argmax(dim=-1)
 
     if plan.num_logprobs is None:
         return SamplerOutput(token_ids)
     return _with_logprobs(logits, token_ids, plan.num_logprobs)
 
 
+def _draw(
+    logits: Tensor, params: SamplingTensors, keep: Tensor | None, *, min_p: bool, triton_draw: bool | None
+) -> Tensor:
+    rows = DrawRows(
+        temperature=params.temperature,
+        min_p=params.min_p,
+        greedy=params.greedy,
+        seed=params.seed,
+        step=params.step,
+    )
+    if triton_draw is None:
+        triton_draw = logits.device.type == "cuda"
+    if not triton_draw:
+        return reference.draw_tokens(logits, rows, keep)
+    from kernels.triton.token_draw import token_draw
+
+    return token_draw(logits, rows, keep, min_p=min_p)
+
+
 def allowed_tokens(scaled_logits: Tensor, params: SamplingTensors, *, sorted_filters: bool = True) -> Tensor:
     """Which tokens survive top-k, top-p and min-p: bool [rows, vocab] over temperature-scaled
     logits. `sorted_filters=False` skips top-k and top-p (right only for rows with both off)."""
-    relative = _relative_probs(scaled_logits)
-    keep = relative >= params.min_p.unsqueeze(1)
+    keep = reference.min_p_keep(scaled_logits, params.min_p)
     if sorted_filters:
-        keep &= _top_k_top_p_keep(scaled_logits, relative, params)
+        keep &= _sorted_keep(scaled_logits, reference.relative_probs(scaled_logits), params)
     return keep
 
 
-def _sample_random(logits: Tensor, params: SamplingTensors, *, sorted_filters: bool) -> Tensor:
+def _top_k_top_p_keep(logits: Tensor, params: SamplingTensors) -> Tensor:
+    """What top-k and top-p keep of each row of the raw float32 `logits` (all of a row with both off)."""
     scaled = logits / params.temperature.unsqueeze(1)
-    keep = allowed_tokens(scaled, params, sorted_filters=sorted_filters)
-    noisy = scaled + gumbel_noise(params.seed, params.step, logits.shape[1])
-    return noisy.masked_fill_(~keep, float("-inf")).argmax(dim=-1)
-
-
-def _relative_probs(logits: Tensor) -> Tensor:
-    """exp(logit - row max): each token's probability over the top token's, exactly 1 at the top."""
-    return torch.exp(logits - logits.amax(dim=-1, keepdim=True))
+    return _sorted_keep(scaled, reference.relative_probs(scaled), params)
 
 
 def _fraction_bits(vocab_size: int) -> int:
@@ -180,7 +202,7 @@ def _fixed_point(relative: Tensor) -> Tensor:
     return (relative * 2.0 ** _fraction_bits(relative.shape[-1])).to(torch.int64)
 
 
-def _top_k_top_p_keep(scaled_logits: Tensor, relative: Tensor, params: SamplingTensors) -> Tensor:
+def _sorted_keep(scaled_logits: Tensor, relative: Tensor, params: SamplingTensors) -> Tensor:
     vocab_size = scaled_logits.shape[1]
     order = torch.sort(scaled_logits, dim=-1, descending=True, stable=True).indices
     rank = torch.arange(vocab_size, device=scaled_logits.device)

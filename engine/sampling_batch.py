@@ -86,12 +86,15 @@ class SamplingPlan:
     `sorted_filters`: run the top-k/top-p pass (a full sort per row). Rows with both filters off
     give bit-identical results either way, so eager steps skip the sort when no row needs it.
     `random_rows`: run the noise and filter path; when off every row is sampled greedily.
+    `min_p_filter`: run min-p (and the row-maximum pass it needs); rows with min-p off give
+    bit-identical results either way.
     `widest` serves every step (start-up profiles the sampler with it).
     """
 
     num_logprobs: int | None = None
     sorted_filters: bool = True
     random_rows: bool = True
+    min_p_filter: bool = True
 
     def __post_init__(self) -> None:
         if self.num_logprobs is not None and self.num_logprobs < 0:
@@ -99,7 +102,7 @@ class SamplingPlan:
 
     @classmethod
     def widest(cls, num_logprobs: int | None) -> SamplingPlan:
-        return cls(num_logprobs=num_logprobs, sorted_filters=True, random_rows=True)
+        return cls(num_logprobs=num_logprobs, sorted_filters=True, random_rows=True, min_p_filter=True)
 
 
 @dataclass(slots=True, frozen=True)
@@ -171,6 +174,7 @@ class SamplingBatch:
             num_logprobs=max((k for k in requested if k is not None), default=None),
             sorted_filters=any(row.params.top_k > 0 or row.params.top_p < 1.0 for row in random_rows),
             random_rows=bool(random_rows),
+            min_p_filter=any(row.params.min_p > 0.0 for row in random_rows),
         )
         return cls(floats=floats, ints=ints, logprobs_requested=requested, plan=plan)
 

@@ -1,5 +1,5 @@
-"""The one host-side statement of the attention-prep ops, the projection GEMM and the Gated DeltaNet
-ops (at the end), in plain torch.
+"""The one host-side statement of the attention-prep ops, the projection GEMM, the Gated DeltaNet ops
+and the sampler's token draw (the last two sections), in plain torch.
 
 Fast kernels are tested against these functions and model code on the CPU calls them directly, so
 they are written for use, not only for reading: batched over rows, positions per row.
@@ -853,3 +853,167 @@ def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
     normalised = round_to(x.to(torch.float32) * inverse_rms(x, eps), x.dtype)
     gated = normalised * weight.to(torch.float32) * F.silu(gate.to(torch.float32))
     return gated.to(x.dtype)
+
+
+# -------------------------------------------------------------------------- sampling: the token draw
+#
+# What the engine's sampler draws a token with (docs/engine.md, "Sampling"; the kernel in
+# kernels/triton/token_draw.py). The noise is a stateless integer hash of (seed, step, token id), so
+# a seeded row draws the same token whatever batch it lands in, at whatever row. The hash works on
+# 32-bit words held in int64 tensors; multiplications are split into 16-bit halves so that no
+# intermediate exceeds 2**48 (signed int64 overflow is undefined in C++, and every backend must give
+# the same bits). A kernel does the same arithmetic in native uint32, which wraps mod 2**32: bit for
+# bit the same words.
+
+_WORD_MASK = 0xFFFFFFFF
+_HALF_MASK = 0xFFFF
+
+# Multipliers of a well-mixing 32-bit finaliser (shift 16, multiply, shift 15, multiply, shift 16).
+NOISE_MIX_MULTIPLIERS = (0x7FEB352D, 0x846CA68B)
+NOISE_MIX_SHIFTS = (16, 15, 16)
+# Domain separators so the two per-row keys are independent functions of (seed, step).
+NOISE_KEY_DOMAINS = (0x243F6A88, 0x85A308D3)
+# The largest float32 below 1.0: keeps the uniform strictly inside (0, 1) after rounding.
+UNIFORM_BELOW_ONE = 1.0 - 2.0**-24
+
+
+def _multiply_word_(words: torch.Tensor, multiplier: int) -> torch.Tensor:
+    """In place: words * multiplier mod 2**32, never forming a product above 2**48."""
+    high = words * (multiplier >> 16)
+    high.bitwise_and_(_HALF_MASK).bitwise_left_shift_(16)
+    words.mul_(multiplier & _HALF_MASK).add_(high).bitwise_and_(_WORD_MASK)
+    return words
+
+
+def _mix_words_(words: torch.Tensor) -> torch.Tensor:
+    """In place: a bijective avalanche mix of 32-bit words (all inputs non-negative, < 2**32)."""
+    first, second, third = NOISE_MIX_SHIFTS
+    words.bitwise_xor_(words >> first)
+    _multiply_word_(words, NOISE_MIX_MULTIPLIERS[0])
+    words.bitwise_xor_(words >> second)
+    _multiply_word_(words, NOISE_MIX_MULTIPLIERS[1])
+    words.bitwise_xor_(words >> third)
+    return words
+
+
+def mix_words(words: torch.Tensor) -> torch.Tensor:
+    """A bijective 32-bit mix of int64 tensors holding values in [0, 2**32)."""
+    if words.dtype != torch.int64:
+        raise SpecError(f"mix_words needs int64 words, got {words.dtype}")
+    return _mix_words_(words.clone())
+
+
+def noise_row_keys(seed: torch.Tensor, step: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two 32-bit keys per row (int64 tensors) from its 64-bit seed and its step index ([rows] int64):
+    per domain, mix(mix(mix(seed_low ^ domain) ^ seed_high) ^ step_low)."""
+    seed_low = seed & _WORD_MASK
+    # Arithmetic shift then mask yields the high word's bits for negative seeds too.
+    seed_high = (seed >> 32) & _WORD_MASK
+    step_word = step & _WORD_MASK
+
+    def absorb(domain: int) -> torch.Tensor:
+        state = _mix_words_(seed_low ^ domain)
+        state = _mix_words_(state.bitwise_xor_(seed_high))
+        return _mix_words_(state.bitwise_xor_(step_word))
+
+    return absorb(NOISE_KEY_DOMAINS[0]), absorb(NOISE_KEY_DOMAINS[1])
+
+
+def uniform_noise(seed: torch.Tensor, step: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Uniforms in (0, 1), float32 [rows, vocab_size]; entry (r, v) depends only on
+    (seed[r], step[r], v), not on the row's position, the batch size or ``vocab_size``:
+    ``w = mix(mix(v ^ key_1) ^ key_2)``, ``u = min((float32(w) + 0.5) · 2⁻³², UNIFORM_BELOW_ONE)``
+    with each float op rounded in fp32."""
+    key_1, key_2 = noise_row_keys(seed, step)
+    token_ids = torch.arange(vocab_size, device=seed.device, dtype=torch.int64)
+    # Keying the token id twice, with two independent row keys, keeps two rows whose first keys
+    # happen to differ by a few low bits from seeing shifted copies of one another's noise.
+    words = token_ids.unsqueeze(0) ^ key_1.unsqueeze(1)
+    _mix_words_(words)
+    words.bitwise_xor_(key_2.unsqueeze(1))
+    _mix_words_(words)
+    uniform = words.to(torch.float32).add_(0.5).mul_(2.0**-32)
+    return uniform.clamp_(max=UNIFORM_BELOW_ONE)
+
+
+def gumbel_noise(seed: torch.Tensor, step: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Standard Gumbel noise, float32 [rows, vocab_size], as ``uniform_noise`` keys it.
+
+    ``-log(E)`` with ``E = -log1p(-U)`` exponential, in fp32: ``log1p`` keeps E accurate when it is
+    tiny, which is where the large (decisive) Gumbel values come from. The range is bounded, about
+    [-2.8, 22.9]; a token more than ~25 nats below the best one can never win, an error below 1e-10
+    in probability. Kernels may differ from this in the last fp32 bits of ``log1p`` and ``log``."""
+    uniform = uniform_noise(seed, step, vocab_size)
+    exponential = torch.log1p(uniform.neg_()).neg_()
+    return exponential.log_().neg_()
+
+
+def relative_probs(scaled_logits: torch.Tensor) -> torch.Tensor:
+    """``exp(s − max s)`` per row: each token's probability over the top token's, exactly 1 at the top."""
+    return torch.exp(scaled_logits - scaled_logits.amax(dim=-1, keepdim=True))
+
+
+def min_p_keep(scaled_logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """bool [rows, vocab]: the tokens min-p keeps, ``relative_probs >= min_p``, every token where
+    ``min_p <= 0`` (off exactly, so a row with min-p off never depends on its row maximum)."""
+    off = (min_p <= 0).unsqueeze(1)
+    return (relative_probs(scaled_logits) >= min_p.unsqueeze(1)) | off
+
+
+@dataclass(slots=True, frozen=True)
+class DrawRows:
+    """Per-row inputs of the token draw, each ``[rows]`` on the logits' device: float32 ``temperature``
+    (positive; 1.0 on greedy rows) and ``min_p`` (<= 0: off); int64 ``greedy`` (nonzero: take the
+    argmax of the raw logits), ``seed`` (64-bit) and ``step`` (the noise counter)."""
+
+    temperature: torch.Tensor
+    min_p: torch.Tensor
+    greedy: torch.Tensor
+    seed: torch.Tensor
+    step: torch.Tensor
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.temperature.shape[0])
+
+    def check(self, logits: torch.Tensor) -> None:
+        """SpecError naming the field whose shape, dtype or device does not fit ``logits``."""
+        if logits.dim() != 2 or logits.shape[1] < 1:
+            raise SpecError(f"logits.shape={tuple(logits.shape)}: expected [rows, vocab >= 1]")
+        rows = logits.shape[0]
+        for name, dtype in (
+            ("temperature", torch.float32),
+            ("min_p", torch.float32),
+            ("greedy", torch.int64),
+            ("seed", torch.int64),
+            ("step", torch.int64),
+        ):
+            t = getattr(self, name)
+            if tuple(t.shape) != (rows,) or t.dtype != dtype or t.device != logits.device:
+                raise SpecError(
+                    f"{name} is {tuple(t.shape)} {t.dtype} on {t.device}: expected ({rows},) {dtype} "
+                    f"on {logits.device}"
+                )
+
+
+def draw_tokens(logits: torch.Tensor, rows: DrawRows, keep: torch.Tensor | None = None) -> torch.Tensor:
+    """The token of every row of ``logits [rows, vocab]`` (any float dtype, computed in fp32), int64
+    ``[rows]``.
+
+    Greedy rows: the argmax of the raw logits. Other rows: ``s = logits / temperature`` (IEEE
+    divide), the survivors of ``min_p_keep(s)`` and of ``keep`` (bool ``[rows, vocab]``: what top-k
+    and top-p left, None for all), then the argmax over survivors of ``s + gumbel_noise`` (one fp32
+    add) — a Gumbel-max draw, exact from the softmax of the surviving scaled logits. Every argmax
+    breaks ties by the lowest token id (all candidates ``-inf``: token 0). Each row's token is a
+    function of that row alone; rows with NaN logits draw an unspecified token."""
+    rows.check(logits)
+    if keep is not None and (keep.shape != logits.shape or keep.dtype != torch.bool):
+        raise SpecError(f"keep is {tuple(keep.shape)} {keep.dtype}: expected {tuple(logits.shape)} bool")
+    raw = logits.float()
+    scaled = raw / rows.temperature.unsqueeze(1)
+    allowed = min_p_keep(scaled, rows.min_p)
+    if keep is not None:
+        allowed &= keep
+    noisy = scaled + gumbel_noise(rows.seed, rows.step, logits.shape[1])
+    drawn = noisy.masked_fill_(~allowed, float("-inf")).argmax(dim=-1)
+    return torch.where(rows.greedy != 0, raw.argmax(dim=-1), drawn)

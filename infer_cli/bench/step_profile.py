@@ -28,7 +28,8 @@ CATEGORIES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("attention", r"flashinfer|batchprefill|batchdecode|merge_state|attention|sdpa|flash_"),
         ("gemm", r"gemm|gemv|cublas|cutlass|nvjet|xmma|matmul|aten::mm\b|aten::addmm|aten::bmm"),
         ("norm", r"rmsnorm|rms_norm|layer_norm"),
-        ("sampling", r"softmax|argmax|topk|sort|multinomial|cumsum|exponential"),
+        # The Triton token draw (kernels/triton/token_draw.py) and torch's sampling ops.
+        ("sampling", r"token_draw|softmax|argmax|topk|sort|multinomial|cumsum|exponential"),
         ("copy", r"copy|memcpy|memset|fill|index|gather|scatter|aten::cat"),
         (
             "elementwise",

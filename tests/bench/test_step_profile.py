@@ -28,6 +28,8 @@ NAMED = {
     "_decode_attention_merge_kernel": "attention",
     "_invariant_rmsnorm_kernel": "norm",
     "void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float>": "sampling",
+    "_token_draw_kernel": "sampling",
+    "_token_draw_finish_kernel": "sampling",
     "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>>": "elementwise",
     "void at::native::elementwise_kernel<128, 2, at::native::direct_copy_kernel_cuda>": "copy",
     "Memcpy DtoH (Device -> Pinned)": "copy",

@@ -16,6 +16,11 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
-    for _name in ("kernels.triton.prep_kernel", "kernels.triton.attention_prep", "kernels.triton"):
+    for _name in (
+        "kernels.triton.prep_kernel",
+        "kernels.triton.attention_prep",
+        "kernels.triton",
+        "kernels.triton.token_draw",
+    ):
         if _name in sys.modules:
             importlib.reload(sys.modules[_name])

@@ -24,7 +24,9 @@ def test_pack_lays_out_rows_and_plans_the_cheapest_pass() -> None:
     ]
     assert batch.ints.tolist() == [[3, 0, 0], [1, 0, 0], [5, 7, -(2**63)], [0, 4, 9]]
     assert batch.logprobs_requested == (2, None, 0)
-    assert batch.plan == SamplingPlan(num_logprobs=2, sorted_filters=True, random_rows=True)
+    assert batch.plan == SamplingPlan(
+        num_logprobs=2, sorted_filters=True, random_rows=True, min_p_filter=True
+    )
 
 
 def test_a_greedy_rows_filters_do_not_force_the_sort() -> None:
@@ -33,9 +35,21 @@ def test_a_greedy_rows_filters_do_not_force_the_sort() -> None:
         RowSampling(SamplingParams(temperature=1.0, min_p=0.2), seed=0, step=0),
     ]
     assert SamplingBatch.pack(rows).plan == SamplingPlan(
-        num_logprobs=None, sorted_filters=False, random_rows=True
+        num_logprobs=None, sorted_filters=False, random_rows=True, min_p_filter=True
     )
     assert not SamplingBatch.pack(rows[:1]).plan.random_rows
+
+
+def test_only_a_random_rows_min_p_runs_the_filter() -> None:
+    rows = [
+        RowSampling(SamplingParams(temperature=0.0, min_p=0.3), seed=0, step=0),
+        RowSampling(SamplingParams(temperature=1.0, top_k=5), seed=0, step=0),
+    ]
+    assert SamplingBatch.pack(rows).plan == SamplingPlan(
+        num_logprobs=None, sorted_filters=True, random_rows=True, min_p_filter=False
+    )
+    with_min_p = [*rows, RowSampling(SamplingParams(temperature=0.5, min_p=0.01), seed=0, step=0)]
+    assert SamplingBatch.pack(with_min_p).plan.min_p_filter
 
 
 def test_invalid_inputs_name_the_value() -> None:

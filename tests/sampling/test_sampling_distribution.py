@@ -13,7 +13,7 @@ import torch
 from sampler_testkit import chi_square, chi_square_critical, logits_from_probs, run_sampler, same_params_rows
 
 from engine.contract import SamplingParams
-from engine.sampling_noise import gumbel_noise, mix_words, uniform_noise
+from kernels.reference import gumbel_noise, mix_words, uniform_noise
 
 DRAWS = 20_000
 

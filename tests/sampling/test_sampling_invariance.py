@@ -111,16 +111,21 @@ def test_seeded_stream_is_the_same_in_any_batch(device: str) -> None:
 
 
 def test_plan_shortcuts_do_not_change_results(device: str) -> None:
-    """Eager steps skip the sort (no row filters) or the noise (all greedy); rows that need
-    neither must come out the same bits as under the full graph plan."""
+    """Eager steps skip the sort (no row filters), min-p (no row sets it) or the noise (all greedy);
+    rows that need none of them must come out the same bits as under the full graph plan."""
     generator = torch.Generator().manual_seed(12)
     logits = (torch.randn(6, 800, generator=generator) * 3).to(device)
     unfiltered = [
         RowSampling(SamplingParams(temperature=0.9, min_p=0.02, logprobs=4), i, i) for i in range(6)
     ]
+    no_min_p = [RowSampling(SamplingParams(temperature=1.2, top_p=0.9, logprobs=4), i, i) for i in range(6)]
     greedy = [RowSampling(SamplingParams(temperature=0.0, logprobs=4), i, i) for i in range(6)]
     full = SamplingPlan.widest(num_logprobs=20)
-    for rows, shortcut in ((unfiltered, "sorted_filters"), (greedy, "random_rows")):
+    for rows, shortcut in (
+        (unfiltered, "sorted_filters"),
+        (no_min_p, "min_p_filter"),
+        (greedy, "random_rows"),
+    ):
         batch = SamplingBatch.pack(rows)
         assert getattr(batch.plan, shortcut) is False
         params = batch.to(device)
