@@ -27,7 +27,7 @@
 #   PIPELINE="cutlass_dsl,qwen35-gates+qwen35-fla-tests,attn-triton-tests,qwen35-9b-parity
 #             qwen35-bench-gdn qwen35-latency qwen3-latency attn-triton-latency" STAGE=all ...
 # Issue 18's decode run (each timed step alone on the GPU; vLLM last, after its five staging calls):
-#   PIPELINE="decode-tests gemm-qwen3 qwen3-decode-variants host-profile-async gemma4-decode-variants
+#   PIPELINE="decode-tests sampler-timing gemm-qwen3 qwen3-decode-variants host-profile-async gemma4-decode-variants
 #             qwen3-gates vllm-qwen3" STAGE=all ...
 # then the qwen3 and gemma4 manifests with the flags the variants showed best, before flipping a default.
 # A step that fails does not stop the ones after it. Single steps can still be run by name
@@ -200,6 +200,10 @@ gemma4-decode-variants() {  # the same for Gemma 4 12B (fused steps where its li
       --save-result $work/gemma4-12b-latency-$name.json
   done
 }
+sampler-timing() {  # the token-draw kernel against the torch spec: device and wall time, batch 1-256
+  python3 -m pytest -q -s --tb=short tests/kernels/test_token_draw.py tests/sampling
+  python3 docs/benchmarks/scripts/sampler_timing.py --save $work/sampler-timing.json
+}
 host-profile-async() {  # where async scheduling's steps still wait on the device (sync sites counted)
   synth_q3
   python3 docs/benchmarks/scripts/host_profile.py $q3 --async-scheduling \
@@ -355,7 +359,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity)
+  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
