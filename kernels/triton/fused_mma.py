@@ -133,6 +133,32 @@ def mma_settings(n: int, k: int, block_m: int, *, gated: bool = False, element: 
     )
 
 
+def mma_candidates(
+    n: int, k: int, block_m: int, *, gated: bool = False, element: int = 2
+) -> tuple[MmaSettings, ...]:
+    """Distinct settings worth timing for an [n, k] weight in a ``block_m`` row block, the default
+    first (what ``infer bench gemm`` measures): narrower and wider column blocks, K tiles of 128 and
+    256, 3-4 stages, 8 warps, and the default without PDL; those whose pipeline would not fit in
+    ``MAX_PIPELINE_BYTES`` are left out."""
+    default = mma_settings(n, k, block_m, gated=gated, element=element)
+    tries = (
+        default,
+        MmaSettings(block_n=16, block_k=256, num_stages=4),
+        MmaSettings(block_n=32, block_k=128, num_stages=4),
+        MmaSettings(block_n=64, block_k=128, num_stages=3),
+        MmaSettings(block_n=32, block_k=256, num_stages=3, num_warps=8),
+        MmaSettings(
+            block_n=default.block_n,
+            block_k=default.block_k,
+            num_stages=default.num_stages,
+            num_warps=default.num_warps,
+            pdl=False,
+        ),
+    )
+    fits = [s for s in tries if s.pipeline_bytes(block_m, element, gated=gated) <= MAX_PIPELINE_BYTES]
+    return tuple(dict.fromkeys(fits))
+
+
 # ---------------------------------------------------------------------------------------- kernel
 
 
@@ -155,7 +181,7 @@ def _row_tile(
     k_ok = (ks + k0) < K
     a = tl.load(x_tile + k0, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
     if NORM:
-        if WEIGHT_MODE == WEIGHT_NONE:  # noqa: SIM108 (constexpr branch: no weight pointer to load)
+        if WEIGHT_MODE == WEIGHT_NONE:  # constexpr branch: no weight pointer to load
             norm_w = a.to(tl.float32)  # unread: _normalise ignores the weight without one
         else:
             norm_w = tl.load(norm_w_ptr + k0 + ks, mask=k_ok, other=0.0).to(tl.float32)[None, :]

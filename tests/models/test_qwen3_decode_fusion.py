@@ -13,12 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import kernels.triton.fused_gemv as fused_module
+import kernels.triton.fused_mma as mma_module
 import models.paged_line
 from engine.config import EngineConfig
 from engine.contract import Request, SamplingParams
@@ -29,14 +31,20 @@ from models.registry import ModelOptions, load_model
 Run = tuple[dict[str, list[int]], dict[str, list[float]]]
 
 
-def _decode(checkpoint: Path, *, fusion: bool) -> Run:
-    engine = EngineConfig(max_num_batched_tokens=64, num_kv_pages=64, max_num_seqs=4)
+# Three sequences (decode steps of 1-3 rows: the fused GEMV) and eight (steps of 5-8 rows: the
+# fused MMA); prompt lengths 5-21, so prefill steps stay within 64 rows and fuse as well.
+SMALL = (5, 21, 12)
+BATCH_8 = (5, 21, 12, 7, 16, 9, 13, 6)
+
+
+def _decode(checkpoint: Path, *, fusion: bool, lengths: tuple[int, ...] = SMALL) -> Run:
+    engine = EngineConfig(max_num_batched_tokens=64, num_kv_pages=64, max_num_seqs=len(lengths))
     options = ModelOptions(engine=engine, device="cpu", decode_fusion=fusion)
     scheduler = load_model(str(checkpoint), options).scheduler
     assert isinstance(scheduler, BatchScheduler)
     model = scheduler.runner.model  # type: ignore[attr-defined]
     assert isinstance(model.projections, FusedDecodeProjections) == fusion
-    prompts = [tuple(range(40, 40 + n)) for n in (5, 21, 12)]
+    prompts = [tuple(range(40, 40 + n)) for n in lengths]
     for i, prompt in enumerate(prompts):
         params = SamplingParams(max_tokens=10, temperature=0.0, logprobs=0)
         scheduler.submit(Request(f"r{i}", prompt, params))
@@ -53,33 +61,29 @@ def _worst(a: dict[str, list[float]], b: dict[str, list[float]]) -> float:
     return max(abs(x - y) for key in a for x, y in zip(a[key], b[key], strict=True))
 
 
-def test_fused_decode_gives_the_composed_tokens_within_the_reordering_bound(
-    tiny_qwen3: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    composed = _decode(tiny_qwen3, fusion=False)
-
+def _counted(monkeypatch: pytest.MonkeyPatch, module: ModuleType, name: str) -> list[int]:
+    """Record the rows of every call to ``module.name`` (the seam looks it up there on each call)."""
     rows_seen: list[int] = []
-    real = fused_module.fused_gemv
+    real = getattr(module, name)
 
     def counted(x: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
         rows_seen.append(x.shape[0])
-        return real(x, *args, **kwargs)  # type: ignore[arg-type]
+        return real(x, *args, **kwargs)  # type: ignore[no-any-return]
 
+    monkeypatch.setattr(module, name, counted)
+    return rows_seen
+
+
+def _k_reversed(policy: object, device: torch.device) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    return lambda x, w: F.linear(x.flip(-1), w.flip(-1))
+
+
+def _check_against_composed(
+    tiny_qwen3: Path, monkeypatch: pytest.MonkeyPatch, composed: Run, fused: Run, lengths: tuple[int, ...]
+) -> None:
     with monkeypatch.context() as patch:
-        patch.setattr(fused_module, "fused_gemv", counted)
-        fused = _decode(tiny_qwen3, fusion=True)
-    # Decode steps of 3 rows (and fewer as requests finish) ran fused: 4 launches per layer.
-    assert rows_seen and max(rows_seen) <= fused_module.MAX_ROWS, rows_seen
-    assert len(rows_seen) % 4 == 0
-
-    def k_reversed(
-        policy: object, device: torch.device
-    ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-        return lambda x, w: F.linear(x.flip(-1), w.flip(-1))
-
-    with monkeypatch.context() as patch:
-        patch.setattr(models.paged_line, "policy_linear", k_reversed)
-        reordered = _decode(tiny_qwen3, fusion=False)
+        patch.setattr(models.paged_line, "policy_linear", _k_reversed)
+        reordered = _decode(tiny_qwen3, fusion=False, lengths=lengths)
 
     assert fused[0] == composed[0] and all(len(t) == 10 for t in composed[0].values())
     assert reordered[0] == composed[0]
@@ -88,3 +92,31 @@ def test_fused_decode_gives_the_composed_tokens_within_the_reordering_bound(
     print(f"log-prob |Δ|: fused {got:.3g}, reordered sums {spread:.3g}")
     assert spread > 0, "the reordered sums changed no log-prob: the bound would be zero"
     assert got <= 4 * spread, (got, spread)
+
+
+def test_fused_decode_gives_the_composed_tokens_within_the_reordering_bound(
+    tiny_qwen3: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    composed = _decode(tiny_qwen3, fusion=False)
+    with monkeypatch.context() as patch:
+        gemv_rows = _counted(patch, fused_module, "fused_gemv")
+        mma_rows = _counted(patch, mma_module, "fused_mma")
+        fused = _decode(tiny_qwen3, fusion=True)
+    # Decode steps of 3 rows (and fewer as requests finish) ran the GEMV: 4 launches per layer;
+    # the prefill steps (5-38 rows) the MMA.
+    assert gemv_rows and max(gemv_rows) <= fused_module.MAX_ROWS, gemv_rows
+    assert len(gemv_rows) % 4 == 0 and all(m > fused_module.MAX_ROWS for m in mma_rows), mma_rows
+    _check_against_composed(tiny_qwen3, monkeypatch, composed, fused, SMALL)
+
+
+def test_a_batch_of_eight_decodes_through_the_fused_mma(
+    tiny_qwen3: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    composed = _decode(tiny_qwen3, fusion=False, lengths=BATCH_8)
+    with monkeypatch.context() as patch:
+        mma_rows = _counted(patch, mma_module, "fused_mma")
+        fused = _decode(tiny_qwen3, fusion=True, lengths=BATCH_8)
+    # Every sequence decodes 10 tokens together: decode steps of 8 rows through the MMA.
+    assert mma_rows.count(len(BATCH_8)) >= 4 * 9, sorted(set(mma_rows))
+    assert len(mma_rows) % 4 == 0
+    _check_against_composed(tiny_qwen3, monkeypatch, composed, fused, BATCH_8)
