@@ -59,7 +59,7 @@ class ModelOptions:
     decode_fusion: bool = field(
         default=False,
         metadata={
-            "help": "Decode steps of at most 4 rows through the fused GEMV (norm, residual add and SiLU·mul "
+            "help": "Steps of at most 64 rows through the fused GEMV or MMA (norm, residual add and SiLU·mul "
             "in the projections; tuned policy, CUDA, Qwen3); off until measured on a GPU (docs/kernels.md)."
         },
     )

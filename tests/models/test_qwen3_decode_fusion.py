@@ -1,5 +1,6 @@
-"""A tiny Qwen3 decoding with ``--decode-fusion`` (the fused decode GEMV forced on under the Triton
-interpreter) against the same model composing its projections as every other step does.
+"""A tiny Qwen3 decoding with ``--decode-fusion`` (the fused decode GEMV and MMA forced on under the
+Triton interpreter) against the same model composing its projections as every other step does: three
+sequences (decode steps through the GEMV) and eight (decode steps of 8 rows through the MMA).
 
 Greedy tokens must be the same. Log-probs may differ by what the spec leaves free (the fp32 order of
 each projection's sum and of each norm's sum of squares), so the bound is measured in the same run:
