@@ -106,5 +106,8 @@ def norm_linear_allowed(
         )
         per_row = torch.maximum(per_row, (moved > 0).sum(dim=1))
     steps = max(1, int(per_row.max()))
-    one_move = (ulp(normed, normed.dtype)[:, None, :] * weight.double().abs()[None, :, :]).amax(dim=-1)
+    magnitudes, steps_k = weight.double().abs(), ulp(normed, normed.dtype)
+    one_move = torch.stack(
+        [(row[None, :] * magnitudes).amax(dim=-1) for row in steps_k]
+    )  # row by row: [N, K]
     return allowed + steps * one_move, int((per_row > 0).sum()) / h.shape[0]

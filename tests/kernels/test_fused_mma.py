@@ -367,3 +367,94 @@ def test_the_ptx_check_rejects_what_it_exists_to_catch() -> None:
         "no cubin",
         "no 16-byte global loads",
     ]
+
+
+# ------------------------------------------------------ GPU only: serving shapes, graphs and PDL
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+# Qwen3-4B's decode layer and LM head ([N, K]; gate/up is the fused [2I, K]) with their fusions.
+SERVING = {
+    "qkv": (6144, 2560, Fusion(norm=QWEN3_NORM)),
+    "o": (2560, 4096, Fusion(residual=True)),
+    "gate-up": (19456, 2560, Fusion(norm=QWEN3_NORM, activation=GatedActivation.SILU)),
+    "down": (2560, 9728, Fusion(residual=True)),
+    "lm-head": (151936, 2560, Fusion()),
+}
+
+
+@needs_cuda
+@pytest.mark.parametrize("name", list(SERVING))
+def test_gpu_serving_shapes_are_invariant_within_a_row_block_and_within_the_bound(name: str) -> None:
+    n, k, fusion = SERVING[name]
+    g = torch.Generator(device="cuda").manual_seed(5)
+    x = torch.randn(MAX_ROWS, k, device="cuda", generator=g).to(torch.bfloat16)
+    w = (torch.randn(n, k, device="cuda", generator=g) / k**0.5).to(torch.bfloat16)
+    nw = (1 + 0.3 * torch.randn(k, device="cuda", generator=g)).to(torch.bfloat16)
+    n_out = n // 2 if fusion.activation else n
+    residual = torch.randn(MAX_ROWS, n_out, device="cuda", generator=g).to(torch.bfloat16)
+
+    def run(rows: slice) -> torch.Tensor:
+        return fused_mma(
+            x[rows],
+            w,
+            fusion,
+            norm_weight=nw if fusion.norm else None,
+            residual=residual[rows] if fusion.residual else None,
+        )
+
+    for block in ROW_BLOCKS:
+        full = run(slice(0, block))
+        smallest = 1 if block == ROW_BLOCKS[0] else ROW_BLOCKS[0] + 1
+        for m in range(smallest, block):
+            assert torch.equal(run(slice(0, m)), full[:m]), f"block {block}: first {m} rows"
+        assert torch.equal(run(slice(block - smallest, block)), full[block - smallest :]), f"block {block}"
+    full = run(slice(None))
+    rows = list(range(MAX_ROWS))
+    xs = reference.rms_norm(x.cpu(), QWEN3_NORM, nw.cpu()) if fusion.norm else x.cpu()
+    if fusion.activation:
+        # Rows whose spec norm moves under another order of the squares: the norm's own test's case.
+        rows = [r for r in rows if not norm_order_flips(x[r : r + 1], QWEN3_NORM, nw)]
+        want = reference.linear_gated(xs[rows], w.cpu(), fusion.activation)
+        allowed = gated_allowed(xs[rows], w, fusion.activation)
+    elif fusion.norm:
+        want = reference.norm_linear(x.cpu(), QWEN3_NORM, nw.cpu(), w.cpu())
+        allowed, _ = norm_linear_allowed(x, QWEN3_NORM, nw, w)
+    else:
+        want = reference.linear(xs, w.cpu())
+        allowed = linear_allowed(xs, w, want)
+        if fusion.residual:
+            want = reference.linear_residual(xs, w.cpu(), residual.cpu())
+            allowed = allowed + ulp(want, torch.bfloat16)
+    # Per element only: the share of flips is printed, not held to the interpreter's figures.
+    check_within(full[rows], want, allowed, share=1.0)
+    print(f"{name}: {int((full[rows].cpu() != want).sum())} of {want.numel()} elements differ from the spec")
+
+
+@needs_cuda
+def test_gpu_graph_replay_of_a_pdl_chain_matches_eager() -> None:
+    from kernels.triton.storage import pdl_supported
+
+    assert pdl_supported(torch.device("cuda")) == (torch.cuda.get_device_capability() >= (9, 0))
+    g = torch.Generator(device="cuda").manual_seed(7)
+    for rows in (8, MAX_ROWS):
+        hidden = torch.randn(rows, 2560, device="cuda", generator=g).to(torch.bfloat16)
+        nw = torch.ones(2560, device="cuda", dtype=torch.bfloat16)
+        ws = [(torch.randn(2560, 2560, device="cuda", generator=g) / 50).to(torch.bfloat16) for _ in range(6)]
+
+        def chain(
+            h: torch.Tensor = hidden, nw: torch.Tensor = nw, ws: list[torch.Tensor] = ws
+        ) -> torch.Tensor:
+            for first, second in zip(ws[::2], ws[1::2], strict=True):  # each reads the last one's output
+                y = fused_mma(h, first, Fusion(norm=QWEN3_NORM), norm_weight=nw)
+                h = fused_mma(y, second, Fusion(residual=True), residual=h)
+            return h
+
+        eager = chain()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = chain()
+        for _ in range(3):
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(captured, eager), rows
