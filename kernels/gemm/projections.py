@@ -12,11 +12,12 @@ three fused ops, each defined in ``kernels.reference``:
 
 ``ComposedProjections`` runs each as the ops a forward runs today (the policy's linear,
 ``layer_ops.rms_norm``, torch's rounded add, ``layer_ops.gated_activation``): the same bits.
-``FusedDecodeProjections`` runs them as one fused launch when ``fuses(rows, device)`` (decode
-steps of at most ``fused_mma.MAX_ROWS`` rows, on CUDA or under the Triton interpreter) and the
-shape is one the kernel takes: the fused GEMV up to ``fused_gemv.MAX_ROWS`` rows, the fused MMA
-(tensor cores) above; anything else composes, a shape the kernel refuses logged once by name. Under tensor parallelism the residual cannot be fused (the partial sums meet in the reduce
-first): given a ``reduce``, ``linear_residual`` composes.
+``FusedDecodeProjections`` runs them as one fused launch when ``fuses(rows, device)`` (steps of at
+most ``fused_mma.MAX_ROWS`` rows, on CUDA or under the Triton interpreter) and the shape is one the
+kernel takes: the fused GEMV up to ``fused_gemv.MAX_ROWS`` rows, the fused MMA (tensor cores)
+above; anything else composes, a shape the kernel refuses logged once by name. Under tensor
+parallelism the residual cannot be fused (the partial sums meet in the reduce first): given a
+``reduce``, ``linear_residual`` composes.
 
 Only the ``tuned`` policy takes the fused path (``policy_projections``): ``invariant``, ``pin`` and
 ``per-token`` promise one kernel for every row count, which a decode-only kernel would break.

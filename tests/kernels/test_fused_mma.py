@@ -39,12 +39,15 @@ from kernels import reference
 from kernels.reference import GatedActivation, NormSpec, NormWeight
 from kernels.triton.fused_gemv import Fusion
 from kernels.triton.fused_mma import (
+    CANDIDATE_SHAPE,
     COMPILE_VARIANTS,
+    MAX_PIPELINE_BYTES,
     MAX_ROWS,
     ROW_BLOCKS,
     FusedMmaError,
     MmaSettings,
     fused_mma,
+    mma_candidates,
     mma_settings,
     ptx_problems,
     row_block,
@@ -297,6 +300,17 @@ def test_settings_follow_the_weight_shape_and_row_block_only() -> None:
     assert mma_settings(151936, 2560, 64, element=4).num_stages == 3
     for m in (5, 16):
         assert mma_settings(6144, 2560, row_block(m)) == mma_settings(6144, 2560, 16)
+    for block in ROW_BLOCKS:  # what the benchmark times: the default first, distinct, all fitting
+        candidates = mma_candidates(2560, 4096, block)
+        assert (
+            candidates[0] == mma_settings(2560, 4096, block) and len(set(candidates)) == len(candidates) > 3
+        )
+        assert any(not c.pdl for c in candidates)
+        assert all(c.pipeline_bytes(block, 2) <= MAX_PIPELINE_BYTES for c in candidates)
+    # fp32 gated at 64 rows: the [64 + 2·32, 256] × 3-stage candidate (384 KB) is left out.
+    fp32_gated = mma_candidates(9728, 2560, 64, gated=True, element=4)
+    assert MmaSettings(block_n=32, block_k=256, num_stages=3, num_warps=8) not in fp32_gated
+    assert fp32_gated and all(c.pipeline_bytes(64, 4, gated=True) <= MAX_PIPELINE_BYTES for c in fp32_gated)
     with pytest.raises(FusedMmaError, match="block_n=24"):
         MmaSettings(block_n=24)
     with pytest.raises(FusedMmaError, match="block_k=8"):
@@ -347,8 +361,10 @@ def test_refusals_name_the_shape() -> None:
 
 def test_every_variant_compiles_for_sm90_with_pdl_tensor_cores_and_16_byte_loads() -> None:
     compiled = compiled_variants("kernels.triton.fused_mma")
-    # Each variant at both row blocks, plus fp16 and fp32 once.
-    assert len(compiled) == len(COMPILE_VARIANTS) * len(ROW_BLOCKS) + 2, compiled
+    # Each variant at both row blocks, fp16 and fp32 once, and the benchmark's other candidates.
+    candidates = sum(len(mma_candidates(*CANDIDATE_SHAPE, block)) - 1 for block in ROW_BLOCKS)
+    assert len(compiled) == len(COMPILE_VARIANTS) * len(ROW_BLOCKS) + 2 + candidates, compiled
+    assert candidates >= 6
 
 
 def test_the_ptx_check_rejects_what_it_exists_to_catch() -> None:
