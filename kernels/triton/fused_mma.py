@@ -1,5 +1,5 @@
 """The decode GEMM family on tensor cores, ``y = x @ w.T`` for 4 < M ≤ 64 rows, with the layer's norm,
-residual add or gated activation fused in (docs/kernels.md, "The fused decode GEMM on tensor cores").
+residual add or gated activation fused in (docs/kernels.md, "The fused decode MMA").
 
 The fused GEMV (``fused_gemv``) covers M ≤ 4 on the CUDA cores; above that its per-row activation
 re-reads and reductions stop being free. This kernel computes the same ops (``Fusion``; the specs are
