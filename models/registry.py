@@ -59,7 +59,7 @@ class ModelOptions:
     decode_fusion: bool = field(
         default=False,
         metadata={
-            "help": "Decode steps of ≤ 4 rows through the fused GEMV (tuned, CUDA): Qwen3, Qwen3.5 with "
+            "help": "Steps of ≤ 64 rows through the fused GEMV or MMA (tuned, CUDA): Qwen3, Qwen3.5 with "
             "norms, residual adds, SiLU·mul; Gemma 3, 4 with GELU-tanh·mul; every LM head; off until "
             "measured on a GPU (docs/kernels.md)."
         },

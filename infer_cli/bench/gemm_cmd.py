@@ -99,7 +99,7 @@ def _us(value: float | None, digits: int = 0) -> str:
 
 def print_result(console: Console, result: GemmBenchResult) -> None:
     shapes = Table(
-        title=f"skinny GEMM and fused GEMV vs cuBLAS · {result.device} · {result.dtype} · "
+        title=f"skinny GEMM, fused GEMV and fused MMA vs cuBLAS · {result.device} · {result.dtype} · "
         f"copy {result.copy_gb_per_s:,.0f} GB/s (read+write) · PDL {'on' if result.pdl else 'off'}"
     )
     columns = (
@@ -115,9 +115,14 @@ def print_result(console: Console, result: GemmBenchResult) -> None:
         "wins",
         "fused µs",
         "fused %",
+        "mma µs",
+        "mma %",
+        "mma settings",
     )
     for column in columns:
-        shapes.add_column(column, justify="left" if column in ("model", "shape", "wins") else "right")
+        shapes.add_column(
+            column, justify="left" if column in ("model", "shape", "wins", "mma settings") else "right"
+        )
     for t in result.timings:
         shapes.add_row(
             t.model,
@@ -132,6 +137,9 @@ def print_result(console: Console, result: GemmBenchResult) -> None:
             t.winner.value,
             _us(t.fused_us, 1),
             _us(t.fused_floor_pct, 1),
+            _us(t.mma_us, 1),
+            _us(t.mma_floor_pct, 1),
+            t.mma_settings or "—",
         )
     console.print(shapes)
 

@@ -23,16 +23,22 @@ K partition with M and lose batch invariance). The row count picks the faster of
 one: the dispatch table (`kernels.gemm.skinny_dispatch`).
 
 The fused decode GEMV (`kernels.triton.fused_gemv`, plain `x @ w.T`, its settings a function of the
-shape) is a third candidate per shape at the row counts it takes (M ≤ its ``MAX_ROWS``); it is not in
-the dispatch table (the models reach it through `--decode-fusion`, kernels/gemm/projections.py).
+shape) is a third candidate per shape at the row counts it takes (M ≤ its ``MAX_ROWS``, 4). The
+fused decode MMA (`kernels.triton.fused_mma`, plain `x @ w.T` on tensor cores) is the fourth at the
+row counts above that (5-64): every one of its candidates (`fused_mma.mma_candidates`) is timed, and
+one is kept per shape and row block (16 rows up to M = 16, 64 above), by the same rule as the skinny
+kernel's (lowest mean time-over-floor over the block's measured row counts; never one per M, which
+would change a row's bits with M). Neither fused kernel is in the dispatch table (the models reach
+them through `--decode-fusion`, kernels/gemm/projections.py).
 
 Then, per model and row count, the whole decode chain (every projection of every layer once, in model
 order, then the LM head; each weight its own tensor) graphed three ways: all cuBLAS, all ours, and
-`SkinnyDispatch` over this run's table; and, for Qwen3 at M ≤ the fused GEMV's ``MAX_ROWS``, the fused
-decode layer chain: per layer norm + QKV, O + residual, norm + gate/up + SiLU·mul, down + residual
-(``FUSED_LAYER``), then the LM head as a plain fused GEMV. That chain does the layer's norms,
-residual adds and activation too, which the cuBLAS chain leaves out; its floor is the same
-projection bytes (the norm weights and residual rows it also reads are under 0.01 % of them).
+`SkinnyDispatch` over this run's table; and, for Qwen3 at every M ≤ 64, the fused decode layer chain:
+per layer norm + QKV, O + residual, norm + gate/up + SiLU·mul, down + residual (``FUSED_LAYER``), then
+the LM head as a plain fused launch, each through the fused GEMV at M ≤ 4 and the fused MMA (its
+default settings, ``mma_settings``) above, as ``FusedDecodeProjections`` routes them. That chain does
+the layer's norms, residual adds and activation too, which the cuBLAS chain leaves out; its floor is
+the same projection bytes (the norm weights and residual rows it also reads are under 0.01 % of them).
 
 A graph that fails (a setting Triton cannot build on this device, out of resources) is recorded as a
 `Failure` and the run goes on without it; a candidate that failed at any row count is not chosen.
@@ -45,6 +51,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from functools import partial
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -56,6 +63,8 @@ from kernels.gemm.skinny_dispatch import Backend, ChoiceTable, ShapeChoice, Skin
 from kernels.reference import GatedActivation, NormSpec, NormWeight
 from kernels.triton.fused_gemv import MAX_ROWS as FUSED_MAX_ROWS
 from kernels.triton.fused_gemv import Fusion
+from kernels.triton.fused_mma import MAX_ROWS as MMA_MAX_ROWS
+from kernels.triton.fused_mma import ROW_BLOCKS, MmaSettings, mma_candidates, row_block
 from kernels.triton.skinny_gemm import MAX_ROWS, SkinnySettings
 from kernels.triton.storage import pdl_supported
 from models.synth.families.gemma4 import GEMMA4
@@ -72,6 +81,7 @@ FUSED_LAYER: dict[str, Fusion] = {
     "lm-head": Fusion(),
 }
 MIN_COPIES = 8
+Settings = TypeVar("Settings", SkinnySettings, MmaSettings)
 L2_MULTIPLE = 4
 
 
@@ -182,6 +192,8 @@ class GemmTiming:
     floor_us: float
     settings: str
     fused_us: float | None = None  # the fused GEMV; None above its MAX_ROWS or where it failed
+    mma_us: float | None = None  # the fused MMA's kept settings for this row block; None: not run
+    mma_settings: str | None = None  # their label
 
     @property
     def cublas_floor_pct(self) -> float:
@@ -194,6 +206,10 @@ class GemmTiming:
     @property
     def fused_floor_pct(self) -> float | None:
         return None if self.fused_us is None else 100 * self.floor_us / self.fused_us
+
+    @property
+    def mma_floor_pct(self) -> float | None:
+        return None if self.mma_us is None else 100 * self.floor_us / self.mma_us
 
     @property
     def winner(self) -> Backend:
@@ -221,7 +237,7 @@ class ChainTiming:
     ours_us: float | None
     best_us: float | None
     floor_us: float
-    fused_us: float | None = None  # the fused decode layer chain (Qwen3, M ≤ the fused MAX_ROWS)
+    fused_us: float | None = None  # the fused decode layer chain (Qwen3, M ≤ 64)
 
     def floor_pct(self, us: float | None) -> float | None:
         return None if us is None else 100 * self.floor_us / us
@@ -272,7 +288,7 @@ class GemmBenchResult:
             "timings": [
                 asdict(t)
                 | {"cublas_floor_pct": t.cublas_floor_pct, "ours_floor_pct": t.ours_floor_pct}
-                | {"fused_floor_pct": t.fused_floor_pct}
+                | {"fused_floor_pct": t.fused_floor_pct, "mma_floor_pct": t.mma_floor_pct}
                 | {"winner": t.winner.value}
                 for t in self.timings
             ],
@@ -283,14 +299,13 @@ class GemmBenchResult:
         }
 
 
-def choose_settings(
-    times: Mapping[SkinnySettings, Mapping[int, float]], floors: Mapping[int, float]
-) -> SkinnySettings:
-    """The candidate with the lowest mean time-over-floor across the row counts (one per shape)."""
+def choose_settings(times: Mapping[Settings, Mapping[int, float]], floors: Mapping[int, float]) -> Settings:
+    """The candidate with the lowest mean time-over-floor across the row counts (one per shape, or
+    per shape and row block)."""
     if not times:
         raise ValueError("no candidate was timed")
 
-    def score(settings: SkinnySettings) -> float:
+    def score(settings: Settings) -> float:
         per_row = times[settings]
         return sum(per_row[m] / floors[m] for m in floors) / len(floors)
 
@@ -346,8 +361,10 @@ def time_projection(
     failures: list[Failure],
     on_step: Callable[[str], None] | None = None,
 ) -> ShapeResult:
-    """cuBLAS, every candidate and the fused GEMV at every row count; the candidate kept (module doc)."""
+    """cuBLAS, every candidate and the fused GEMV or MMA at every row count; the candidates kept
+    (module doc)."""
     from kernels.triton.fused_gemv import fused_gemv
+    from kernels.triton.fused_mma import fused_mma
     from kernels.triton.skinny_gemm import skinny_gemm
 
     n, k = projection.shape
@@ -358,6 +375,13 @@ def time_projection(
     cublas: dict[int, float] = {}
     fused: dict[int, float] = {}
     ours: dict[SkinnySettings, dict[int, float]] = {s: {} for s in candidate_settings(n, k)}
+    # The fused MMA's candidates per row block, each timed at that block's row counts.
+    mma_rows = {block: [m for m in rows if _mma_takes(m) and row_block(m) == block] for block in ROW_BLOCKS}
+    mma: dict[int, dict[MmaSettings, dict[int, float]]] = {
+        block: {s: {} for s in mma_candidates(n, k, block, element=element)}
+        for block, ms in mma_rows.items()
+        if ms
+    }
     for m in rows:
         x = _random((m, k), dtype, device, 1.0)
         what = f"[{n}, {k}] M={m}"
@@ -372,6 +396,13 @@ def time_projection(
                 fused[m] = us / copies
             if on_step is not None:
                 on_step(f"{projection.model} {projection.name} M={m} fused GEMV")
+        for mma_settings, per_row in mma.get(row_block(m), {}).items() if _mma_takes(m) else ():
+            calls = [partial(fused_mma, x, w, Fusion(), mma_settings) for w in weights]
+            us = _timed(f"{what} fused MMA {mma_settings.label}", calls, failures)
+            if us is not None:
+                per_row[m] = us / copies
+            if on_step is not None:
+                on_step(f"{projection.model} {projection.name} M={m} fused MMA {mma_settings.label}")
         for settings, per_row in ours.items():
             calls = [partial(skinny_gemm, x, w, settings) for w in weights]
             us = _timed(f"{what} {settings.label}", calls, failures)
@@ -383,11 +414,25 @@ def time_projection(
     torch.cuda.empty_cache()
     candidates = tuple(
         CandidateTiming(n, k, m, s.label, us) for s, per_row in ours.items() for m, us in per_row.items()
+    ) + tuple(
+        CandidateTiming(n, k, m, f"mma·{s.label}", us)
+        for per_block in mma.values()
+        for s, per_row in per_block.items()
+        for m, us in per_row.items()
     )
+    mma_kept: dict[int, MmaSettings] = {}
+    for block, per_block in mma.items():
+        ran = {s: per_row for s, per_row in per_block.items() if len(per_row) == len(mma_rows[block])}
+        if ran:
+            mma_kept[block] = choose_settings(ran, {m: floors[m] for m in mma_rows[block]})
     complete = {s: per_row for s, per_row in ours.items() if len(per_row) == len(rows)}
     if not complete:
         return ShapeResult(None, (), candidates)
     chosen = choose_settings(complete, floors)
+
+    def mma_kept_at(m: int) -> MmaSettings | None:
+        return mma_kept.get(row_block(m)) if _mma_takes(m) else None
+
     timings = tuple(
         GemmTiming(
             projection.model,
@@ -400,11 +445,18 @@ def time_projection(
             floors[m],
             chosen.label,
             fused.get(m),
+            None if (kept := mma_kept_at(m)) is None else mma[row_block(m)][kept][m],
+            None if kept is None else kept.label,
         )
         for m in rows
         if m in cublas
     )
     return ShapeResult(chosen, timings, candidates)
+
+
+def _mma_takes(m: int) -> bool:
+    """Whether the fused MMA is timed at ``m`` rows: above the fused GEMV's rows, up to its own."""
+    return FUSED_MAX_ROWS < m <= MMA_MAX_ROWS
 
 
 def time_decode_chain(
@@ -446,14 +498,17 @@ def time_decode_chain(
 def fused_chain_calls(
     chain: Sequence[Projection], m: int, weights: Sequence[torch.Tensor]
 ) -> list[Callable[[], object]] | None:
-    """The decode chain as fused GEMV launches (``FUSED_LAYER`` by projection name), or None where
-    the chain has a projection without a fused op (Gemma 4: its post-norms need the whole delta row)
-    or ``m`` is above the fused GEMV's ``MAX_ROWS``. Inputs are fixed tensors per width, as in the
-    other chains: the launches do not read each other's outputs."""
+    """The decode chain as fused launches (``FUSED_LAYER`` by projection name): the fused GEMV at
+    ``m`` ≤ its ``MAX_ROWS``, the fused MMA above; or None where the chain has a projection without
+    a fused op (Gemma 4: its post-norms need the whole delta row) or ``m`` is above the fused MMA's
+    ``MAX_ROWS``. Inputs are fixed tensors per width, as in the other chains: the launches do not
+    read each other's outputs."""
     from kernels.triton.fused_gemv import fused_gemv
+    from kernels.triton.fused_mma import fused_mma
 
-    if m > FUSED_MAX_ROWS or any(p.name not in FUSED_LAYER for p in chain):
+    if m > MMA_MAX_ROWS or any(p.name not in FUSED_LAYER for p in chain):
         return None
+    launch = fused_gemv if m <= FUSED_MAX_ROWS else fused_mma
     device, dtype = weights[0].device, weights[0].dtype
     widths = {p.k for p in chain} | {p.n for p in chain if FUSED_LAYER[p.name].residual}
     xs = {width: _random((m, width), dtype, device, 1.0) for width in widths}
@@ -463,7 +518,7 @@ def fused_chain_calls(
         fusion = FUSED_LAYER[p.name]
         norm_weight = norm_weights[p.k] if fusion.norm is not None else None
         residual = xs[p.n] if fusion.residual else None
-        calls.append(partial(fused_gemv, xs[p.k], w, fusion, norm_weight=norm_weight, residual=residual))
+        calls.append(partial(launch, xs[p.k], w, fusion, norm_weight=norm_weight, residual=residual))
     return calls
 
 
@@ -480,7 +535,13 @@ class GemmBenchPlan:
         """Progress steps: the copy bandwidth, each timed graph of the shapes, each chain row count."""
         per_row = sum(1 + len(candidate_settings(p.n, p.k)) for p in self.projections)
         fused = len(self.projections) * sum(1 for m in self.rows if m <= FUSED_MAX_ROWS)
-        return 1 + per_row * len(self.rows) + fused + len(self.chains) * len(self.rows)
+        mma = sum(
+            len(mma_candidates(p.n, p.k, row_block(m)))
+            for p in self.projections
+            for m in self.rows
+            if _mma_takes(m)
+        )
+        return 1 + per_row * len(self.rows) + fused + mma + len(self.chains) * len(self.rows)
 
 
 def gemm_bench_plan(models: Sequence[str], rows: Sequence[int], *, chains: bool = True) -> GemmBenchPlan:

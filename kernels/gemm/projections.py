@@ -13,11 +13,12 @@ three fused ops, each defined in ``kernels.reference``:
 ``ComposedProjections`` runs each as the ops a forward runs today (the policy's linear,
 ``layer_ops.rms_norm``, torch's rounded add, ``layer_ops.gated_activation``): the same bits.
 ``FusedDecodeProjections`` runs each of them, and the plain projection ``projections(x, weight)``
-(the LM head included: the fused GEMV's weight offsets are 64-bit), as one fused GEMV launch when
-``fuses(rows, device)`` (decode steps of at most ``fused_gemv.MAX_ROWS`` rows, on CUDA or under the
-Triton interpreter) and the shape is one the kernel takes; anything else composes, a shape the
-kernel refuses logged once by name. Under tensor parallelism the residual cannot be fused (the
-partial sums meet in the reduce first): given a ``reduce``, ``linear_residual`` composes.
+(the LM head included: the fused kernels' weight offsets are 64-bit), as one fused launch when
+``fuses(rows, device)`` (steps of at most ``fused_mma.MAX_ROWS`` rows, on CUDA or under the Triton
+interpreter) and the shape is one the kernel takes: the fused GEMV up to ``fused_gemv.MAX_ROWS``
+rows, the fused MMA (tensor cores) above; anything else composes, a shape the kernel refuses logged
+once by name. Under tensor parallelism the residual cannot be fused (the partial sums meet in the
+reduce first): given a ``reduce``, ``linear_residual`` composes.
 
 Only the ``tuned`` policy takes the fused path (``policy_projections``): ``invariant``, ``pin`` and
 ``per-token`` promise one kernel for every row count, which a decode-only kernel would break.
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -35,6 +37,9 @@ from kernels.gemm.dispatch import Linear
 from kernels.gemm.names import NumericPolicy, parse_policy
 from kernels.reference import GatedActivation, NormSpec, NormWeight
 from kernels.triton.storage import interpreted
+
+if TYPE_CHECKING:  # the kernel modules import Triton; the seam loads them on a fused step only
+    from kernels.triton.fused_gemv import Fusion
 
 log = logging.getLogger("infer.gemm")
 
@@ -79,15 +84,32 @@ class ComposedProjections:
         return layer_ops.gated_activation(self.linear(x, weight), kind)
 
 
+def _fused_launch(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    fusion: Fusion,
+    *,
+    norm_weight: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The fused decode kernel for a step of ``x.shape[0]`` rows: the GEMV (CUDA cores) up to its
+    ``MAX_ROWS``, the MMA (tensor cores) above; both compute the same ``fusion`` (docs/kernels.md)."""
+    from kernels.triton import fused_gemv, fused_mma
+
+    if x.shape[0] <= fused_gemv.MAX_ROWS:
+        return fused_gemv.fused_gemv(x, weight, fusion, norm_weight=norm_weight, residual=residual)
+    return fused_mma.fused_mma(x, weight, fusion, norm_weight=norm_weight, residual=residual)
+
+
 class FusedDecodeProjections(ComposedProjections):
-    """Decode steps (``fuses``) through the fused GEMV, one launch per op; the rest composed."""
+    """Decode steps (``fuses``) through the fused decode kernels, one launch per op; the rest composed."""
 
     def __init__(self, linear: Linear) -> None:
         super().__init__(linear)
         self._logged: set[tuple[str, int, int, str]] = set()
 
     def fuses(self, rows: int, device: torch.device) -> bool:
-        from kernels.triton.fused_gemv import MAX_ROWS
+        from kernels.triton.fused_mma import MAX_ROWS
 
         return 0 < rows <= MAX_ROWS and (device.type == "cuda" or interpreted())
 
@@ -97,41 +119,44 @@ class FusedDecodeProjections(ComposedProjections):
         """``run()`` (the fused launch) where the step and shape are covered; None, logged once per
         op and weight shape, where the kernel refuses the shape."""
         from kernels.triton.fused_gemv import FusedGemvError
+        from kernels.triton.fused_mma import FusedMmaError
 
         if x.dim() != 2 or not self.fuses(x.shape[0], x.device):
             return None
         try:
             return run()
-        except FusedGemvError as exc:
+        except (FusedGemvError, FusedMmaError) as exc:
             key = (op, int(weight.shape[0]), int(weight.shape[-1]), str(weight.dtype))
             if key not in self._logged:
                 self._logged.add(key)
-                log.warning("fused decode GEMV: %s over weight %s composes: %s", op, list(weight.shape), exc)
+                log.warning(
+                    "fused decode kernel: %s over weight %s composes: %s", op, list(weight.shape), exc
+                )
             return None
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        from kernels.triton.fused_gemv import fused_gemv
+        from kernels.triton.fused_gemv import Fusion
 
-        y = self._fused("linear", x, weight, lambda: fused_gemv(x, weight))
+        y = self._fused("linear", x, weight, lambda: _fused_launch(x, weight, Fusion()))
         return super().__call__(x, weight) if y is None else y
 
     def norm_linear(
         self, h: torch.Tensor, spec: NormSpec, norm_weight: torch.Tensor | None, weight: torch.Tensor
     ) -> torch.Tensor:
-        from kernels.triton.fused_gemv import Fusion, fused_gemv
+        from kernels.triton.fused_gemv import Fusion
 
         y = self._fused(
             "norm_linear",
             h,
             weight,
-            lambda: fused_gemv(h, weight, Fusion(norm=spec), norm_weight=norm_weight),
+            lambda: _fused_launch(h, weight, Fusion(norm=spec), norm_weight=norm_weight),
         )
         return super().norm_linear(h, spec, norm_weight, weight) if y is None else y
 
     def linear_residual(
         self, x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, reduce: Reduce | None = None
     ) -> torch.Tensor:
-        from kernels.triton.fused_gemv import Fusion, fused_gemv
+        from kernels.triton.fused_gemv import Fusion
 
         y = None
         if reduce is None:  # with a reduce the partial sums must meet before the add
@@ -139,7 +164,7 @@ class FusedDecodeProjections(ComposedProjections):
                 "linear_residual",
                 x,
                 weight,
-                lambda: fused_gemv(x, weight, Fusion(residual=True), residual=residual),
+                lambda: _fused_launch(x, weight, Fusion(residual=True), residual=residual),
             )
         return super().linear_residual(x, weight, residual, reduce) if y is None else y
 
@@ -151,11 +176,14 @@ class FusedDecodeProjections(ComposedProjections):
         weight: torch.Tensor,
         kind: GatedActivation,
     ) -> torch.Tensor:
-        from kernels.triton.fused_gemv import Fusion, fused_gemv
+        from kernels.triton.fused_gemv import Fusion
 
         fusion = Fusion(norm=spec, activation=kind)
         y = self._fused(
-            "norm_linear_gated", h, weight, lambda: fused_gemv(h, weight, fusion, norm_weight=norm_weight)
+            "norm_linear_gated",
+            h,
+            weight,
+            lambda: _fused_launch(h, weight, fusion, norm_weight=norm_weight),
         )
         return super().norm_linear_gated(h, spec, norm_weight, weight, kind) if y is None else y
 

@@ -89,8 +89,15 @@ def _invariant_rmsnorm_kernel(
 
 @triton.jit
 def _row_inverse_rms(x, H, eps):
-    """``1 / sqrt(mean(x²) + eps)`` of a [1, BLOCK_H] row (zeros past H), IEEE divide and sqrt."""
-    mean_square = tl.div_rn(tl.sum(x * x, axis=1), H.to(tl.float32))
+    """``1 / sqrt(mean(x²) + eps)`` of [R, BLOCK_H] rows (zeros past H), IEEE divide and sqrt."""
+    return _inverse_rms_of_sum(tl.sum(x * x, axis=1), H, eps)
+
+
+@triton.jit
+def _inverse_rms_of_sum(sum_squares, H, eps):
+    """``1 / sqrt(sum_squares / H + eps)`` as [R, 1] for the [R] sums of squares of rows of width H
+    (a kernel that walks a row in K tiles adds the tiles' sums itself), IEEE divide and sqrt."""
+    mean_square = tl.div_rn(sum_squares, H.to(tl.float32))
     return tl.div_rn(1.0, tl.sqrt_rn(mean_square + eps))[:, None]
 
 

@@ -33,6 +33,7 @@ from infer_cli.bench.gemm_timing import (
 from infer_cli.main import app
 from kernels.gemm.skinny_dispatch import Backend, ChoiceTable
 from kernels.triton import fused_gemv as fused_module
+from kernels.triton import fused_mma as mma_module
 from kernels.triton import skinny_gemm as skinny_module
 from kernels.triton.skinny_gemm import SkinnySettings
 
@@ -179,7 +180,8 @@ def test_the_dispatch_table_takes_the_faster_backend_per_row_count() -> None:
 
 
 def _fake_cost(call: Callable[[], object]) -> float:
-    """µs a fake device charges: cuBLAS 10; ours 5 with PDL, 9 without; the dispatch 6; fused 4."""
+    """µs a fake device charges: cuBLAS 10; ours 5 with PDL, 9 without; the dispatch 6; fused 4;
+    the fused MMA 3 with its default settings, 3.5 with any other candidate."""
     assert isinstance(call, partial)
     if call.func is F.linear:
         return 10.0
@@ -187,6 +189,11 @@ def _fake_cost(call: Callable[[], object]) -> float:
         return 6.0
     if call.func is fused_module.fused_gemv:
         return 4.0
+    if call.func is mma_module.fused_mma:
+        x, w = call.args[:2]
+        settings = call.args[3] if len(call.args) > 3 else None
+        default = mma_module.mma_settings(w.shape[0], w.shape[1], mma_module.row_block(x.shape[0]))
+        return 3.0 if settings in (None, default) else 3.5
     settings = call.args[2]
     assert isinstance(settings, SkinnySettings)
     return 5.0 if settings.pdl else 9.0
@@ -236,7 +243,9 @@ def test_a_whole_run_with_the_device_timer_replaced(monkeypatch: pytest.MonkeyPa
         ],
     )
     assert run.exit_code == 0, run.output
-    assert "skinny GEMM and fused GEMV vs cuBLAS" in run.output and "whole decode chain" in run.output
+    assert (
+        "skinny GEMM, fused GEMV and fused MMA vs cuBLAS" in run.output and "whole decode chain" in run.output
+    )
     saved = json.loads(result_file.read_text())
     for key in ("measured_at", "device", "torch", "triton", "copy_gb_per_s", "timings", "chains"):
         assert key in saved
@@ -251,6 +260,15 @@ def test_a_whole_run_with_the_device_timer_replaced(monkeypatch: pytest.MonkeyPa
     assert all(t["ours_us"] == 5.0 and t["cublas_us"] == 10.0 for t in saved["timings"])
     # The fused GEMV at the row counts it takes (M ≤ 4), for both shapes; none at M = 8.
     assert [(t["rows"], t["fused_us"]) for t in saved["timings"]] == [(1, 4.0), (8, None)] * 2
+    # The fused MMA above them (M = 8): every candidate timed, the cheapest (the default) kept.
+    assert [(t["rows"], t["mma_us"]) for t in saved["timings"]] == [(1, None), (8, 3.0)] * 2
+    for n, k in ((48, 64), (40, 208)):
+        mma = [
+            c for c in saved["candidates"] if c["settings"].startswith("mma·") and (c["n"], c["k"]) == (n, k)
+        ]
+        assert len(mma) == len(mma_module.mma_candidates(n, k, 16)) > 1 and all(c["rows"] == 8 for c in mma)
+        kept = [t["mma_settings"] for t in saved["timings"] if (t["n"], t["k"], t["rows"]) == (n, k, 8)]
+        assert kept == [mma_module.mma_settings(n, k, 16).label]
     assert all(c["settings"]["pdl"] for c in saved["chosen"])  # the PDL candidates were cheaper
     chain = saved["chains"]
     assert [c["rows"] for c in chain] == [1, 8] and all(c["gemms"] == 3 for c in chain)
@@ -273,7 +291,7 @@ def test_the_fused_layer_chain_runs_qwen3s_fused_ops(monkeypatch: pytest.MonkeyP
     ]
     chain = [*layer, *layer, Projection("tiny", "lm-head", 80, 64, 1)]
     weights = [torch.randn(p.n, p.k) / p.k**0.5 for p in chain]
-    assert gemm_timing.fused_chain_calls(chain, fused_module.MAX_ROWS + 1, weights) is None
+    assert gemm_timing.fused_chain_calls(chain, mma_module.MAX_ROWS + 1, weights) is None
     global_layer = [Projection("tiny", "qk-global", 64, 64, 1), *chain[1:]]
     assert gemm_timing.fused_chain_calls(global_layer, 1, weights) is None
     calls = gemm_timing.fused_chain_calls(chain, 2, weights)
@@ -283,7 +301,14 @@ def test_the_fused_layer_chain_runs_qwen3s_fused_ops(monkeypatch: pytest.MonkeyP
     outputs = [call() for call in calls]  # the real kernels, under the interpreter
     widths = [48 if p.name == "gate-up" else p.n for p in chain]  # gate/up stores SiLU·mul, [M, I]
     assert [tuple(y.shape) for y in outputs if isinstance(y, torch.Tensor)] == [(2, n) for n in widths]
-    # The fused chain joins the timed chains at M ≤ MAX_ROWS (timer replaced as above).
+    # Above the GEMV's rows the chain runs the fused MMA, the same fusions.
+    mma_calls = gemm_timing.fused_chain_calls(chain, 8, weights)
+    assert mma_calls is not None
+    assert all(isinstance(c, partial) and c.func is mma_module.fused_mma for c in mma_calls)
+    assert [c.args[2] for c in mma_calls if isinstance(c, partial)] == fusions
+    outputs = [call() for call in mma_calls]
+    assert [tuple(y.shape) for y in outputs if isinstance(y, torch.Tensor)] == [(8, n) for n in widths]
+    # The fused chain joins the timed chains at M ≤ 64 (timer replaced as above).
     monkeypatch.setattr(gemm_timing, "graph_us", _fake_graph_us)
     dispatch = gemm_timing.SkinnyDispatch(ChoiceTable(shapes=()))
     timing = gemm_timing.time_decode_chain(

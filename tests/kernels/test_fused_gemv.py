@@ -31,11 +31,15 @@ alone against the same row inside a batch of ``MAX_ROWS``; two runs.
 from __future__ import annotations
 
 import itertools
-import math
 
 import pytest
 import torch
-from linear_bounds import FLIP_SHARE_BOUND, FP32_RATIO_BOUND, U32, agreement, magnitude_sums, ulp
+from fused_bounds import TRANSCENDENTAL_SHARE
+from fused_bounds import check_within as _check
+from fused_bounds import gated_allowed as _gated_allowed
+from fused_bounds import linear_allowed as _linear_allowed
+from fused_bounds import norm_order_flips as _norm_order_flips
+from linear_bounds import FLIP_SHARE_BOUND, agreement, ulp
 from sm90_compile import compiled_variants
 
 from kernels import reference
@@ -56,10 +60,6 @@ KS = (64, 96, 160)
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 SETTINGS = {"default": None, "r16": GemvSettings(rows_per_program=16), "r1": GemvSettings(rows_per_program=1)}
 QWEN3_NORM = NormSpec(NormWeight.W, eps=1e-6, round_before_weight=True)
-# Share of bf16 elements where exp's or tanh's last fp32 bit may flip the activation's rounding:
-# at most 1 % on the GPU (libdevice, test_gated_act.py); the interpreter's tanh is a formula in exp,
-# 96 % the spec's bits there (test_gated_act.py), 92.5-96.3 % on these operands (6-8 of 160, GELU).
-TRANSCENDENTAL_SHARE = 0.01 if DEVICE == "cuda" else 0.08
 NORMS = (QWEN3_NORM, NormSpec(NormWeight.ONE_PLUS_W), NormSpec(NormWeight.NONE))
 
 
@@ -82,54 +82,6 @@ def _tensors(m: int, k: int, dtype: torch.dtype, *, n: int = N, seed: int = 3) -
 
 def _norm_weight(spec: NormSpec, t: dict[str, torch.Tensor]) -> torch.Tensor | None:
     return None if spec.weight is NormWeight.NONE else t["norm_weight"]
-
-
-# ------------------------------------------------------------------------------- bounds (module doc)
-
-
-def _linear_allowed(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """linear_bounds' per-element bound for ``x @ w.T`` at the spec's rounded result ``y`` (fp64)."""
-    allowed = FP32_RATIO_BOUND * U32 * magnitude_sums(x.cpu(), w.cpu())
-    return allowed + (ulp(y.cpu(), y.dtype) if y.dtype != torch.float32 else 0.0)
-
-
-def _check(got: torch.Tensor, want: torch.Tensor, allowed: torch.Tensor, share: float) -> None:
-    delta = (got.cpu().double() - want.cpu().double()).abs()
-    worst = torch.where(delta == 0, 0.0, delta / allowed).max().item()
-    differing = int((got.cpu() != want.cpu()).sum())
-    most = math.ceil(share * got.numel())
-    assert worst <= 1.0 and differing <= most, (
-        f"worst |Δ| at {worst:.3g}× the bound; {differing} of {got.numel()} differ (at most {most})"
-    )
-
-
-def _norm_order_flips(h: torch.Tensor, spec: NormSpec, weight: torch.Tensor | None) -> int:
-    """Normalised elements that change when the spec sums the squares in other column orders."""
-    spec_rows = reference.rms_norm(h.cpu(), spec, None if weight is None else weight.cpu())
-    flips = 0
-    for seed in range(3):
-        perm = torch.randperm(h.shape[-1], generator=torch.Generator().manual_seed(seed))
-        permuted = reference.rms_norm(h.cpu()[:, perm], spec, None if weight is None else weight.cpu()[perm])
-        flips += int((permuted[:, torch.argsort(perm)] != spec_rows).sum())
-    return flips
-
-
-def _gated_allowed(x: torch.Tensor, gate_up: torch.Tensor, kind: GatedActivation) -> torch.Tensor:
-    """Per element: the spec's largest move when its rounded gate and up move by the linear bound,
-    plus exp's last-bit envelope (test_gated_act.py)."""
-    x, gate_up = x.cpu(), gate_up.cpu()
-    projected = reference.linear(x, gate_up)
-    want = reference.gated_activation(projected, kind).double()
-    step = _linear_allowed(x, gate_up, projected)
-    worst = torch.zeros_like(want)
-    for signs in itertools.product((-1.0, 0.0, 1.0), repeat=2):
-        factor = torch.cat([torch.full_like(want, signs[0]), torch.full_like(want, signs[1])], dim=-1)
-        moved = (projected.double() + factor * step).to(projected.dtype)
-        worst = torch.maximum(worst, (reference.gated_activation(moved, kind).double() - want).abs())
-    gate, up = projected.double().chunk(2, dim=-1)
-    act = reference.gated_activation(torch.cat([gate, torch.ones_like(up)], -1), kind)
-    dtype = projected.dtype
-    return worst + (2.0**-23 * gate.abs() + ulp(act, dtype)) * up.abs() + ulp(want, dtype)
 
 
 # --------------------------------------------------------------------------------- against the spec

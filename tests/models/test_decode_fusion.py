@@ -1,6 +1,7 @@
-"""Each model line's tiny checkpoint decoding with ``--decode-fusion`` (the fused decode GEMV forced on
-under the Triton interpreter) against the same model composing its projections as every other step
-does.
+"""Each model line's tiny checkpoint decoding with ``--decode-fusion`` (the fused decode GEMV and MMA
+forced on under the Triton interpreter) against the same model composing its projections as every
+other step does: three sequences (decode steps of 1-3 rows through the GEMV) and eight (decode steps
+of 8 rows through the MMA).
 
 Greedy tokens must be the same. Log-probs may differ by what the spec leaves free (the fp32 order of
 each projection's sum and of each norm's sum of squares), so the bound is measured in the same run:
@@ -10,7 +11,7 @@ fused model may sit at most 4× that worst spread from the composed one (about t
 bounds keep over their measured reordering).
 
 Every fused launch is spied on: each layer's projections, and the LM head, must each have run
-through the kernel with the line's fusion (docs/kernels.md, "The fused decode GEMV").
+through the kernel with the line's fusion (docs/kernels.md, "The fused decode GEMV" and "MMA").
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 import kernels.triton.fused_gemv as fused_module
+import kernels.triton.fused_mma as mma_module
 import models.paged_line
 from engine.config import EngineConfig
 from engine.contract import Request, SamplingParams
@@ -86,14 +88,19 @@ LINES: dict[str, Callable[[Any], Expected]] = {
 }
 
 
-def _decode(checkpoint: Path, *, fusion: bool) -> tuple[Run, Any]:
-    engine = EngineConfig(max_num_batched_tokens=64, num_kv_pages=64, max_num_seqs=4)
+# Prompt lengths: three sequences, and eight that decode together in steps of 8 rows.
+SMALL = (5, 21, 12)
+BATCH_8 = (5, 21, 12, 7, 16, 9, 13, 6)
+
+
+def _decode(checkpoint: Path, *, fusion: bool, lengths: tuple[int, ...] = SMALL) -> tuple[Run, Any]:
+    engine = EngineConfig(max_num_batched_tokens=64, num_kv_pages=64, max_num_seqs=len(lengths))
     options = ModelOptions(engine=engine, device="cpu", decode_fusion=fusion)
     scheduler = load_model(str(checkpoint), options).scheduler
     assert isinstance(scheduler, BatchScheduler)
     model = scheduler.runner.model  # type: ignore[attr-defined]
     assert isinstance(model.projections, FusedDecodeProjections) == fusion
-    prompts = [tuple(range(40, 40 + n)) for n in (5, 21, 12)]
+    prompts = [tuple(range(40, 40 + n)) for n in lengths]
     for i, prompt in enumerate(prompts):
         params = SamplingParams(max_tokens=10, temperature=0.0, logprobs=0)
         scheduler.submit(Request(f"r{i}", prompt, params))
@@ -141,14 +148,24 @@ def test_fused_decode_gives_the_composed_tokens_within_the_reordering_bound(
     assert len(per_layer) == 1, per_layer
     assert launched[(head, "gemv")] >= per_layer.pop() > 0
 
-    def k_reversed(
-        policy: object, device: torch.device
-    ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-        return lambda x, w: F.linear(x.flip(-1), w.flip(-1))
+    _check_against_composed(line, checkpoint, monkeypatch, composed, fused, SMALL)
 
+
+def _k_reversed(policy: object, device: torch.device) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    return lambda x, w: F.linear(x.flip(-1), w.flip(-1))
+
+
+def _check_against_composed(
+    line: str,
+    checkpoint: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    composed: Run,
+    fused: Run,
+    lengths: tuple[int, ...],
+) -> None:
     with monkeypatch.context() as patch:
-        patch.setattr(models.paged_line, "policy_linear", k_reversed)
-        reordered, _ = _decode(checkpoint, fusion=False)
+        patch.setattr(models.paged_line, "policy_linear", _k_reversed)
+        reordered, _ = _decode(checkpoint, fusion=False, lengths=lengths)
 
     assert fused[0] == composed[0] and all(len(t) == 10 for t in composed[0].values())
     assert reordered[0] == composed[0]
@@ -157,3 +174,25 @@ def test_fused_decode_gives_the_composed_tokens_within_the_reordering_bound(
     print(f"{line} log-prob |Δ|: fused {got:.3g}, reordered sums {spread:.3g}")
     assert spread > 0, "the reordered sums changed no log-prob: the bound would be zero"
     assert got <= 4 * spread, (got, spread)
+
+
+@pytest.mark.parametrize("line", sorted(LINES))
+def test_a_batch_of_eight_decodes_through_the_fused_mma(
+    line: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checkpoint: Path = request.getfixturevalue(line)
+    composed, _ = _decode(checkpoint, fusion=False, lengths=BATCH_8)
+    rows_seen: list[int] = []
+    real = mma_module.fused_mma
+
+    def counted(x: torch.Tensor, *args: Any, **kw: Any) -> Any:
+        rows_seen.append(x.shape[0])
+        return real(x, *args, **kw)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(mma_module, "fused_mma", counted)
+        fused, _ = _decode(checkpoint, fusion=True, lengths=BATCH_8)
+    # Every sequence decodes 10 tokens together: at least 9 decode steps of 8 rows through the MMA.
+    assert rows_seen.count(len(BATCH_8)) >= 9, sorted(set(rows_seen))
+    assert all(fused_module.MAX_ROWS < m <= mma_module.MAX_ROWS for m in rows_seen), sorted(set(rows_seen))
+    _check_against_composed(line, checkpoint, monkeypatch, composed, fused, BATCH_8)

@@ -145,8 +145,8 @@ qwen3-latency() {  # decode and prefill at the current commit, beside the 0e80bd
   infer bench latency --model $q3 --batch-sizes 1,8,64 --prefill-lens 1024,8192 --breakdown \
     --save-result $work/qwen3-4b-latency.json
 }
-gemm() {  # the skinny Triton GEMM's GPU tests, then cuBLAS against it per projection shape and M
-  python3 -m pytest -q -s tests/kernels/test_skinny_gemm.py
+gemm() {  # the skinny GEMM's and fused decode kernels' GPU tests, then cuBLAS against them per shape and M
+  python3 -m pytest -q -s tests/kernels/test_skinny_gemm.py tests/kernels/test_fused_gemv.py tests/kernels/test_fused_mma.py
   for model in qwen3-4b gemma4-12b; do
     COLUMNS=200 infer bench gemm --model $model --rows ${GEMM_ROWS:-1,2,4,8,16,32,64} \
       --save-result $work/gemm-$model.json --save-dispatch $work/skinny-dispatch-$model.json
