@@ -159,14 +159,15 @@ def start_paged_model(
         return PagedModelRunner(model, attention), kv.specs()
 
     max_pages_per_seq = pages_for(max_model_len)
+    # Under tensor parallelism every rank runs this same start-up, so each captures the same buckets
+    # in the same order and its graphs hold its side of the collectives (NCCL; docs/tensor-parallel.md).
     use_graphs = not config.enforce_eager and attention.supports_graphs
     if use_graphs and group.size > 1:
-        # Decode graphs would hold the ranks' collectives; capturing those is not built
-        # (docs/tensor-parallel.md), so sharded decode runs eager, said once per start-up.
         log.warning(
-            "tensor parallelism (%d ranks): decode runs eager, no CUDA graphs are captured", group.size
+            "tensor parallelism (%d ranks): decode graphs hold NCCL collectives, which have not run "
+            "here yet; --enforce-eager runs sharded decode without them",
+            group.size,
         )
-        use_graphs = False
     buckets = decode_buckets(config.max_num_seqs)
     total = torch.cuda.get_device_properties(device).total_memory
     # Overlapped prefill plans on its own attention instance (its own workspace): made now so the

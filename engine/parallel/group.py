@@ -4,7 +4,10 @@
 the same code at any size. `ProcessRankGroup` runs them over a torch.distributed process group:
 gloo when the ranks run on the CPU, NCCL when each rank has a GPU of its own (`cuda:RANK`; this
 path has not run yet, docs/tensor-parallel.md). Each wait is bounded by the group's timeout: a rank
-that stops answering fails the step with an error instead of hanging it. The group connects on
+that stops answering fails the step with an error instead of hanging it. On gloo the host waits,
+bounded; on NCCL a wait only orders the current stream after the collective (the host never blocks,
+so a step's collectives can be captured in a CUDA graph and launched ahead), and the bound is NCCL's
+own watchdog, which aborts a collective that outlives the group's timeout. The group connects on
 its first collective; rank 0 first waits for every peer to reach that point while it checks that
 their processes are alive (`peers_alive`), so a worker that dies while loading fails start-up at
 once (a live one gets `JOIN_TIMEOUT_S`).
@@ -171,7 +174,12 @@ class ProcessRankGroup:
 
     def _wait(self, work: dist.Work, what: str) -> None:
         try:
-            work.wait(self.timeout)
+            if self._device is None:
+                work.wait(self.timeout)
+            else:
+                # A timeout here would make the host poll the collective to completion: a sync per
+                # all-reduce, and illegal inside a graph capture. The watchdog holds the timeout.
+                work.wait()
         except RuntimeError as exc:
             raise CollectiveError(f"rank {self._rank}: {what} failed: {exc}") from exc
 

@@ -142,8 +142,8 @@ def run_bucket_bench(
         )
     if tensor_parallel_size > 1:
         raise typer.BadParameter(
-            f"{tensor_parallel_size}: the bucket sweep measures decode graphs, and sharded decode "
-            "captures none (graphs holding the ranks' collectives are not built; docs/tensor-parallel.md)",
+            f"{tensor_parallel_size}: the bucket sweep measures one device's decode graphs; a sweep "
+            "over sharded ranks is not built (docs/tensor-parallel.md)",
             param_hint="--tensor-parallel-size",
         )
     buckets = parse_buckets(buckets_text)

@@ -2,8 +2,8 @@
 under one or more numeric policies (one model load per policy, one row group per policy). A Qwen3.5
 checkpoint runs on the `--gdn-backend` given; the report says what that backend chose per phase.
 At `--tensor-parallel-size N` > 1 the model is split over N GPUs (rank 0 on the first): the split is
-checked before anything is measured or loaded, decode runs eager (no graphs hold collectives yet),
-the floors are rank 0's (its shard's bytes and flops on one device), and the saved result records N."""
+checked before anything is measured or loaded, every rank captures its decode graphs (collectives
+inside), the floors are rank 0's (its shard's bytes and flops on one device), and the saved result records N."""
 
 from __future__ import annotations
 

@@ -436,3 +436,26 @@ def test_float64_is_a_cpu_reference_only(tiny_qwen3: Path, monkeypatch: pytest.M
         ModelLoadError, match="--dtype float64 on cuda: float64 is the CPU reference dtype only"
     ):
         load(tiny_qwen3, 1, dtype="float64", device="cuda")
+
+
+def test_a_gpu_group_never_blocks_the_host_on_a_collective() -> None:
+    """On NCCL a wait orders the stream after the collective (capturable, no host sync: the watchdog
+    holds the timeout); on gloo the host waits, bounded by the group's timeout."""
+    import torch.distributed as dist
+
+    from engine.parallel.group import ProcessRankGroup, rank_device
+
+    class Work:
+        def __init__(self) -> None:
+            self.waits: list[tuple[object, ...]] = []
+
+        def wait(self, *timeout: object) -> bool:
+            self.waits.append(timeout)
+            return True
+
+    gpu = ProcessRankGroup(dist.HashStore(), 0, 2, 5.0, device=rank_device("cuda", 0))
+    cpu = ProcessRankGroup(dist.HashStore(), 0, 2, 5.0)
+    for group, expected in ((gpu, ()), (cpu, (cpu.timeout,))):
+        work = Work()
+        group._wait(work, "all-reduce")  # type: ignore[arg-type]
+        assert work.waits == [expected], (group.backend, work.waits)
