@@ -200,18 +200,77 @@ class Fusion:
         return "+".join(parts)
 
 
-def _shape_name(fusion: Fusion, m: int, n: int, k: int, dtype: torch.dtype) -> str:
-    return f"{fusion.name} x [{m}, {k}] @ w [{n}, {k}].T {str(dtype).removeprefix('torch.')}"
-
-
-def _check_rows(name: str, label: str, t: torch.Tensor, shape: tuple[int, int], like: torch.Tensor) -> None:
-    if tuple(t.shape) != shape or t.dtype != like.dtype or t.device != like.device:
-        raise FusedGemvError(
-            f"{name}: {label} is {tuple(t.shape)} {t.dtype} on {t.device}, not {list(shape)} "
-            f"{like.dtype} on {like.device}"
+def check_fused_operands(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    fusion: Fusion,
+    *,
+    kernel: str,
+    tag: str,
+    max_rows: int,
+    error: type[ValueError],
+    norm_weight: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> tuple[str, int]:
+    """What every member of the fused decode family refuses alike (its own register or shared-memory
+    limit aside): raise ``error`` naming the op (``tag`` after it, if any) and shape; return that name
+    and the number of output columns (N, or I for a gated [2I, K] weight)."""
+    op = f"{fusion.name} ({tag})" if tag else fusion.name
+    if weight.dim() != 2 or x.dim() != 2:
+        raise error(f"{op}: x {tuple(x.shape)}, weight {tuple(weight.shape)}: takes x [M, K] and w [N, K]")
+    (m, k), n = x.shape, weight.shape[0]
+    name = f"{op} x [{m}, {k}] @ w [{n}, {weight.shape[1]}].T {str(x.dtype).removeprefix('torch.')}"
+    if weight.shape[1] != k:
+        raise error(f"{name}: x has K={k}, the weight K={weight.shape[1]}")
+    if m > max_rows:
+        raise error(f"{name}: M={m} rows, the fused {kernel} takes at most {max_rows}")
+    if x.dtype != weight.dtype or x.dtype not in STORAGE_TYPES:
+        raise error(f"{name}: dtypes x={x.dtype}, weight={weight.dtype} must match and be bf16, fp16 or fp32")
+    if x.device != weight.device:
+        raise error(f"{name}: devices x={x.device}, weight={weight.device} must match")
+    if x.device.type != "cuda" and not interpreted():
+        raise error(f"{name}: device {x.device}; the Triton kernel needs CUDA (or TRITON_INTERPRET=1)")
+    if k < 1 or k % K_ALIGN:
+        raise error(
+            f"{name}: K={k} is not a positive multiple of {K_ALIGN} (weight rows stay 16-byte aligned)"
         )
-    if t.stride(1) != 1:
-        raise FusedGemvError(f"{name}: {label}'s last dim has stride {t.stride(1)}; it must be contiguous")
+    if x.stride(1) != 1:
+        raise error(f"{name}: x's last dim has stride {x.stride(1)}; it must be contiguous")
+    if not weight.is_contiguous():
+        raise error(f"{name}: the weight must be contiguous (strides {weight.stride()})")
+    gated = fusion.activation is not None
+    if gated and n % 2:
+        raise error(f"{name}: a gated weight has gate and up halves; N={n} is odd")
+    n_out = n // 2 if gated else n
+    if fusion.norm is not None:
+        if (norm_weight is None) != (fusion.norm.weight is NormWeight.NONE):
+            raise error(
+                f"{name}: norm weight {fusion.norm.weight.value!r} was given "
+                f"norm_weight={None if norm_weight is None else 'tensor'}"
+            )
+        if norm_weight is not None and (
+            tuple(norm_weight.shape) != (k,) or norm_weight.dtype != x.dtype or norm_weight.stride(0) != 1
+        ):
+            raise error(
+                f"{name}: norm_weight is {tuple(norm_weight.shape)} {norm_weight.dtype} "
+                f"(stride {norm_weight.stride()}), not a contiguous [{k}] {x.dtype}"
+            )
+    elif norm_weight is not None:
+        raise error(f"{name}: norm_weight was given without a norm spec")
+    if fusion.residual != (residual is not None):
+        raise error(f"{name}: residual={'tensor' if residual is not None else None} for {fusion.name}")
+    for label, t in (("residual", residual), ("out", out)):
+        if t is None:
+            continue
+        if tuple(t.shape) != (m, n_out) or t.dtype != x.dtype or t.device != x.device:
+            raise error(
+                f"{name}: {label} is {tuple(t.shape)} {t.dtype} on {t.device}, not {[m, n_out]} "
+                f"{x.dtype} on {x.device}"
+            )
+        if t.stride(1) != 1:
+            raise error(f"{name}: {label}'s last dim has stride {t.stride(1)}; it must be contiguous")
+    return name, n_out
 
 
 def check_fused_gemv(
@@ -226,67 +285,24 @@ def check_fused_gemv(
 ) -> int:
     """Raise ``FusedGemvError`` naming the shape for anything ``fused_gemv`` cannot run; returns the
     number of output columns (N, or I for a gated [2I, K] weight)."""
-    if weight.dim() != 2 or x.dim() != 2:
-        raise FusedGemvError(
-            f"{fusion.name}: x {tuple(x.shape)}, weight {tuple(weight.shape)}: takes x [M, K] and w [N, K]"
-        )
-    (m, k), n = x.shape, weight.shape[0]
-    name = _shape_name(fusion, m, n, weight.shape[1], x.dtype)
-    if weight.shape[1] != k:
-        raise FusedGemvError(f"{name}: x has K={k}, the weight K={weight.shape[1]}")
-    if m > MAX_ROWS:
-        raise FusedGemvError(f"{name}: M={m} rows, the fused GEMV takes at most {MAX_ROWS}")
-    if x.dtype != weight.dtype or x.dtype not in STORAGE_TYPES:
-        raise FusedGemvError(
-            f"{name}: dtypes x={x.dtype}, weight={weight.dtype} must match and be bf16, fp16 or fp32"
-        )
-    if x.device != weight.device:
-        raise FusedGemvError(f"{name}: devices x={x.device}, weight={weight.device} must match")
-    if x.device.type != "cuda" and not interpreted():
-        raise FusedGemvError(
-            f"{name}: device {x.device}; the Triton kernel needs CUDA (or TRITON_INTERPRET=1)"
-        )
-    if k < 1 or k % K_ALIGN:
-        raise FusedGemvError(
-            f"{name}: K={k} is not a positive multiple of {K_ALIGN} (weight rows stay 16-byte aligned)"
-        )
-    if x.stride(1) != 1:
-        raise FusedGemvError(f"{name}: x's last dim has stride {x.stride(1)}; it must be contiguous")
-    if not weight.is_contiguous():
-        raise FusedGemvError(f"{name}: the weight must be contiguous (strides {weight.stride()})")
-    gated = fusion.activation is not None
-    if gated and n % 2:
-        raise FusedGemvError(f"{name}: a gated weight has gate and up halves; N={n} is odd")
-    n_out = n // 2 if gated else n
-    elements = settings.slice_elements(k, gated=gated)
+    name, n_out = check_fused_operands(
+        x,
+        weight,
+        fusion,
+        kernel="GEMV",
+        tag="",
+        max_rows=MAX_ROWS,
+        error=FusedGemvError,
+        norm_weight=norm_weight,
+        residual=residual,
+        out=out,
+    )
+    elements = settings.slice_elements(x.shape[1], gated=fusion.activation is not None)
     if elements > MAX_SLICE_ELEMENTS:
         raise FusedGemvError(
             f"{name}: settings {settings.label}: a program's weight slice holds {elements} elements, "
             f"over the {MAX_SLICE_ELEMENTS} it keeps in registers"
         )
-    if fusion.norm is not None:
-        if (norm_weight is None) != (fusion.norm.weight is NormWeight.NONE):
-            raise FusedGemvError(
-                f"{name}: norm weight {fusion.norm.weight.value!r} was given "
-                f"norm_weight={None if norm_weight is None else 'tensor'}"
-            )
-        if norm_weight is not None and (
-            tuple(norm_weight.shape) != (k,) or norm_weight.dtype != x.dtype or norm_weight.stride(0) != 1
-        ):
-            raise FusedGemvError(
-                f"{name}: norm_weight is {tuple(norm_weight.shape)} {norm_weight.dtype} "
-                f"(stride {norm_weight.stride()}), not a contiguous [{k}] {x.dtype}"
-            )
-    elif norm_weight is not None:
-        raise FusedGemvError(f"{name}: norm_weight was given without a norm spec")
-    if fusion.residual != (residual is not None):
-        raise FusedGemvError(
-            f"{name}: residual={'tensor' if residual is not None else None} for {fusion.name}"
-        )
-    if residual is not None:
-        _check_rows(name, "residual", residual, (m, n_out), x)
-    if out is not None:
-        _check_rows(name, "out", out, (m, n_out), x)
     return n_out
 
 

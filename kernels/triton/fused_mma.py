@@ -48,7 +48,7 @@ import triton
 import triton.language as tl
 
 from kernels.reference import GatedActivation, NormWeight
-from kernels.triton.fused_gemv import QWEN3, Fusion
+from kernels.triton.fused_gemv import QWEN3, Fusion, check_fused_operands
 from kernels.triton.gated_act import _KINDS, _gated_product
 from kernels.triton.invariant_rmsnorm import _MODES, _inverse_rms_of_sum
 from kernels.triton.prep_kernel import WEIGHT_NONE, _normalise, _round_to_storage
@@ -58,8 +58,6 @@ from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted, pd
 MAX_ROWS = 64
 # The row-block sizes: tl.dot tiles are at least 16 rows; 64 holds every step the kernel takes.
 ROW_BLOCKS = (16, 64)
-# Every weight row must start 16-byte aligned at every dtype (16 fp32 values are 64 bytes).
-K_ALIGN = 16
 # Shared memory one program's pipeline may hold (the H200 gives a block up to 227 KB).
 MAX_PIPELINE_BYTES = 200 * 1024
 # Enough programs to cover the H200's 132 SMs about once: block_n shrinks until the grid reaches it.
@@ -283,20 +281,6 @@ def _fused_mma_kernel(
 # -------------------------------------------------------------------------------------- launcher
 
 
-def _shape_name(fusion: Fusion, m: int, n: int, k: int, dtype: torch.dtype) -> str:
-    return f"{fusion.name} (mma) x [{m}, {k}] @ w [{n}, {k}].T {str(dtype).removeprefix('torch.')}"
-
-
-def _check_rows(name: str, label: str, t: torch.Tensor, shape: tuple[int, int], like: torch.Tensor) -> None:
-    if tuple(t.shape) != shape or t.dtype != like.dtype or t.device != like.device:
-        raise FusedMmaError(
-            f"{name}: {label} is {tuple(t.shape)} {t.dtype} on {t.device}, not {list(shape)} "
-            f"{like.dtype} on {like.device}"
-        )
-    if t.stride(1) != 1:
-        raise FusedMmaError(f"{name}: {label}'s last dim has stride {t.stride(1)}; it must be contiguous")
-
-
 def check_fused_mma(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -309,68 +293,25 @@ def check_fused_mma(
 ) -> int:
     """Raise ``FusedMmaError`` naming the shape for anything ``fused_mma`` cannot run; returns the
     number of output columns (N, or I for a gated [2I, K] weight)."""
-    if weight.dim() != 2 or x.dim() != 2:
-        raise FusedMmaError(
-            f"{fusion.name} (mma): x {tuple(x.shape)}, weight {tuple(weight.shape)}: takes x [M, K] "
-            "and w [N, K]"
-        )
-    (m, k), n = x.shape, weight.shape[0]
-    name = _shape_name(fusion, m, n, weight.shape[1], x.dtype)
-    if weight.shape[1] != k:
-        raise FusedMmaError(f"{name}: x has K={k}, the weight K={weight.shape[1]}")
-    if m > MAX_ROWS:
-        raise FusedMmaError(f"{name}: M={m} rows, the fused MMA takes at most {MAX_ROWS}")
-    if x.dtype != weight.dtype or x.dtype not in STORAGE_TYPES:
-        raise FusedMmaError(
-            f"{name}: dtypes x={x.dtype}, weight={weight.dtype} must match and be bf16, fp16 or fp32"
-        )
-    if x.device != weight.device:
-        raise FusedMmaError(f"{name}: devices x={x.device}, weight={weight.device} must match")
-    if x.device.type != "cuda" and not interpreted():
-        raise FusedMmaError(
-            f"{name}: device {x.device}; the Triton kernel needs CUDA (or TRITON_INTERPRET=1)"
-        )
-    if k < 1 or k % K_ALIGN:
-        raise FusedMmaError(
-            f"{name}: K={k} is not a positive multiple of {K_ALIGN} (weight rows stay 16-byte aligned)"
-        )
-    if x.stride(1) != 1:
-        raise FusedMmaError(f"{name}: x's last dim has stride {x.stride(1)}; it must be contiguous")
-    if not weight.is_contiguous():
-        raise FusedMmaError(f"{name}: the weight must be contiguous (strides {weight.stride()})")
-    gated = fusion.activation is not None
-    if gated and n % 2:
-        raise FusedMmaError(f"{name}: a gated weight has gate and up halves; N={n} is odd")
-    n_out = n // 2 if gated else n
-    pipeline = settings.pipeline_bytes(row_block(m), x.element_size(), gated=gated)
+    name, n_out = check_fused_operands(
+        x,
+        weight,
+        fusion,
+        kernel="MMA",
+        tag="mma",
+        max_rows=MAX_ROWS,
+        error=FusedMmaError,
+        norm_weight=norm_weight,
+        residual=residual,
+        out=out,
+    )
+    m = x.shape[0]
+    pipeline = settings.pipeline_bytes(row_block(m), x.element_size(), gated=fusion.activation is not None)
     if pipeline > MAX_PIPELINE_BYTES:
         raise FusedMmaError(
             f"{name}: settings {settings.label}: the pipeline holds {pipeline} bytes of shared memory "
             f"at {row_block(m)} rows, over the {MAX_PIPELINE_BYTES} a program may take"
         )
-    if fusion.norm is not None:
-        if (norm_weight is None) != (fusion.norm.weight is NormWeight.NONE):
-            raise FusedMmaError(
-                f"{name}: norm weight {fusion.norm.weight.value!r} was given "
-                f"norm_weight={None if norm_weight is None else 'tensor'}"
-            )
-        if norm_weight is not None and (
-            tuple(norm_weight.shape) != (k,) or norm_weight.dtype != x.dtype or norm_weight.stride(0) != 1
-        ):
-            raise FusedMmaError(
-                f"{name}: norm_weight is {tuple(norm_weight.shape)} {norm_weight.dtype} "
-                f"(stride {norm_weight.stride()}), not a contiguous [{k}] {x.dtype}"
-            )
-    elif norm_weight is not None:
-        raise FusedMmaError(f"{name}: norm_weight was given without a norm spec")
-    if fusion.residual != (residual is not None):
-        raise FusedMmaError(
-            f"{name}: residual={'tensor' if residual is not None else None} for {fusion.name}"
-        )
-    if residual is not None:
-        _check_rows(name, "residual", residual, (m, n_out), x)
-    if out is not None:
-        _check_rows(name, "out", out, (m, n_out), x)
     return n_out
 
 
