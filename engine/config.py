@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from engine.contract import ContractError
 from kernels.gemm.names import POLICY_NAMES
 
+SAMPLING_BACKENDS = ("torch", "triton")
+
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
@@ -77,6 +79,15 @@ class EngineConfig:
         },
     )
 
+    # The token draw of sampled rows (engine/sampling.py; docs/engine.md, "Sampling").
+    sampling_backend: str = field(
+        default="torch",
+        metadata={
+            "help": "torch (the spec's ops) or triton (the token draw in one Triton launch, CUDA; "
+            "opt-in until measured on a GPU)."
+        },
+    )
+
     # Tensor parallelism (engine/parallel; docs/tensor-parallel.md).
     tensor_parallel_size: int = field(
         default=1,
@@ -115,6 +126,10 @@ class EngineConfig:
             )
         if self.num_kv_pages is not None and self.num_kv_pages < 2:
             raise ContractError("num_kv_pages", self.num_kv_pages, "must be at least 2 (page 0 is padding)")
+        if self.sampling_backend not in SAMPLING_BACKENDS:
+            raise ContractError(
+                "sampling_backend", self.sampling_backend, f"must be one of {', '.join(SAMPLING_BACKENDS)}"
+            )
         if self.async_scheduling and self.async_prefill:
             raise ContractError(
                 "async_scheduling", True, "cannot be combined with async_prefill (one of the two at a time)"

@@ -41,14 +41,14 @@ from kernels.attention.base import AttentionBackend
 
 
 def sample_rows(
-    rows: Sequence[BatchRow], logits: torch.Tensor | None, seeds: SeedSource
+    rows: Sequence[BatchRow], logits: torch.Tensor | None, seeds: SeedSource, *, triton_draw: bool = False
 ) -> list[SampledToken | None]:
     """Sample the rows with `sample` from `logits` (one row each, in order); None for the others."""
     results: list[SampledToken | None] = [None] * len(rows)
     if logits is None:
         return results
     params = SamplingBatch.pack([RowSampling.of(r, seeds) for r in rows if r.sample])
-    picked = sample(logits, params.to(logits.device), params.plan)
+    picked = sample(logits, params.to(logits.device), params.plan, triton_draw=triton_draw)
     sampled = iter(picked.to_sampled_tokens(params.logprobs_requested))
     for i, row in enumerate(rows):
         if row.sample:
@@ -67,8 +67,12 @@ class PagedModelRunner:
         seeds: SeedSource | None = None,
         graphs: GraphedDecode | None = None,
         side_attention: AttentionBackend | None = None,
+        *,
+        triton_draw: bool = False,
     ) -> None:
         self.model = model
+        # The sampled rows' draw through the Triton kernel (`--sampling-backend triton`).
+        self.triton_draw = triton_draw
         self.attention = attention
         self.seeds = seeds or SeedSource()
         self.graphs = graphs
@@ -86,7 +90,7 @@ class PagedModelRunner:
 
     @torch.inference_mode()
     def execute(self, batch: StepBatch) -> list[SampledToken | None]:
-        return sample_rows(batch.rows, self.forward(batch), self.seeds)
+        return sample_rows(batch.rows, self.forward(batch), self.seeds, triton_draw=self.triton_draw)
 
     @torch.inference_mode()
     def forward(self, batch: StepBatch) -> torch.Tensor | None:
@@ -157,7 +161,7 @@ class PagedModelRunner:
             requested: tuple[int | None, ...] = ()
             if logits is not None:
                 params = SamplingBatch.pack([RowSampling.of(r, self.seeds) for r in rows if r.sample])
-                picked = sample(logits, params.to(device, staging), params.plan)
+                picked = sample(logits, params.to(device, staging), params.plan, triton_draw=self.triton_draw)
                 device_tokens = picked.token_ids
                 host = picked.to_host(staging)
                 requested = params.logprobs_requested
@@ -208,7 +212,8 @@ class PagedModelRunner:
         rows = batch.rows
         attention = self._side_attention()
         if self.model.device.type != "cuda":
-            return ReadyPrefill(sample_rows(rows, self._eager_logits(rows, attention), self.seeds))
+            logits = self._eager_logits(rows, attention)
+            return ReadyPrefill(sample_rows(rows, logits, self.seeds, triton_draw=self.triton_draw))
         stream = self._side_stream()
         # Anything the main stream still has queued (nothing, after a step's sampling synced it)
         # comes first: the prefill may read prefix-cache pages earlier steps wrote.
@@ -222,7 +227,7 @@ class PagedModelRunner:
             # The contract: nothing this launch started is left running behind an exception.
             stream.synchronize()
             raise
-        return _StreamedPrefill(rows, logits, finished, self.seeds)
+        return _StreamedPrefill(rows, logits, finished, self.seeds, self.triton_draw)
 
     def _side_attention(self) -> AttentionBackend:
         if self._side_backend is None:
@@ -318,8 +323,10 @@ class _StreamedPrefill:
         logits: torch.Tensor | None,
         finished: torch.cuda.Event,
         seeds: SeedSource,
+        triton_draw: bool,
     ) -> None:
         self._seeds = seeds
+        self._triton_draw = triton_draw
         # Kept for sampling at collect: only ids, sampling params and counts are read then.
         self._rows = tuple(rows)
         self._logits = logits
@@ -339,4 +346,4 @@ class _StreamedPrefill:
             # allocation while the sampler (on the main stream) still reads it.
             logits.record_stream(consumer)
         with torch.inference_mode():
-            return sample_rows(self._rows, logits, self._seeds)
+            return sample_rows(self._rows, logits, self._seeds, triton_draw=self._triton_draw)

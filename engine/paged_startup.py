@@ -47,8 +47,8 @@ def profile_step(
 ) -> None:
     """An eager step of `tokens` tokens (default: the token budget) as one prefill, its last
     min(tokens, max_num_seqs) positions sampled through the most demanding sampler plan (filters
-    and 20 log-probs); then one row through each cheaper plan that draws, so that every variant of
-    the draw kernel is compiled before the first request needs it."""
+    and 20 log-probs); with `--sampling-backend triton`, then one row through each cheaper plan that
+    draws, so that every variant of the draw kernel is compiled before the first request needs it."""
     tokens = config.max_num_batched_tokens if tokens is None else tokens
     specs = model.kv.attention_specs
     pages = tuple(range(1, 1 + pages_for(tokens)))
@@ -60,11 +60,13 @@ def profile_step(
         params = SamplingBatch.pack(
             [RowSampling(SamplingParams(top_p=0.9, top_k=50, logprobs=20), 0, 0)] * rows
         )
-        sample(logits, params.to(model.device), SamplingPlan.widest(20))
-        one_row = SamplingBatch.pack([RowSampling(SamplingParams(), 0, 0)]).to(model.device)
-        for sorted_filters, min_p_filter in ((False, False), (False, True), (True, False)):
-            plan = SamplingPlan(sorted_filters=sorted_filters, min_p_filter=min_p_filter)
-            sample(logits[:1], one_row, plan)
+        triton_draw = config.sampling_backend == "triton"
+        sample(logits, params.to(model.device), SamplingPlan.widest(20), triton_draw=triton_draw)
+        if triton_draw:
+            one_row = SamplingBatch.pack([RowSampling(SamplingParams(), 0, 0)]).to(model.device)
+            for sorted_filters, min_p_filter in ((False, False), (False, True), (True, False)):
+                plan = SamplingPlan(sorted_filters=sorted_filters, min_p_filter=min_p_filter)
+                sample(logits[:1], one_row, plan, triton_draw=True)
     torch.cuda.synchronize()
 
 
@@ -149,6 +151,7 @@ def start_paged_model(
     smallest count any rank can hold, so a page id means the same thing on every rank."""
     device = model.device
     kv = model.kv
+    triton_draw = config.sampling_backend == "triton"
     groups = group_costs(kv.shapes, kv.bytes_per_page(), config, max_model_len)
     per_page = sum(g.bytes_per_page for g in groups)
     if device.type != "cuda":
@@ -156,7 +159,7 @@ def start_paged_model(
         kv.allocate(
             group.min_over_ranks(configured_kv_pages(config, groups) or split_kv_bytes(CPU_KV_BYTES, groups))
         )
-        return PagedModelRunner(model, attention), kv.specs()
+        return PagedModelRunner(model, attention, triton_draw=triton_draw), kv.specs()
 
     max_pages_per_seq = pages_for(max_model_len)
     # Under tensor parallelism every rank runs this same start-up, so each captures the same buckets
@@ -235,4 +238,7 @@ def start_paged_model(
             message += f" (the trial took {trial.captured_bytes / GIB:.3f} GiB, of which {trial.persisted_outside / GIB:.3f} GiB stayed resident)"
     log.info(message)
     progress.note(message)
-    return PagedModelRunner(model, attention, graphs=graphs, side_attention=side_attention), kv_groups
+    runner = PagedModelRunner(
+        model, attention, graphs=graphs, side_attention=side_attention, triton_draw=triton_draw
+    )
+    return runner, kv_groups

@@ -128,12 +128,12 @@ class SamplerOutput:
 
 
 def sample(
-    logits: Tensor, params: SamplingTensors, plan: SamplingPlan, *, triton_draw: bool | None = None
+    logits: Tensor, params: SamplingTensors, plan: SamplingPlan, *, triton_draw: bool = False
 ) -> SamplerOutput:
     """Sample one token per row of `logits` [rows, vocab] (any float dtype; computed in float32).
 
-    `triton_draw`: None draws through the Triton kernel on CUDA and the spec elsewhere; True forces
-    the kernel (CUDA, or the interpreter under TRITON_INTERPRET=1), False the spec."""
+    `triton_draw`: the random rows' draw through the Triton kernel (CUDA, or the interpreter under
+    TRITON_INTERPRET=1; `--sampling-backend triton`) rather than the spec's torch ops."""
     if logits.dim() != 2:
         raise ValueError(f"logits.shape={tuple(logits.shape)}: expected [rows, vocab]")
     rows, vocab_size = logits.shape
@@ -155,7 +155,7 @@ def sample(
 
 
 def _draw(
-    logits: Tensor, params: SamplingTensors, keep: Tensor | None, *, min_p: bool, triton_draw: bool | None
+    logits: Tensor, params: SamplingTensors, keep: Tensor | None, *, min_p: bool, triton_draw: bool
 ) -> Tensor:
     rows = DrawRows(
         temperature=params.temperature,
@@ -164,8 +164,6 @@ def _draw(
         seed=params.seed,
         step=params.step,
     )
-    if triton_draw is None:
-        triton_draw = logits.device.type == "cuda"
     if not triton_draw:
         return reference.draw_tokens(logits, rows, keep)
     from kernels.triton.token_draw import token_draw
