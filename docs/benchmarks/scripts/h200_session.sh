@@ -179,7 +179,7 @@ gemm-qwen3() {  # cuBLAS / skinny / fused GEMV / fused MMA per Qwen3-4B projecti
 # Qwen3-4B decode per path, one model load each (issue 18). NAME|FLAGS; the first is the default.
 DECODE_VARIANTS=${DECODE_VARIANTS:-"default| async|--async-scheduling triton|--attention-backend=triton
   fused|--decode-fusion fused-triton|--decode-fusion,--attention-backend=triton
-  all|--decode-fusion,--attention-backend=triton,--async-scheduling,--sampling-backend=triton"}
+  all|--decode-fusion,--attention-backend=triton,--async-scheduling"}
 qwen3-decode-variants() {
   synth_q3
   local variant
