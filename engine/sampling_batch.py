@@ -151,32 +151,40 @@ class SamplingBatch:
     def pack(cls, rows: Sequence[RowSampling]) -> SamplingBatch:
         if not rows:
             raise ValueError("rows=[]: a sampling batch needs at least one row")
-        floats = torch.tensor(
-            [
-                [1.0 if row.greedy else row.params.temperature for row in rows],
-                [row.params.top_p for row in rows],
-                [row.params.min_p for row in rows],
-            ],
-            dtype=torch.float32,
-        )
-        ints = torch.tensor(
-            [
-                [row.params.top_k for row in rows],
-                [int(row.greedy) for row in rows],
-                [_as_int64_seed(row.seed) for row in rows],
-                [row.step for row in rows],
-            ],
-            dtype=torch.int64,
-        )
-        requested = tuple(row.params.logprobs for row in rows)
-        random_rows = [row for row in rows if not row.greedy]
+        # One pass over the rows; columns are filled in the packed tensors' row order.
+        temperature: list[float] = []
+        top_p: list[float] = []
+        min_p: list[float] = []
+        top_k: list[int] = []
+        greedy: list[int] = []
+        seed: list[int] = []
+        step: list[int] = []
+        requested: list[int | None] = []
+        sorted_filters = random_rows = min_p_filter = False
+        for row in rows:
+            params = row.params
+            is_greedy = params.temperature < GREEDY_TEMPERATURE
+            temperature.append(1.0 if is_greedy else params.temperature)
+            top_p.append(params.top_p)
+            min_p.append(params.min_p)
+            top_k.append(params.top_k)
+            greedy.append(int(is_greedy))
+            seed.append(_as_int64_seed(row.seed))
+            step.append(row.step)
+            requested.append(params.logprobs)
+            if not is_greedy:
+                random_rows = True
+                sorted_filters = sorted_filters or params.top_k > 0 or params.top_p < 1.0
+                min_p_filter = min_p_filter or params.min_p > 0.0
+        floats = torch.tensor([temperature, top_p, min_p], dtype=torch.float32)
+        ints = torch.tensor([top_k, greedy, seed, step], dtype=torch.int64)
         plan = SamplingPlan(
             num_logprobs=max((k for k in requested if k is not None), default=None),
-            sorted_filters=any(row.params.top_k > 0 or row.params.top_p < 1.0 for row in random_rows),
-            random_rows=bool(random_rows),
-            min_p_filter=any(row.params.min_p > 0.0 for row in random_rows),
+            sorted_filters=sorted_filters,
+            random_rows=random_rows,
+            min_p_filter=min_p_filter,
         )
-        return cls(floats=floats, ints=ints, logprobs_requested=requested, plan=plan)
+        return cls(floats=floats, ints=ints, logprobs_requested=tuple(requested), plan=plan)
 
     @property
     def num_rows(self) -> int:

@@ -13,6 +13,7 @@ of `ForwardBatch` (`state_slots`), filled here, filler rows taking slot 0, the p
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import chain
 
 import numpy as np
 import torch
@@ -45,48 +46,56 @@ def pack_step(
     if num_rows < len(rows):
         raise ValueError(f"{len(rows)} rows do not fit bucket {bucket}")
     filler = num_rows - len(rows)
-    input_ids: list[int] = []
-    positions: list[int] = []
-    seq_index: list[int] = []
-    logit_index: list[int] = []
-    for i, row in enumerate(rows):
-        input_ids.extend(row.token_ids)
-        positions.extend(range(row.start_pos, row.end_pos))
-        seq_index.extend([i] * len(row.token_ids))
-        if row.sample:
-            logit_index.append(len(input_ids) - 1)
-    tokens = len(input_ids)
-    input_ids.extend([_FILLER_TOKEN] * filler)
-    positions.extend([0] * filler)
-    seq_index.extend(range(len(rows), num_rows))
-    if bucket is not None:
-        logit_index.extend(range(tokens, tokens + filler))
-    if logits_last is not None:
-        logit_index = list(range(tokens - logits_last, tokens))
-
+    live = len(rows)
+    # Per row first (one pass over the rows), then every per-token array in bulk through numpy.
     q_lens = tuple(len(r.token_ids) for r in rows) + (1,) * filler
-    kv_lens = tuple(r.end_pos for r in rows) + (1,) * filler
+    kv_lens = tuple(r.start_pos + len(r.token_ids) for r in rows) + (1,) * filler
+    q_len = np.array(q_lens, dtype=np.int64)
+    tokens = int(q_len[:live].sum())
+    # Filler rows are one token each at position 0: a start of 0 and a q_len of 1 give exactly that.
+    starts = np.zeros(num_rows, dtype=np.int64)
+    starts[:live] = np.fromiter((r.start_pos for r in rows), dtype=np.int64, count=live)
+    input_ids = np.full(tokens + filler, _FILLER_TOKEN, dtype=np.int64)
+    input_ids[:tokens] = np.fromiter(chain.from_iterable(r.token_ids for r in rows), np.int64, tokens)
+    ends = np.cumsum(q_len)  # one past each row's last token in the packed step
+    seq_index = np.repeat(np.arange(num_rows, dtype=np.int32), q_len)
+    positions = (np.arange(tokens + filler, dtype=np.int64) - np.repeat(ends - q_len - starts, q_len)).astype(
+        np.int32
+    )
+    if logits_last is not None:
+        logit_index = np.arange(tokens - logits_last, tokens, dtype=np.int64)
+    else:
+        samples = np.fromiter((r.sample for r in rows), dtype=bool, count=live)
+        logit_index = ends[:live][samples] - 1
+        if bucket is not None:
+            logit_index = np.concatenate((logit_index, np.arange(tokens, tokens + filler, dtype=np.int64)))
+
     tables: list[torch.Tensor] = []
     for g, spec in enumerate(specs):
         group_tables = tuple(r.page_tables[g] for r in rows) + ((PADDING_PAGE,),) * filler
         tables.append(_padded_table(group_tables))
         attention.plan(g, GroupBatch(q_lens, kv_lens, group_tables, PAGE_SIZE), spec, graph_bucket=bucket)
-    positions_t = torch.tensor(positions, dtype=torch.int32)
-    seq_index_t = torch.tensor(seq_index, dtype=torch.int32)
+    positions_t = torch.from_numpy(positions)
+    seq_index_t = torch.from_numpy(seq_index)
+    state_slots = np.full(num_rows, PADDING_SLOT, dtype=np.int64)
+    state_slots[:live] = np.fromiter((r.state_slot for r in rows), dtype=np.int64, count=live)
     return ForwardBatch(
-        input_ids=torch.tensor(input_ids, dtype=torch.long),
+        input_ids=torch.from_numpy(input_ids),
         positions=positions_t,
         rows=tuple(PagedRows(positions_t, seq_index_t, table) for table in tables),
-        sample_index=torch.tensor(logit_index, dtype=torch.long),
+        sample_index=torch.from_numpy(logit_index),
         attention=attention,
-        state_slots=torch.tensor([r.state_slot for r in rows] + [PADDING_SLOT] * filler, dtype=torch.long),
+        state_slots=torch.from_numpy(state_slots),
     )
 
 
 def _padded_table(tables: Sequence[Sequence[int]]) -> torch.Tensor:
-    """int32 [rows, widest] with each row's pages, padded with the padding page. Filled through
-    numpy: a nested list through torch.tensor costs several times more host time per step."""
-    padded = np.full((len(tables), max(len(t) for t in tables)), PADDING_PAGE, dtype=np.int32)
-    for i, table in enumerate(tables):
-        padded[i, : len(table)] = table
+    """int32 [rows, widest] with each row's pages, padded with the padding page. Filled in one
+    numpy scatter of the concatenated tables: a nested list through torch.tensor, or one numpy
+    assignment per row, costs several times more host time per step."""
+    lengths = np.fromiter(map(len, tables), dtype=np.int64, count=len(tables))
+    padded = np.full((len(tables), int(lengths.max())), PADDING_PAGE, dtype=np.int32)
+    # Row-major order of the mask's True cells is each row's pages in order, rows in order.
+    filled = np.arange(padded.shape[1]) < lengths[:, None]
+    padded[filled] = np.fromiter(chain.from_iterable(tables), dtype=np.int32, count=int(lengths.sum()))
     return torch.from_numpy(padded)
