@@ -35,7 +35,7 @@ from engine.runner import (
     StepHandle,
 )
 from engine.sampling import SamplerOutput, sample
-from engine.sampling_batch import RowSampling, SamplingBatch, SeedSource
+from engine.sampling_batch import SamplingBatch, SeedSource
 from engine.step_packer import pack_step
 from kernels.attention.base import AttentionBackend
 
@@ -44,16 +44,12 @@ def sample_rows(
     rows: Sequence[BatchRow], logits: torch.Tensor | None, seeds: SeedSource
 ) -> list[SampledToken | None]:
     """Sample the rows with `sample` from `logits` (one row each, in order); None for the others."""
-    results: list[SampledToken | None] = [None] * len(rows)
     if logits is None:
-        return results
-    params = SamplingBatch.pack([RowSampling.of(r, seeds) for r in rows if r.sample])
+        return [None] * len(rows)
+    params = SamplingBatch.of_step(rows, seeds)
     picked = sample(logits, params.to(logits.device), params.plan)
     sampled = iter(picked.to_sampled_tokens(params.logprobs_requested))
-    for i, row in enumerate(rows):
-        if row.sample:
-            results[i] = next(sampled)
-    return results
+    return [next(sampled) if row.sample else None for row in rows]
 
 
 class PagedModelRunner:
@@ -156,7 +152,7 @@ class PagedModelRunner:
             device_tokens: torch.Tensor | None = None
             requested: tuple[int | None, ...] = ()
             if logits is not None:
-                params = SamplingBatch.pack([RowSampling.of(r, self.seeds) for r in rows if r.sample])
+                params = SamplingBatch.of_step(rows, self.seeds)
                 picked = sample(logits, params.to(device, staging), params.plan)
                 device_tokens = picked.token_ids
                 host = picked.to_host(staging)

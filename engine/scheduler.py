@@ -519,7 +519,11 @@ class BatchScheduler:
         """Whether the tokens in flight end the request on max_tokens or the context length."""
         if not seq.pending:
             return False
-        return seq.num_generated >= seq.request.sampling.max_tokens or seq.num_tokens >= self._max_model_len
+        num_tokens = len(seq.tokens) + seq.pending
+        return (
+            num_tokens - seq.num_prompt >= seq.request.sampling.max_tokens
+            or num_tokens >= self._max_model_len
+        )
 
     def _launch_step(self, rows: list[BatchRow], seqs: list[_Seq], previous: _Launched | None) -> None:
         feed = previous.handle if previous is not None else None
@@ -774,9 +778,10 @@ class BatchScheduler:
         if len(results) != len(rows):
             raise RunnerContractError(f"runner returned {len(results)} results for {len(rows)} rows")
         finished = False
+        computed = self.kv.computed
         for seq, row, result in zip(seqs, rows, results, strict=True):
             seq.num_computed = row.start_pos + len(row.token_ids)
-            self.kv.computed(seq.request_id, seq.tokens, seq.num_computed)
+            computed(seq.request_id, seq.tokens, seq.num_computed)
             if seq.snapshot is not None:
                 end, slot = seq.snapshot
                 seq.snapshot = None
