@@ -171,22 +171,22 @@ class PagedModelRunner:
         self, rows: Sequence[BatchRow], feed: StepHandle | None, staging: HostStaging
     ) -> Callable[[torch.Tensor], None] | None:
         """What rewrites the packed token ids of rows fed from `feed` on the device, or None."""
-        targets: list[int] = []
-        sources: list[int] = []
+        # Every fed row: (its token's offset in the packed step, the row it is fed from, its id).
+        fed: list[tuple[int, int, str]] = []
         offset = 0
         for row in rows:
             if row.feed_from is not None:
-                if not isinstance(feed, _LaunchedStep) or feed.runner is not self:
-                    raise FeedError(
-                        f"row of {row.request_id!r} is fed from {type(feed).__name__}, not from a step "
-                        "this runner launched"
-                    )
-                targets.append(offset)
-                sources.append(feed.sampled_index(row.feed_from, row.request_id))
+                fed.append((offset, row.feed_from, row.request_id))
             offset += len(row.token_ids)
-        if not targets:
+        if not fed:
             return None
-        assert isinstance(feed, _LaunchedStep) and feed.device_tokens is not None
+        if not isinstance(feed, _LaunchedStep) or feed.runner is not self:
+            raise FeedError(
+                f"row of {fed[0][2]!r} is fed from {type(feed).__name__}, not from a step this runner launched"
+            )
+        targets = [offset for offset, _, _ in fed]
+        sources = [feed.sampled_index(source, request_id) for _, source, request_id in fed]
+        assert feed.device_tokens is not None
         tokens = feed.device_tokens
         index = staging.stage("feed", torch.tensor([targets, sources], dtype=torch.long))
         index = index.to(self.model.device, non_blocking=True)
@@ -274,10 +274,9 @@ class _LaunchedStep:
         self.device_tokens = device_tokens
         self._samples = tuple(r.sample for r in rows)
         # Row index -> index among the sampling rows (the sampler's row).
-        self._sampled_at: dict[int, int] = {}
-        for i, row in enumerate(rows):
-            if row.sample:
-                self._sampled_at[i] = len(self._sampled_at)
+        self._sampled_at = {
+            row: k for k, row in enumerate(i for i, samples in enumerate(self._samples) if samples)
+        }
         self._host = host
         self._requested = logprobs_requested
         self._finished = finished
@@ -294,15 +293,11 @@ class _LaunchedStep:
     def collect(self) -> list[SampledToken | None]:
         if self._finished is not None:
             self._finished.synchronize()
-        results: list[SampledToken | None] = [None] * len(self._samples)
         if self._host is None:
-            return results
+            return [None] * len(self._samples)
         # Host tensors (pinned, complete after the event): reading them waits for nothing.
         sampled = iter(self._host.to_sampled_tokens(self._requested))
-        for i, samples in enumerate(self._samples):
-            if samples:
-                results[i] = next(sampled)
-        return results
+        return [next(sampled) if samples else None for samples in self._samples]
 
 
 class _StreamedPrefill:
