@@ -139,7 +139,7 @@ class RequestLedger:
             raise LifecycleError(request_id, "commit", entry.phase.value)
         if logprobs is not None and len(logprobs) != len(token_ids):
             raise ValueError(f"request {request_id!r}: {len(token_ids)} tokens but {len(logprobs)} logprobs")
-        pending = self._pending.get(request_id) or self._pend(request_id)
+        pending = self._pend(request_id)
         pending.tokens.extend(token_ids)
         if logprobs is not None:
             if pending.logprobs is None:

@@ -373,7 +373,7 @@ class BatchScheduler:
             i += 1
             if seq.decoding != decodes or id(seq) in scheduled:
                 continue
-            if decodes and seq.pending and self._finishes_by_length(seq):
+            if decodes and self._finishes_by_length(seq):
                 continue  # the token in flight is its last: it finishes when that step is collected
             # A decode needs its one token and may preempt itself (it is then the newest). A
             # prefill chunk shrinks to what fits, and one that finds no page waits instead of

@@ -244,7 +244,7 @@ class KVManager:
 
     def allocate(self, request_id: str, end_pos: int) -> bool:
         """Give the request pages up to position `end_pos` in every group, or in none."""
-        state = self._requests.get(request_id) or self._state(request_id)
+        state = self._state(request_id)
         pages = pages_for(end_pos)
         # The common case, a decode inside its last page: a plain loop, no generator.
         for table in state.tables:
