@@ -128,9 +128,13 @@ class RequestLedger:
         token_ids: Sequence[int],
         logprobs: Sequence[TokenLogprob] | None = None,
     ) -> None:
-        entry = self._live(request_id, "commit")
+        # Once per sampled token: the open entry is looked up first, `_live`'s checks only when it
+        # is missing (aborted requests drop their late tokens, others raise there).
+        entry = self._open.get(request_id)
         if entry is None:
-            return
+            entry = self._live(request_id, "commit")
+            if entry is None:
+                return
         if entry.phase is not _Phase.ADMITTED:
             raise LifecycleError(request_id, "commit", entry.phase.value)
         if logprobs is not None and len(logprobs) != len(token_ids):

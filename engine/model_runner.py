@@ -35,7 +35,7 @@ from engine.runner import (
     StepHandle,
 )
 from engine.sampling import SamplerOutput, sample
-from engine.sampling_batch import RowSampling, SamplingBatch, SeedSource
+from engine.sampling_batch import SamplingBatch, SeedSource
 from engine.step_packer import pack_step
 from kernels.attention.base import AttentionBackend
 
@@ -44,16 +44,12 @@ def sample_rows(
     rows: Sequence[BatchRow], logits: torch.Tensor | None, seeds: SeedSource, *, triton_draw: bool = False
 ) -> list[SampledToken | None]:
     """Sample the rows with `sample` from `logits` (one row each, in order); None for the others."""
-    results: list[SampledToken | None] = [None] * len(rows)
     if logits is None:
-        return results
-    params = SamplingBatch.pack([RowSampling.of(r, seeds) for r in rows if r.sample])
+        return [None] * len(rows)
+    params = SamplingBatch.of_step(rows, seeds)
     picked = sample(logits, params.to(logits.device), params.plan, triton_draw=triton_draw)
     sampled = iter(picked.to_sampled_tokens(params.logprobs_requested))
-    for i, row in enumerate(rows):
-        if row.sample:
-            results[i] = next(sampled)
-    return results
+    return [next(sampled) if row.sample else None for row in rows]
 
 
 class PagedModelRunner:
@@ -160,7 +156,7 @@ class PagedModelRunner:
             device_tokens: torch.Tensor | None = None
             requested: tuple[int | None, ...] = ()
             if logits is not None:
-                params = SamplingBatch.pack([RowSampling.of(r, self.seeds) for r in rows if r.sample])
+                params = SamplingBatch.of_step(rows, self.seeds)
                 picked = sample(logits, params.to(device, staging), params.plan, triton_draw=self.triton_draw)
                 device_tokens = picked.token_ids
                 host = picked.to_host(staging)
@@ -179,22 +175,22 @@ class PagedModelRunner:
         self, rows: Sequence[BatchRow], feed: StepHandle | None, staging: HostStaging
     ) -> Callable[[torch.Tensor], None] | None:
         """What rewrites the packed token ids of rows fed from `feed` on the device, or None."""
-        targets: list[int] = []
-        sources: list[int] = []
+        # Every fed row: (its token's offset in the packed step, the row it is fed from, its id).
+        fed: list[tuple[int, int, str]] = []
         offset = 0
         for row in rows:
             if row.feed_from is not None:
-                if not isinstance(feed, _LaunchedStep) or feed.runner is not self:
-                    raise FeedError(
-                        f"row of {row.request_id!r} is fed from {type(feed).__name__}, not from a step "
-                        "this runner launched"
-                    )
-                targets.append(offset)
-                sources.append(feed.sampled_index(row.feed_from, row.request_id))
+                fed.append((offset, row.feed_from, row.request_id))
             offset += len(row.token_ids)
-        if not targets:
+        if not fed:
             return None
-        assert isinstance(feed, _LaunchedStep) and feed.device_tokens is not None
+        if not isinstance(feed, _LaunchedStep) or feed.runner is not self:
+            raise FeedError(
+                f"row of {fed[0][2]!r} is fed from {type(feed).__name__}, not from a step this runner launched"
+            )
+        targets = [offset for offset, _, _ in fed]
+        sources = [feed.sampled_index(source, request_id) for _, source, request_id in fed]
+        assert feed.device_tokens is not None
         tokens = feed.device_tokens
         index = staging.stage("feed", torch.tensor([targets, sources], dtype=torch.long))
         index = index.to(self.model.device, non_blocking=True)
@@ -283,10 +279,9 @@ class _LaunchedStep:
         self.device_tokens = device_tokens
         self._samples = tuple(r.sample for r in rows)
         # Row index -> index among the sampling rows (the sampler's row).
-        self._sampled_at: dict[int, int] = {}
-        for i, row in enumerate(rows):
-            if row.sample:
-                self._sampled_at[i] = len(self._sampled_at)
+        self._sampled_at = {
+            row: k for k, row in enumerate(i for i, samples in enumerate(self._samples) if samples)
+        }
         self._host = host
         self._requested = logprobs_requested
         self._finished = finished
@@ -303,15 +298,11 @@ class _LaunchedStep:
     def collect(self) -> list[SampledToken | None]:
         if self._finished is not None:
             self._finished.synchronize()
-        results: list[SampledToken | None] = [None] * len(self._samples)
         if self._host is None:
-            return results
+            return [None] * len(self._samples)
         # Host tensors (pinned, complete after the event): reading them waits for nothing.
         sampled = iter(self._host.to_sampled_tokens(self._requested))
-        for i, samples in enumerate(self._samples):
-            if samples:
-                results[i] = next(sampled)
-        return results
+        return [next(sampled) if samples else None for samples in self._samples]
 
 
 class _StreamedPrefill:

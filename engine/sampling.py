@@ -115,6 +115,9 @@ class SamplerOutput:
         top_ids = self.top_ids[:rows, :widest].tolist() if self.top_ids is not None else None
         top_lps = self.top_logprobs[:rows, :widest].tolist() if self.top_logprobs is not None else None
 
+        if chosen is None:
+            # No row asked for log-probs (checked above): the common step, a token per row.
+            return [SampledToken(token_id) for token_id in token_ids]
         sampled = []
         for row, (token_id, requested) in enumerate(zip(token_ids, logprobs_requested, strict=True)):
             if requested is None or chosen is None:

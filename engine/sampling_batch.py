@@ -151,30 +151,57 @@ class SamplingBatch:
     def pack(cls, rows: Sequence[RowSampling]) -> SamplingBatch:
         if not rows:
             raise ValueError("rows=[]: a sampling batch needs at least one row")
+        return cls._from_columns([r.params for r in rows], [r.seed for r in rows], [r.step for r in rows])
+
+    @classmethod
+    def of_step(cls, rows: Sequence[BatchRow], seeds: SeedSource) -> SamplingBatch:
+        """The step's rows that sample, in order: `pack` of each one's `RowSampling.of`, built in
+        column passes without an object per row (once per step on the host's critical path)."""
+        sampling = [r for r in rows if r.sample]
+        if not sampling:
+            raise ValueError("rows: no row samples, and a sampling batch needs at least one row")
+        params = [r.sampling for r in sampling]
+        steps = [r.num_generated for r in sampling]
+        if min(steps) < 0:
+            raise ValueError(f"step={min(steps)!r}: the number of generated tokens cannot be negative")
+        # As `RowSampling.of`: a greedy row's seed is never read, so its id is not hashed.
+        row_seeds = [
+            0 if p.temperature < GREEDY_TEMPERATURE else seeds.seed_for(r.request_id, p)
+            for r, p in zip(sampling, params, strict=True)
+        ]
+        return cls._from_columns(params, row_seeds, steps)
+
+    @classmethod
+    def _from_columns(
+        cls, params: Sequence[SamplingParams], seeds: Sequence[int], steps: Sequence[int]
+    ) -> SamplingBatch:
+        """Row i samples with params[i], seed seeds[i], step steps[i]. Each packed row is built
+        by one pass over a column: the batch's cost is a few list comprehensions."""
+        greedy = [p.temperature < GREEDY_TEMPERATURE for p in params]
         floats = torch.tensor(
             [
-                [1.0 if row.greedy else row.params.temperature for row in rows],
-                [row.params.top_p for row in rows],
-                [row.params.min_p for row in rows],
+                [1.0 if g else p.temperature for p, g in zip(params, greedy, strict=True)],
+                [p.top_p for p in params],
+                [p.min_p for p in params],
             ],
             dtype=torch.float32,
         )
         ints = torch.tensor(
             [
-                [row.params.top_k for row in rows],
-                [int(row.greedy) for row in rows],
-                [_as_int64_seed(row.seed) for row in rows],
-                [row.step for row in rows],
+                [p.top_k for p in params],
+                [int(g) for g in greedy],
+                [_as_int64_seed(s) for s in seeds],
+                list(steps),
             ],
             dtype=torch.int64,
         )
-        requested = tuple(row.params.logprobs for row in rows)
-        random_rows = [row for row in rows if not row.greedy]
+        requested = tuple(p.logprobs for p in params)
+        random_params = [p for p, g in zip(params, greedy, strict=True) if not g]
         plan = SamplingPlan(
             num_logprobs=max((k for k in requested if k is not None), default=None),
-            sorted_filters=any(row.params.top_k > 0 or row.params.top_p < 1.0 for row in random_rows),
-            random_rows=bool(random_rows),
-            min_p_filter=any(row.params.min_p > 0.0 for row in random_rows),
+            sorted_filters=any(p.top_k > 0 or p.top_p < 1.0 for p in random_params),
+            random_rows=bool(random_params),
+            min_p_filter=any(p.min_p > 0.0 for p in random_params),
         )
         return cls(floats=floats, ints=ints, logprobs_requested=requested, plan=plan)
 

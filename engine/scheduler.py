@@ -86,6 +86,8 @@ class _Seq:
     # Prompt plus committed generated tokens; the last one is not yet computed while decoding.
     tokens: list[int]
     num_prompt: int
+    # `request.request_id`, read several times per row per step.
+    request_id: str
     where: _Where = _Where.WAITING
     # Positions whose KV is written.
     num_computed: int = 0
@@ -109,10 +111,6 @@ class _Seq:
     snapshot: tuple[int, int] | None = None
 
     @property
-    def request_id(self) -> str:
-        return self.request.request_id
-
-    @property
     def num_tokens(self) -> int:
         """Prompt plus generated tokens, those still on the device included."""
         return len(self.tokens) + self.pending
@@ -120,11 +118,14 @@ class _Seq:
     @property
     def num_generated(self) -> int:
         """Generated tokens, those still on the device included (the next row's sampling step)."""
-        return self.num_tokens - self.num_prompt
+        return len(self.tokens) + self.pending - self.num_prompt
 
     @property
     def decoding(self) -> bool:
-        return self.num_generated > 0 and self.num_computed == self.num_tokens - 1
+        """It has generated a token and every position but the last token's is computed. Read for
+        every running request twice a step, so it reads the fields directly."""
+        num_tokens = len(self.tokens) + self.pending
+        return num_tokens > self.num_prompt and self.num_computed == num_tokens - 1
 
 
 @dataclass(slots=True)
@@ -271,7 +272,7 @@ class BatchScheduler:
 
     def submit(self, request: Request) -> None:
         self._ledger.open(request)
-        seq = _Seq(request, list(request.prompt_token_ids), len(request.prompt_token_ids))
+        seq = _Seq(request, list(request.prompt_token_ids), len(request.prompt_token_ids), request.request_id)
         self._seqs[request.request_id] = seq
         self._waiting.append(seq)
 
@@ -364,10 +365,11 @@ class BatchScheduler:
         """Rows for running requests, oldest first: their decode tokens (`decodes`) or their next
         prefill chunks. Returns (budget left, whether anything was preempted)."""
         preempted = False
+        running = self._running
         # Iterate by index: preemption shortens the list's tail.
         i = 0
-        while i < len(self._running) and budget > 0:
-            seq = self._running[i]
+        while i < len(running) and budget > 0:
+            seq = running[i]
             i += 1
             if seq.decoding != decodes or id(seq) in scheduled:
                 continue
@@ -517,7 +519,11 @@ class BatchScheduler:
         """Whether the tokens in flight end the request on max_tokens or the context length."""
         if not seq.pending:
             return False
-        return seq.num_generated >= seq.request.sampling.max_tokens or seq.num_tokens >= self._max_model_len
+        num_tokens = len(seq.tokens) + seq.pending
+        return (
+            num_tokens - seq.num_prompt >= seq.request.sampling.max_tokens
+            or num_tokens >= self._max_model_len
+        )
 
     def _launch_step(self, rows: list[BatchRow], seqs: list[_Seq], previous: _Launched | None) -> None:
         feed = previous.handle if previous is not None else None
@@ -732,6 +738,7 @@ class BatchScheduler:
     def _row(self, seq: _Seq, num_tokens: int) -> BatchRow:
         start = seq.num_computed
         end = start + num_tokens
+        seq_tokens = len(seq.tokens) + seq.pending
         if self._snapshots is not None and not seq.decoding and end % PAGE_SIZE == 0:
             snapshot = self.kv.take_snapshot(seq.request_id, seq.tokens, end)
             if snapshot is not None:
@@ -739,23 +746,26 @@ class BatchScheduler:
                 self._snapshot_copies.append((seq.slot, snapshot))
         self._in_step.append(seq)
         feed_from: int | None = None
-        token_ids = tuple(seq.tokens[start:end])
         if seq.pending:
             # Only a decode row has a token in flight: its one token, sampled by the step in flight.
-            assert self._pending is not None and num_tokens == 1 and end == seq.num_tokens
+            assert self._pending is not None and num_tokens == 1 and end == seq_tokens
             feed_from = self._pending.sampling_row[id(seq)]
-            token_ids = (FED_TOKEN,)
+            token_ids: tuple[int, ...] = (FED_TOKEN,)
+        elif num_tokens == 1:
+            token_ids = (seq.tokens[start],)
+        else:
+            token_ids = tuple(seq.tokens[start:end])
         return BatchRow(
             request_id=seq.request_id,
             token_ids=token_ids,
             start_pos=start,
             page_tables=self.kv.page_tables(seq.request_id, end),
-            sample=end == seq.num_tokens,
+            sample=end == seq_tokens,
             sampling=seq.request.sampling,
             # The live token list, not a copy (a copy per row per step would cost O(total tokens)):
             # valid while the step runs; a runner must not keep it.
             context=seq.tokens,
-            num_generated=seq.num_generated,
+            num_generated=seq_tokens - seq.num_prompt,
             state_slot=seq.slot,
             feed_from=feed_from,
         )
@@ -768,9 +778,10 @@ class BatchScheduler:
         if len(results) != len(rows):
             raise RunnerContractError(f"runner returned {len(results)} results for {len(rows)} rows")
         finished = False
+        computed = self.kv.computed
         for seq, row, result in zip(seqs, rows, results, strict=True):
-            seq.num_computed = row.end_pos
-            self.kv.computed(seq.request_id, seq.tokens, seq.num_computed)
+            seq.num_computed = row.start_pos + len(row.token_ids)
+            computed(seq.request_id, seq.tokens, seq.num_computed)
             if seq.snapshot is not None:
                 end, slot = seq.snapshot
                 seq.snapshot = None
@@ -785,7 +796,6 @@ class BatchScheduler:
 
     def _take_token(self, seq: _Seq, sampled: SampledToken) -> bool:
         """Commit one sampled token or finish on it; True when the request finished."""
-        rid = seq.request_id
         sampling = seq.request.sampling
         token = sampled.token_id
         if token in self._eos and not sampling.ignore_eos:
@@ -794,10 +804,11 @@ class BatchScheduler:
         logprobs: list[TokenLogprob] | None = None
         if sampling.logprobs is not None and sampled.logprob is not None:
             logprobs = [sampled.logprob]
-        self._ledger.commit(rid, (token,), logprobs)
-        seq.tokens.append(token)
+        self._ledger.commit(seq.request_id, (token,), logprobs)
+        tokens = seq.tokens
+        tokens.append(token)
         # Committed tokens only: under async scheduling a later step's token may be in flight.
-        if len(seq.tokens) - seq.num_prompt >= sampling.max_tokens or len(seq.tokens) >= self._max_model_len:
+        if len(tokens) - seq.num_prompt >= sampling.max_tokens or len(tokens) >= self._max_model_len:
             self._finish(seq, FinishReason.LENGTH)
             return True
         return False

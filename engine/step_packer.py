@@ -13,6 +13,7 @@ of `ForwardBatch` (`state_slots`), filled here, filler rows taking slot 0, the p
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import accumulate, chain
 
 import numpy as np
 import torch
@@ -45,48 +46,50 @@ def pack_step(
     if num_rows < len(rows):
         raise ValueError(f"{len(rows)} rows do not fit bucket {bucket}")
     filler = num_rows - len(rows)
-    input_ids: list[int] = []
-    positions: list[int] = []
-    seq_index: list[int] = []
-    logit_index: list[int] = []
-    for i, row in enumerate(rows):
-        input_ids.extend(row.token_ids)
-        positions.extend(range(row.start_pos, row.end_pos))
-        seq_index.extend([i] * len(row.token_ids))
-        if row.sample:
-            logit_index.append(len(input_ids) - 1)
-    tokens = len(input_ids)
-    input_ids.extend([_FILLER_TOKEN] * filler)
-    positions.extend([0] * filler)
-    seq_index.extend(range(len(rows), num_rows))
-    if bucket is not None:
-        logit_index.extend(range(tokens, tokens + filler))
+    # Per row once (filler rows: one token, position 0, so kv_len 1), then the per-token arrays.
+    q_lens = tuple(len(r.token_ids) for r in rows) + (1,) * filler
+    starts = [r.start_pos for r in rows] + [0] * filler
+    kv_lens = tuple(start + q for start, q in zip(starts, q_lens, strict=True))
+    input_ids = [*chain.from_iterable(r.token_ids for r in rows), *([_FILLER_TOKEN] * filler)]
+    tokens = len(input_ids) - filler
+    ends = list(accumulate(q_lens))  # one past each row's last token in the packed step
+    if max(q_lens) == 1:
+        # Every row is one token (a decode step): token i is row i's, at the row's start.
+        positions = torch.tensor(starts, dtype=torch.int32)
+        seq_index = torch.arange(num_rows, dtype=torch.int32)
+    else:
+        # Token j of row r sits at position start_r + (j - first_r), where first_r = end_r - q_r.
+        q_len = np.array(q_lens, dtype=np.int64)
+        offset = np.repeat(np.array(ends, dtype=np.int64) - q_len - np.array(starts, dtype=np.int64), q_len)
+        positions = torch.from_numpy((np.arange(len(input_ids), dtype=np.int64) - offset).astype(np.int32))
+        seq_index = torch.from_numpy(np.repeat(np.arange(num_rows, dtype=np.int32), q_len))
     if logits_last is not None:
         logit_index = list(range(tokens - logits_last, tokens))
+    else:
+        logit_index = [end - 1 for end, row in zip(ends[: len(rows)], rows, strict=True) if row.sample]
+        if bucket is not None:
+            logit_index.extend(range(tokens, tokens + filler))
 
-    q_lens = tuple(len(r.token_ids) for r in rows) + (1,) * filler
-    kv_lens = tuple(r.end_pos for r in rows) + (1,) * filler
     tables: list[torch.Tensor] = []
     for g, spec in enumerate(specs):
         group_tables = tuple(r.page_tables[g] for r in rows) + ((PADDING_PAGE,),) * filler
         tables.append(_padded_table(group_tables))
         attention.plan(g, GroupBatch(q_lens, kv_lens, group_tables, PAGE_SIZE), spec, graph_bucket=bucket)
-    positions_t = torch.tensor(positions, dtype=torch.int32)
-    seq_index_t = torch.tensor(seq_index, dtype=torch.int32)
     return ForwardBatch(
         input_ids=torch.tensor(input_ids, dtype=torch.long),
-        positions=positions_t,
-        rows=tuple(PagedRows(positions_t, seq_index_t, table) for table in tables),
+        positions=positions,
+        rows=tuple(PagedRows(positions, seq_index, table) for table in tables),
         sample_index=torch.tensor(logit_index, dtype=torch.long),
         attention=attention,
         state_slots=torch.tensor([r.state_slot for r in rows] + [PADDING_SLOT] * filler, dtype=torch.long),
     )
 
 
-def _padded_table(tables: Sequence[Sequence[int]]) -> torch.Tensor:
-    """int32 [rows, widest] with each row's pages, padded with the padding page. Filled through
-    numpy: a nested list through torch.tensor costs several times more host time per step."""
-    padded = np.full((len(tables), max(len(t) for t in tables)), PADDING_PAGE, dtype=np.int32)
-    for i, table in enumerate(tables):
-        padded[i, : len(table)] = table
-    return torch.from_numpy(padded)
+def _padded_table(tables: Sequence[tuple[int, ...]]) -> torch.Tensor:
+    """int32 [rows, widest] with each row's pages, padded with the padding page. Filled by one
+    numpy pass over the padded rows: a nested list through torch.tensor, or one numpy assignment
+    per row, costs several times more host time per step."""
+    width = max(map(len, tables))
+    padded = (table + (PADDING_PAGE,) * (width - len(table)) for table in tables)
+    flat = np.fromiter(chain.from_iterable(padded), dtype=np.int32, count=len(tables) * width)
+    return torch.from_numpy(flat.reshape(len(tables), width))

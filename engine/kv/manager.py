@@ -109,11 +109,11 @@ class KVManager:
         """Per group, the page ids covering positions [0, end_pos)."""
         state = self._requests[request_id]
         count = pages_for(end_pos)
+        frozen_tables = state.frozen
         out: list[tuple[int, ...]] = []
-        for gi, table in enumerate(state.tables):
-            frozen = state.frozen[gi]
+        for gi, frozen in enumerate(frozen_tables):
             if frozen is None:
-                frozen = state.frozen[gi] = tuple(table)
+                frozen = frozen_tables[gi] = tuple(state.tables[gi])
             out.append(frozen if len(frozen) == count else frozen[:count])
         return tuple(out)
 
@@ -246,7 +246,11 @@ class KVManager:
         """Give the request pages up to position `end_pos` in every group, or in none."""
         state = self._state(request_id)
         pages = pages_for(end_pos)
-        if all(len(t) >= pages for t in state.tables):
+        # The common case, a decode inside its last page: a plain loop, no generator.
+        for table in state.tables:
+            if len(table) < pages:
+                break
+        else:
             return True
         needs = [pages - len(t) for t in state.tables]
         if any(n > g.pool.available for g, n in zip(self.groups, needs, strict=True)):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -29,7 +30,16 @@ from test_batch_scheduler import (  # the sibling module: pytest puts tests/engi
 from engine.config import EngineConfig
 from engine.contract import ContractError, Failed, Request, SamplingParams
 from engine.kv import KVGroupSpec
-from engine.runner import FED_TOKEN, ReadyPrefill, SampledToken, StepBatch, StepHandle, resolve_feeds
+from engine.runner import (
+    FED_TOKEN,
+    BatchRow,
+    FeedError,
+    ReadyPrefill,
+    SampledToken,
+    StepBatch,
+    StepHandle,
+    resolve_feeds,
+)
 from engine.scheduler import BatchScheduler
 from kernels.kv_layout import PADDING_PAGE, PAGE_SIZE
 from models.registry import ModelOptions, load_model
@@ -512,3 +522,17 @@ def test_qwen3_tiny_async_gives_the_sync_tokens_and_logprobs(tiny_qwen3: Path) -
 
 def test_gemma4_tiny_async_gives_the_sync_tokens_and_logprobs(tiny_gemma4: Path) -> None:
     _compare_real_line(tiny_gemma4)
+
+
+def test_a_paged_runner_refuses_a_row_fed_from_a_step_it_did_not_launch(tiny_qwen3: Path) -> None:
+    loaded = load_model(str(tiny_qwen3), ModelOptions(engine=EngineConfig(num_kv_pages=8), device="cpu"))
+    runner = loaded.scheduler.runner  # type: ignore[attr-defined]
+    pages = ((1,),) * len(runner.model.kv.attention_specs)
+    plain = BatchRow("plain", (5,), 0, pages, True, SamplingParams(), (5,), 0)
+    fed = BatchRow("fed", (FED_TOKEN,), 3, pages, True, SamplingParams(), (1, 2, 3), 1, feed_from=0)
+    # The first fed row is named, whatever rows come before it.
+    with pytest.raises(FeedError, match="row of 'fed' is fed from ReadyPrefill"):
+        runner.launch_step(StepBatch((plain, fed)), ReadyPrefill([SampledToken(7)]))
+    launched = runner.launch_step(StepBatch((plain,)), None)
+    with pytest.raises(FeedError, match="row of 'fed': feed_from=1 names a row that sampled nothing"):
+        runner.launch_step(StepBatch((replace(fed, feed_from=1),)), launched)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from engine.contract import SamplingParams
+from engine.runner import BatchRow
 from engine.sampling import sample
-from engine.sampling_batch import RowSampling, SamplingBatch, SamplingPlan
+from engine.sampling_batch import RowSampling, SamplingBatch, SamplingPlan, SeedSource
 
 
 def test_pack_lays_out_rows_and_plans_the_cheapest_pass() -> None:
@@ -66,3 +69,43 @@ def test_invalid_inputs_name_the_value() -> None:
         sample(torch.zeros(10), params, SamplingPlan())
     with pytest.raises(ValueError, match="num_logprobs=11"):
         sample(torch.zeros(2, 10), params, SamplingPlan(num_logprobs=11))
+
+
+def _step_rows() -> list[BatchRow]:
+    """A step's rows: greedy and random, seeded and not, with and without log-probs, some that do
+    not sample (a prefill chunk before the prompt's last)."""
+    params = [
+        SamplingParams(temperature=0.0, top_k=3, logprobs=2),
+        SamplingParams(temperature=0.7, seed=2**64 + 11, min_p=0.05),
+        SamplingParams(temperature=1.2, top_p=0.8, logprobs=0),
+        SamplingParams(temperature=0.9, top_k=40),
+        SamplingParams(temperature=1e-6),
+    ]
+    rows = []
+    for i in range(12):
+        sampling = params[i % len(params)]
+        rows.append(BatchRow(f"req-{i}", (i,), 30 + i, ((1, 2),), i % 4 != 3, sampling, (i,), i * 3))
+    return rows
+
+
+def test_of_step_is_pack_of_each_sampling_rows_row_sampling() -> None:
+    seeds = SeedSource()
+    rows = _step_rows()
+    want = SamplingBatch.pack([RowSampling.of(r, seeds) for r in rows if r.sample])
+    got = SamplingBatch.of_step(rows, seeds)
+    assert torch.equal(got.floats, want.floats) and got.floats.dtype == want.floats.dtype
+    assert torch.equal(got.ints, want.ints) and got.ints.dtype == want.ints.dtype
+    assert got.logprobs_requested == want.logprobs_requested
+    assert got.plan == want.plan
+    # The unseeded random rows got distinct seeds from their ids, the greedy ones none.
+    assert got.num_rows == sum(r.sample for r in rows) == 9
+    assert len({s for s, g in zip(got.ints[2].tolist(), got.ints[1].tolist(), strict=True) if not g}) > 1
+
+
+def test_of_step_refuses_a_step_with_no_sampling_row_or_a_negative_step() -> None:
+    rows = _step_rows()
+    with pytest.raises(ValueError, match="no row samples"):
+        SamplingBatch.of_step([r for r in rows if not r.sample], SeedSource())
+    negative = replace(rows[0], num_generated=-1)
+    with pytest.raises(ValueError, match="step=-1"):
+        SamplingBatch.of_step([negative], SeedSource())
