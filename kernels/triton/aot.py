@@ -12,9 +12,6 @@ from __future__ import annotations
 import sys
 
 import torch
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 
 from kernels.reference import (
     PrepSpec,
@@ -25,8 +22,9 @@ from kernels.reference import (
     qwen35_full_attention_prep,
 )
 from kernels.triton.attention_prep import DEFAULT_LAUNCH, PrepLaunchConfig, prep_constexprs
+from kernels.triton.offline import compile_offline, pointers_and_strides
 from kernels.triton.prep_kernel import attention_prep_kernel
-from kernels.triton.storage import POINTER_TYPES, interpreted
+from kernels.triton.storage import POINTER_TYPES
 
 _INDEX_POINTERS = ("positions_ptr", "seq_index_ptr", "page_table_ptr")
 
@@ -53,37 +51,27 @@ def compile_variant(
 ) -> object:
     """The compiled kernel (cubin included) for one variant on ``sm_{arch}``, PDL on as a GPU of
     that arch launches it (or off)."""
-    if interpreted():
-        raise RuntimeError("ahead-of-time compilation needs TRITON_INTERPRET unset")
-    constexprs = prep_constexprs(spec, q_heads, kv_heads, dtype, launch, pdl=pdl)
-    names = list(attention_prep_kernel.arg_names)
-    signature: dict[str, str] = {}
-    for name in names:
-        if name in constexprs:
-            signature[name] = "constexpr"
-        elif name in _INDEX_POINTERS:
-            signature[name] = "*i32"
-        elif name.endswith("_ptr"):
-            signature[name] = POINTER_TYPES[dtype]
-        elif name.endswith("_eps"):
-            signature[name] = "fp32"
-        else:
-            signature[name] = "i64"
+
+    def arg_type(name: str) -> str:
+        if name in _INDEX_POINTERS:
+            return "*i32"
+        if name.endswith("_ptr"):
+            return POINTER_TYPES[dtype]
+        return "fp32" if name.endswith("_eps") else "i64"
+
     # What the runtime JIT infers at serving shapes: 16-byte aligned buffers and strides that are
     # multiples of 16 elements (head dims and widths are). Without it loads would not vectorise.
-    aligned = [
-        name
-        for name in names
-        if name.endswith("_ptr") or (name.startswith("stride_") and name != "stride_page_table_row")
-    ]
-    source = ASTSource(
-        fn=attention_prep_kernel,
-        signature=signature,
-        constexprs={(names.index(name),): value for name, value in constexprs.items()},
-        attrs={(names.index(name),): [["tt.divisibility", 16]] for name in aligned},
+    aligned = pointers_and_strides(attention_prep_kernel) - {"stride_page_table_row"}
+    return compile_offline(
+        attention_prep_kernel,
+        prep_constexprs(spec, q_heads, kv_heads, dtype, launch, pdl=pdl),
+        arg_type,
+        aligned,
+        arch=arch,
+        num_warps=launch.num_warps,
+        enable_fp_fusion=False,
+        launch_pdl=pdl,
     )
-    options = {"num_warps": launch.num_warps, "enable_fp_fusion": False, "launch_pdl": pdl}
-    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
 
 
 def main() -> int:

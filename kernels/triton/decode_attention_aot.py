@@ -14,8 +14,6 @@ import sys
 
 import torch
 import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 
 from kernels.attention.base import AttentionLayerSpec
 from kernels.kv_layout import PAGE_SIZE
@@ -27,6 +25,7 @@ from kernels.triton.decode_attention import (
     _decode_attention_merge_kernel,
     _decode_attention_split_kernel,
 )
+from kernels.triton.offline import compile_offline
 from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted
 
 # (q heads, kv heads, head dim, window, dtype): the attention layers of shared/presets.md that the
@@ -48,34 +47,29 @@ _FP32_POINTERS = ("acc_ptr", "ml_ptr")
 def _compile(
     fn: triton.JITFunction, constexprs: dict[str, object], dtype: torch.dtype, aligned: set[str], arch: int
 ) -> object:
-    names = list(fn.arg_names)
-    signature: dict[str, str] = {}
-    for name in names:
-        if name in constexprs:
-            signature[name] = "constexpr"
-        elif name in _INT_POINTERS:
-            signature[name] = "*i32"
-        elif name in _FP32_POINTERS:
-            signature[name] = "*fp32"
-        elif name.endswith("_ptr"):
-            signature[name] = POINTER_TYPES[dtype]
-        elif name == "scale":
-            signature[name] = "fp32"
-        else:
-            signature[name] = "i32"
-    attrs = {
-        (names.index(name),): [["tt.divisibility", 16]]
-        for name in names
-        if name.endswith("_ptr") or name in aligned
-    }
-    source = ASTSource(
-        fn=fn,
-        signature=signature,
-        constexprs={(names.index(name),): value for name, value in constexprs.items()},
-        attrs=attrs,
+    """``fn`` (split or merge) compiled with this module's argument types and options; every
+    pointer is 16-byte aligned besides the strides named in ``aligned``."""
+
+    def arg_type(name: str) -> str:
+        if name in _INT_POINTERS:
+            return "*i32"
+        if name in _FP32_POINTERS:
+            return "*fp32"
+        if name.endswith("_ptr"):
+            return POINTER_TYPES[dtype]
+        return "fp32" if name == "scale" else "i32"
+
+    pointers = {name for name in fn.arg_names if name.endswith("_ptr")}
+    return compile_offline(
+        fn,
+        constexprs,
+        arg_type,
+        pointers | aligned,
+        arch=arch,
+        num_warps=NUM_WARPS,
+        enable_fp_fusion=False,
+        launch_pdl=bool(constexprs["PDL"]),
     )
-    options = {"num_warps": NUM_WARPS, "enable_fp_fusion": False, "launch_pdl": bool(constexprs["PDL"])}
-    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
 
 
 def compile_variant(

@@ -58,6 +58,7 @@ import triton.language as tl
 from kernels.reference import GatedActivation, NormSpec, NormWeight
 from kernels.triton.gated_act import _KINDS, _gated_product
 from kernels.triton.invariant_rmsnorm import _MODES, _row_inverse_rms
+from kernels.triton.offline import compile_offline, pointers_and_strides, storage_arg_type
 from kernels.triton.prep_kernel import WEIGHT_NONE, _normalise, _round_to_storage
 from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted, pdl_supported
 
@@ -394,11 +395,6 @@ def compile_variant(
     fusion: Fusion, n: int, k: int, dtype: torch.dtype = torch.bfloat16, *, arch: int = 90
 ) -> object:
     """The compiled kernel (cubin and PTX) for one variant, PDL on, on ``sm_{arch}``, without a GPU."""
-    if interpreted():
-        raise RuntimeError("ahead-of-time compilation needs TRITON_INTERPRET unset")
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     gated = fusion.activation is not None
     settings = gemv_settings(n // 2 if gated else n, k, gated=gated)
     spec = fusion.norm
@@ -415,27 +411,17 @@ def compile_variant(
         "PDL": True,
         "LIBDEVICE": True,
     }
-    names = list(_fused_gemv_kernel.arg_names)
-    signature = {
-        name: "constexpr"
-        if name in constexprs
-        else POINTER_TYPES[dtype]
-        if name.endswith("_ptr")
-        else "fp32"
-        if name == "eps"
-        else "i32"
-        for name in names
-    }
     # As the runtime JIT specialises at serving shapes: 16-aligned pointers, K and row strides.
-    aligned = [name for name in names if name.endswith("_ptr") or name.startswith("stride_") or name == "K"]
-    source = ASTSource(
-        fn=_fused_gemv_kernel,
-        signature=signature,
-        constexprs={(names.index(name),): value for name, value in constexprs.items()},
-        attrs={(names.index(name),): [["tt.divisibility", 16]] for name in aligned},
+    return compile_offline(
+        _fused_gemv_kernel,
+        constexprs,
+        storage_arg_type(dtype),
+        pointers_and_strides(_fused_gemv_kernel) | {"K"},
+        arch=arch,
+        num_warps=settings.num_warps,
+        launch_pdl=True,
+        enable_fp_fusion=False,
     )
-    options = {"num_warps": settings.num_warps, "launch_pdl": True, "enable_fp_fusion": False}
-    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
 
 
 def main() -> int:

@@ -51,9 +51,10 @@ from kernels.reference import GatedActivation, NormWeight
 from kernels.triton.fused_gemv import QWEN3, Fusion, check_fused_operands
 from kernels.triton.gated_act import _KINDS, _gated_product
 from kernels.triton.invariant_rmsnorm import _MODES, _inverse_rms_of_sum
+from kernels.triton.offline import compile_offline, pointers_and_strides, storage_arg_type
 from kernels.triton.prep_kernel import WEIGHT_NONE, _normalise, _round_to_storage
 from kernels.triton.skinny_gemm import _accumulate
-from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted, pdl_supported
+from kernels.triton.storage import STORAGE_TYPES, interpreted, pdl_supported
 
 MAX_ROWS = 64
 # The row-block sizes: tl.dot tiles are at least 16 rows; 64 holds every step the kernel takes.
@@ -411,11 +412,6 @@ def compile_variant(
     arch: int = 90,
 ) -> object:
     """The compiled kernel (cubin and PTX) for one variant, PDL on, on ``sm_{arch}``, without a GPU."""
-    if interpreted():
-        raise RuntimeError("ahead-of-time compilation needs TRITON_INTERPRET unset")
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     gated = fusion.activation is not None
     n_out = n // 2 if gated else n
     element = torch.empty((), dtype=dtype).element_size()
@@ -438,36 +434,18 @@ def compile_variant(
         "IEEE": dtype == torch.float32,
         "LIBDEVICE": True,
     }
-    names = list(_fused_mma_kernel.arg_names)
-    signature = {
-        name: "constexpr"
-        if name in constexprs
-        else POINTER_TYPES[dtype]
-        if name.endswith("_ptr")
-        else "fp32"
-        if name == "eps"
-        else "i32"
-        for name in names
-    }
     # As the runtime JIT specialises at serving shapes: 16-aligned pointers, K, N and row strides.
-    aligned = [
-        name
-        for name in names
-        if name.endswith("_ptr") or name.startswith("stride_") or name in ("K", "N_OUT")
-    ]
-    source = ASTSource(
-        fn=_fused_mma_kernel,
-        signature=signature,
-        constexprs={(names.index(name),): value for name, value in constexprs.items()},
-        attrs={(names.index(name),): [["tt.divisibility", 16]] for name in aligned},
+    return compile_offline(
+        _fused_mma_kernel,
+        constexprs,
+        storage_arg_type(dtype),
+        pointers_and_strides(_fused_mma_kernel) | {"K", "N_OUT"},
+        arch=arch,
+        num_warps=chosen.num_warps,
+        num_stages=chosen.num_stages,
+        launch_pdl=True,
+        enable_fp_fusion=False,
     )
-    options = {
-        "num_warps": chosen.num_warps,
-        "num_stages": chosen.num_stages,
-        "launch_pdl": True,
-        "enable_fp_fusion": False,
-    }
-    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
 
 
 def ptx_problems(ptx: str, has_cubin: bool, dtype: torch.dtype) -> list[str]:

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from kernels.reference import GatedActivation
+from kernels.triton.offline import compile_offline, storage_arg_type
 from kernels.triton.prep_kernel import _round_to_storage
 from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted
 
@@ -124,32 +125,21 @@ def gated_act(gate_up: torch.Tensor, kind: GatedActivation) -> torch.Tensor:
 
 def compile_variant(kind: GatedActivation, dtype: torch.dtype, arch: int = 90) -> object:
     """The compiled kernel (cubin included) for one variant on ``sm_{arch}``, without a GPU."""
-    if interpreted():
-        raise RuntimeError("ahead-of-time compilation needs TRITON_INTERPRET unset")
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     constexprs = {
         "KIND": _KINDS[kind].value,
         "STORAGE": STORAGE_TYPES[dtype],
         "BLOCK": BLOCK,
         "LIBDEVICE": True,
     }
-    names = list(_gated_act_kernel.arg_names)
-    signature = {
-        name: "constexpr" if name in constexprs else POINTER_TYPES[dtype] if name.endswith("_ptr") else "i32"
-        for name in names
-    }
     # Serving shapes have 16-aligned buffers, intermediate sizes and strides, as the JIT specialises.
-    aligned = [name for name in names if name not in constexprs]
-    source = ASTSource(
-        fn=_gated_act_kernel,
-        signature=signature,
-        constexprs={(names.index(name),): value for name, value in constexprs.items()},
-        attrs={(names.index(name),): [["tt.divisibility", 16]] for name in aligned},
-    )
-    return triton.compile(
-        source, target=GPUTarget("cuda", arch, 32), options={"num_warps": 8, "enable_fp_fusion": False}
+    return compile_offline(
+        _gated_act_kernel,
+        constexprs,
+        storage_arg_type(dtype),
+        _gated_act_kernel.arg_names,
+        arch=arch,
+        num_warps=8,
+        enable_fp_fusion=False,
     )
 
 

@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from kernels.reference import L2_NORM_EPS, SpecError
+from kernels.triton.offline import compile_offline, pointers_and_strides
 from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted
 
 # Value rows per program. 32 × 128 fp32 is 16 KiB of state per program at K = 128: small enough
@@ -232,13 +233,6 @@ SERVING_VARIANTS: tuple[tuple[int, int, int], ...] = ((1, 128, 128), (2, 128, 12
 
 def compile_variant(group: int, key_dim: int, value_dim: int, dtype: torch.dtype, arch: int = 90) -> object:
     """The compiled kernel (cubin included) for one variant on ``sm_{arch}``, without a GPU."""
-    if interpreted():
-        raise RuntimeError("ahead-of-time compilation needs TRITON_INTERPRET unset")
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    constexprs = _constexprs(group, key_dim, value_dim) | {"LIBDEVICE": True}
-    names = list(_gdn_decode_kernel.arg_names)
     pointer = {
         "g_ptr": "*fp32",
         "state_ptr": "*fp32",
@@ -246,32 +240,22 @@ def compile_variant(group: int, key_dim: int, value_dim: int, dtype: torch.dtype
         "fresh_ptr": "*u8",
         "beta_ptr": POINTER_TYPES[dtype],
     }
-    signature: dict[str, str] = {}
-    for name in names:
-        if name in constexprs:
-            signature[name] = "constexpr"
-        elif name in pointer:
-            signature[name] = pointer[name]
-        elif name.endswith("_ptr"):
-            signature[name] = POINTER_TYPES[dtype]
-        elif name in ("scale", "eps"):
-            signature[name] = "fp32"
-        else:
-            signature[name] = "i32"
-    # Serving shapes: 16-byte aligned buffers, strides that are multiples of 16 elements.
-    aligned = [n for n in names if n.endswith("_ptr") and n != "fresh_ptr"] + [
-        n for n in names if n.startswith("stride_")
-    ]
-    source = ASTSource(
-        fn=_gdn_decode_kernel,
-        signature=signature,
-        constexprs={(names.index(name),): value for name, value in constexprs.items()},
-        attrs={(names.index(name),): [["tt.divisibility", 16]] for name in aligned},
-    )
-    return triton.compile(
-        source,
-        target=GPUTarget("cuda", arch, 32),
-        options={"num_warps": NUM_WARPS, "enable_fp_fusion": False},
+
+    def arg_type(name: str) -> str:
+        if name.endswith("_ptr"):
+            return pointer.get(name, POINTER_TYPES[dtype])
+        return "fp32" if name in ("scale", "eps") else "i32"
+
+    # Serving shapes: 16-byte aligned buffers, strides that are multiples of 16 elements; the
+    # per-row ``fresh`` bytes are left unmarked.
+    return compile_offline(
+        _gdn_decode_kernel,
+        _constexprs(group, key_dim, value_dim) | {"LIBDEVICE": True},
+        arg_type,
+        pointers_and_strides(_gdn_decode_kernel) - {"fresh_ptr"},
+        arch=arch,
+        num_warps=NUM_WARPS,
+        enable_fp_fusion=False,
     )
 
 

@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from kernels.reference import NormSpec, NormWeight
+from kernels.triton.offline import compile_offline, pointers_and_strides, storage_arg_type
 from kernels.triton.prep_kernel import (
     WEIGHT_NONE,
     WEIGHT_ONE_PLUS_W,
@@ -266,11 +267,6 @@ def compile_variant(
     arch: int = 90,
 ) -> object:
     """The compiled kernel (cubin included) for one variant on ``sm_{arch}``, without a GPU."""
-    if interpreted():
-        raise RuntimeError("ahead-of-time compilation needs TRITON_INTERPRET unset")
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     constexprs = {
         "BLOCK_H": triton.next_power_of_2(hidden),
         "WEIGHT_MODE": _MODES[spec.weight].value,
@@ -280,28 +276,17 @@ def compile_variant(
         "DELTA_NORM": delta_norm,
         "HAS_SCALE": has_scale,
     }
-    names = list(_invariant_rmsnorm_kernel.arg_names)
-    signature = {
-        name: "constexpr"
-        if name in constexprs
-        else POINTER_TYPES[dtype]
-        if name.endswith("_ptr")
-        else "fp32"
-        if name == "eps"
-        else "i32"  # what the runtime JIT infers for H and row strides below 2³¹
-        for name in names
-    }
     # Buffers from torch are 16-byte aligned and hidden sizes/row strides multiples of 16 at serving
     # shapes, which the runtime JIT specialises on too; without it the loads would not vectorise.
-    aligned = [name for name in names if name.endswith("_ptr") or name.startswith("stride_") or name == "H"]
-    source = ASTSource(
-        fn=_invariant_rmsnorm_kernel,
-        signature=signature,
-        constexprs={(names.index(name),): value for name, value in constexprs.items()},
-        attrs={(names.index(name),): [["tt.divisibility", 16]] for name in aligned},
+    return compile_offline(
+        _invariant_rmsnorm_kernel,
+        constexprs,
+        storage_arg_type(dtype),
+        pointers_and_strides(_invariant_rmsnorm_kernel) | {"H"},
+        arch=arch,
+        num_warps=_num_warps(hidden),
+        enable_fp_fusion=False,
     )
-    options = {"num_warps": _num_warps(hidden), "enable_fp_fusion": False}
-    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
 
 
 def main() -> int:

@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from kernels.gemm.skinny_candidates import candidate_settings
+from kernels.triton.offline import compile_offline
 from kernels.triton.skinny_gemm import (
     REDUCE_BLOCK,
     SkinnySettings,
@@ -70,21 +71,16 @@ def _is_16_byte_load(line: str) -> bool:
     return "cp.async" in line and ".global" in line and "0x10" in line
 
 
-def _attrs(names: list[str], values: dict[str, int]) -> dict[tuple[int, ...], list[list[object]]]:
-    aligned = [name for name in names if name.endswith("_ptr")]
-    aligned += [name for name, value in values.items() if value % 16 == 0]
-    return {(names.index(name),): [["tt.divisibility", 16]] for name in aligned}
+def _aligned(fn: triton.JITFunction, values: dict[str, int]) -> set[str]:
+    """Every pointer, and each integer argument whose value at serving shapes is a multiple of 16."""
+    pointers = {name for name in fn.arg_names if name.endswith("_ptr")}
+    return pointers | {name for name, value in values.items() if value % 16 == 0}
 
 
 def compile_gemm(
     n: int, k: int, settings: SkinnySettings, dtype: torch.dtype = torch.bfloat16, *, arch: int = 90
 ) -> CompiledVariant:
     """The GEMM kernel for an [n, k] weight under ``settings``, PDL on, compiled for ``sm_{arch}``."""
-    if interpreted():
-        raise RuntimeError("ahead-of-time compilation needs TRITON_INTERPRET unset")
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     part = settings.partition(k)
     split = part.split_k > 1
     split_k_n = part.split_k * n
@@ -99,10 +95,8 @@ def compile_gemm(
         "DOT_FP32": False,
         "IEEE": dtype == torch.float32,
     }
-    names = list(_skinny_gemm_kernel.arg_names)
     out_type = "*fp32" if split else POINTER_TYPES[dtype]
     pointers = {"x_ptr": POINTER_TYPES[dtype], "w_ptr": POINTER_TYPES[dtype], "out_ptr": out_type}
-    signature = {name: "constexpr" if name in constexprs else pointers.get(name, "i32") for name in names}
     # x [1, K] contiguous: the runtime sees these values at M = 1.
     values = {
         "N": n,
@@ -111,41 +105,33 @@ def compile_gemm(
         "stride_om": split_k_n if split else n,
         "stride_os": n if split else 0,
     }
-    source = ASTSource(
-        fn=_skinny_gemm_kernel,
-        signature=signature,
-        constexprs={(names.index(name),): value for name, value in constexprs.items()},
-        attrs=_attrs(names, values),
+    kernel = compile_offline(
+        _skinny_gemm_kernel,
+        constexprs,
+        lambda name: pointers.get(name, "i32"),
+        _aligned(_skinny_gemm_kernel, values),
+        arch=arch,
+        num_warps=settings.num_warps,
+        num_stages=settings.num_stages,
+        launch_pdl=settings.pdl,
+        enable_fp_fusion=False,
     )
-    options = {
-        "num_warps": settings.num_warps,
-        "num_stages": settings.num_stages,
-        "launch_pdl": settings.pdl,
-        "enable_fp_fusion": False,
-    }
-    kernel = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
     return CompiledVariant(n, k, settings, kernel.asm["ptx"], bool(kernel.asm.get("cubin")))
 
 
 def compile_reduce(n: int, split_k: int, dtype: torch.dtype = torch.bfloat16, *, arch: int = 90) -> str:
     """PTX of the split-K reduce kernel, PDL on."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     constexprs = {"SPLIT_K": split_k, "BLOCK": REDUCE_BLOCK, "STORAGE": STORAGE_TYPES[dtype], "PDL": True}
-    names = list(_split_k_reduce_kernel.arg_names)
     pointers = {"partial_ptr": "*fp32", "y_ptr": POINTER_TYPES[dtype]}
-    signature = {name: "constexpr" if name in constexprs else pointers.get(name, "i32") for name in names}
-    source = ASTSource(
-        fn=_split_k_reduce_kernel,
-        signature=signature,
-        constexprs={(names.index(name),): value for name, value in constexprs.items()},
-        attrs=_attrs(names, {"N": n, "stride_ym": n}),
-    )
-    kernel = triton.compile(
-        source,
-        target=GPUTarget("cuda", arch, 32),
-        options={"num_warps": 4, "launch_pdl": True, "enable_fp_fusion": False},
+    kernel = compile_offline(
+        _split_k_reduce_kernel,
+        constexprs,
+        lambda name: pointers.get(name, "i32"),
+        _aligned(_split_k_reduce_kernel, {"N": n, "stride_ym": n}),
+        arch=arch,
+        num_warps=4,
+        launch_pdl=True,
+        enable_fp_fusion=False,
     )
     return str(kernel.asm["ptx"])
 

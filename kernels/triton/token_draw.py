@@ -36,6 +36,7 @@ from kernels.reference import (
     UNIFORM_BELOW_ONE,
     DrawRows,
 )
+from kernels.triton.offline import compile_offline, pointers_and_strides
 from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted
 
 # Tokens per loop iteration: 4 warps × 32 lanes × 8 tokens.
@@ -338,12 +339,6 @@ def token_draw(
 def compile_variants(dtype: torch.dtype, *, has_keep: bool, has_min_p: bool, arch: int = 90) -> list[object]:
     """The draw kernel for one variant and the finishing kernel, compiled (cubin included) for
     ``sm_{arch}`` without a GPU, as the JIT specialises them at serving shapes."""
-    if interpreted():
-        raise RuntimeError("ahead-of-time compilation needs TRITON_INTERPRET unset")
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    target = GPUTarget("cuda", arch, 32)
     constexprs: dict[str, object] = {
         "HAS_KEEP": has_keep,
         "HAS_MIN_P": has_min_p,
@@ -370,35 +365,27 @@ def compile_variants(dtype: torch.dtype, *, has_keep: bool, has_min_p: bool, arc
         "best_score_ptr": "*fp32",
         "best_token_ptr": "*i32",
     }
-    names = list(_token_draw_kernel.arg_names)
-    signature = {
-        name: "constexpr" if name in constexprs else pointer_types.get(name, "i32") for name in names
-    }
     # Buffers are 16-byte aligned and the vocabulary strides multiples of 16 at serving shapes.
-    aligned = [
-        name
-        for name in names
-        if name not in constexprs and (name.endswith("_ptr") or name.startswith("stride"))
-    ]
-    draw = ASTSource(
-        fn=_token_draw_kernel,
-        signature=signature,
-        constexprs={(names.index(name),): value for name, value in constexprs.items()},
-        attrs={(names.index(name),): [["tt.divisibility", 16]] for name in aligned},
+    draw = compile_offline(
+        _token_draw_kernel,
+        constexprs,
+        lambda name: pointer_types.get(name, "i32"),
+        pointers_and_strides(_token_draw_kernel),
+        arch=arch,
+        num_warps=_NUM_WARPS,
+        enable_fp_fusion=False,
+        enable_reflect_ftz=False,
     )
-    options = {"num_warps": _NUM_WARPS, "enable_fp_fusion": False, "enable_reflect_ftz": False}
-    finish_names = list(_token_draw_finish_kernel.arg_names)
     finish_types = {"best_score_ptr": "*fp32", "best_token_ptr": "*i32", "out_ptr": "*i64", "chunks": "i32"}
-    # 64 chunks covers vocabularies up to 262,144 tokens (Gemma's).
-    finish = ASTSource(
-        fn=_token_draw_finish_kernel,
-        signature={name: finish_types.get(name, "constexpr") for name in finish_names},
-        constexprs={(finish_names.index("CHUNKS_BLOCK"),): 64},
+    finish = compile_offline(
+        _token_draw_finish_kernel,
+        {"CHUNKS_BLOCK": 64},  # 64 chunks covers vocabularies up to 262,144 tokens (Gemma's)
+        finish_types.__getitem__,
+        arch=arch,
+        num_warps=1,
+        enable_fp_fusion=False,
     )
-    return [
-        triton.compile(draw, target=target, options=options),
-        triton.compile(finish, target=target, options={"num_warps": 1, "enable_fp_fusion": False}),
-    ]
+    return [draw, finish]
 
 
 def main() -> int:
