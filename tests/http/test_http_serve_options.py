@@ -106,6 +106,7 @@ def test_serve_hands_every_knob_to_the_model_options(monkeypatch: pytest.MonkeyP
             "--async-prefill",
             "--tensor-parallel-size", "2",
             "--collective-timeout", "5",
+            "--sampling-backend", "triton",
             "--dtype", "float32",
             "--device", "cpu",
             "--attention-backend", "torch",
@@ -128,6 +129,7 @@ def test_serve_hands_every_knob_to_the_model_options(monkeypatch: pytest.MonkeyP
         async_prefill=True,
         tensor_parallel_size=2,
         collective_timeout_s=5.0,
+        sampling_backend="triton",
     )
     assert options == ModelOptions(
         engine=expected_engine,
