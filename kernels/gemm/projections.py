@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -37,9 +36,6 @@ from kernels.gemm.dispatch import Linear
 from kernels.gemm.names import NumericPolicy, parse_policy
 from kernels.reference import GatedActivation, NormSpec, NormWeight
 from kernels.triton.storage import interpreted
-
-if TYPE_CHECKING:  # the kernel modules import Triton; the seam loads them on a fused step only
-    from kernels.triton.fused_gemv import Fusion
 
 log = logging.getLogger("infer.gemm")
 
@@ -84,23 +80,6 @@ class ComposedProjections:
         return layer_ops.gated_activation(self.linear(x, weight), kind)
 
 
-def _fused_launch(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    fusion: Fusion,
-    *,
-    norm_weight: torch.Tensor | None = None,
-    residual: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """The fused decode kernel for a step of ``x.shape[0]`` rows: the GEMV (CUDA cores) up to its
-    ``MAX_ROWS``, the MMA (tensor cores) above; both compute the same ``fusion`` (docs/kernels.md)."""
-    from kernels.triton import fused_gemv, fused_mma
-
-    if x.shape[0] <= fused_gemv.MAX_ROWS:
-        return fused_gemv.fused_gemv(x, weight, fusion, norm_weight=norm_weight, residual=residual)
-    return fused_mma.fused_mma(x, weight, fusion, norm_weight=norm_weight, residual=residual)
-
-
 class FusedDecodeProjections(ComposedProjections):
     """Decode steps (``fuses``) through the fused decode kernels, one launch per op; the rest composed."""
 
@@ -114,18 +93,31 @@ class FusedDecodeProjections(ComposedProjections):
         return 0 < rows <= MAX_ROWS and (device.type == "cuda" or interpreted())
 
     def _fused(
-        self, op: str, x: torch.Tensor, weight: torch.Tensor, run: Callable[[], torch.Tensor]
+        self,
+        op: str,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        *,
+        norm: NormSpec | None = None,
+        activation: GatedActivation | None = None,
+        norm_weight: torch.Tensor | None = None,
+        residual: torch.Tensor | None = None,
     ) -> torch.Tensor | None:
-        """``run()`` (the fused launch) where the step and shape are covered; None, logged once per
-        op and weight shape, where the kernel refuses the shape."""
-        from kernels.triton.fused_gemv import FusedGemvError
-        from kernels.triton.fused_mma import FusedMmaError
+        """One fused launch where the step and shape are covered: the GEMV (CUDA cores) up to its
+        ``MAX_ROWS``, the MMA (tensor cores) above, both computing the same fusion (docs/kernels.md);
+        None where the step is not fused, or, logged once per op and weight shape, where the kernel
+        refuses the shape."""
+        # The kernel modules import Triton: loaded on a fused step only, and looked up by module so
+        # a test's spy on a launch function sees every call.
+        from kernels.triton import fused_gemv, fused_mma
 
         if x.dim() != 2 or not self.fuses(x.shape[0], x.device):
             return None
+        fusion = fused_gemv.Fusion(norm=norm, residual=residual is not None, activation=activation)
+        launch = fused_gemv.fused_gemv if x.shape[0] <= fused_gemv.MAX_ROWS else fused_mma.fused_mma
         try:
-            return run()
-        except (FusedGemvError, FusedMmaError) as exc:
+            return launch(x, weight, fusion, norm_weight=norm_weight, residual=residual)
+        except (fused_gemv.FusedGemvError, fused_mma.FusedMmaError) as exc:
             key = (op, int(weight.shape[0]), int(weight.shape[-1]), str(weight.dtype))
             if key not in self._logged:
                 self._logged.add(key)
@@ -135,37 +127,20 @@ class FusedDecodeProjections(ComposedProjections):
             return None
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        from kernels.triton.fused_gemv import Fusion
-
-        y = self._fused("linear", x, weight, lambda: _fused_launch(x, weight, Fusion()))
+        y = self._fused("linear", x, weight)
         return super().__call__(x, weight) if y is None else y
 
     def norm_linear(
         self, h: torch.Tensor, spec: NormSpec, norm_weight: torch.Tensor | None, weight: torch.Tensor
     ) -> torch.Tensor:
-        from kernels.triton.fused_gemv import Fusion
-
-        y = self._fused(
-            "norm_linear",
-            h,
-            weight,
-            lambda: _fused_launch(h, weight, Fusion(norm=spec), norm_weight=norm_weight),
-        )
+        y = self._fused("norm_linear", h, weight, norm=spec, norm_weight=norm_weight)
         return super().norm_linear(h, spec, norm_weight, weight) if y is None else y
 
     def linear_residual(
         self, x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, reduce: Reduce | None = None
     ) -> torch.Tensor:
-        from kernels.triton.fused_gemv import Fusion
-
-        y = None
-        if reduce is None:  # with a reduce the partial sums must meet before the add
-            y = self._fused(
-                "linear_residual",
-                x,
-                weight,
-                lambda: _fused_launch(x, weight, Fusion(residual=True), residual=residual),
-            )
+        # With a reduce the partial sums must meet before the add: that composes.
+        y = None if reduce is not None else self._fused("linear_residual", x, weight, residual=residual)
         return super().linear_residual(x, weight, residual, reduce) if y is None else y
 
     def norm_linear_gated(
@@ -176,15 +151,7 @@ class FusedDecodeProjections(ComposedProjections):
         weight: torch.Tensor,
         kind: GatedActivation,
     ) -> torch.Tensor:
-        from kernels.triton.fused_gemv import Fusion
-
-        fusion = Fusion(norm=spec, activation=kind)
-        y = self._fused(
-            "norm_linear_gated",
-            h,
-            weight,
-            lambda: _fused_launch(h, weight, fusion, norm_weight=norm_weight),
-        )
+        y = self._fused("norm_linear_gated", h, weight, norm=spec, activation=kind, norm_weight=norm_weight)
         return super().norm_linear_gated(h, spec, norm_weight, weight, kind) if y is None else y
 
 
