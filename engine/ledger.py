@@ -128,13 +128,9 @@ class RequestLedger:
         token_ids: Sequence[int],
         logprobs: Sequence[TokenLogprob] | None = None,
     ) -> None:
-        # Once per sampled token: the open entry is looked up first, `_live`'s checks only when it
-        # is missing (aborted requests drop their late tokens, others raise there).
-        entry = self._open.get(request_id)
+        entry = self._live(request_id, "commit")
         if entry is None:
-            entry = self._live(request_id, "commit")
-            if entry is None:
-                return
+            return
         if entry.phase is not _Phase.ADMITTED:
             raise LifecycleError(request_id, "commit", entry.phase.value)
         if logprobs is not None and len(logprobs) != len(token_ids):
@@ -196,7 +192,11 @@ class RequestLedger:
         return entry
 
     def _live(self, request_id: str, transition: str) -> _Entry | None:
-        """The open entry, or None for an aborted request (its late updates are dropped)."""
+        """The open entry, or None for an aborted request (its late updates are dropped). Open and
+        retired ids are disjoint, so the open entry, the common case, is looked up first."""
+        entry = self._open.get(request_id)
+        if entry is not None:
+            return entry
         if self._retired.get(request_id) == "aborted":
             return None
         return self._entry(request_id, transition)

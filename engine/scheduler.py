@@ -86,8 +86,6 @@ class _Seq:
     # Prompt plus committed generated tokens; the last one is not yet computed while decoding.
     tokens: list[int]
     num_prompt: int
-    # `request.request_id`, read several times per row per step.
-    request_id: str
     where: _Where = _Where.WAITING
     # Positions whose KV is written.
     num_computed: int = 0
@@ -111,6 +109,10 @@ class _Seq:
     snapshot: tuple[int, int] | None = None
 
     @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
     def num_tokens(self) -> int:
         """Prompt plus generated tokens, those still on the device included."""
         return len(self.tokens) + self.pending
@@ -118,13 +120,12 @@ class _Seq:
     @property
     def num_generated(self) -> int:
         """Generated tokens, those still on the device included (the next row's sampling step)."""
-        return len(self.tokens) + self.pending - self.num_prompt
+        return self.num_tokens - self.num_prompt
 
     @property
     def decoding(self) -> bool:
-        """It has generated a token and every position but the last token's is computed. Read for
-        every running request twice a step, so it reads the fields directly."""
-        num_tokens = len(self.tokens) + self.pending
+        """It has generated a token and every position but the last token's is computed."""
+        num_tokens = self.num_tokens
         return num_tokens > self.num_prompt and self.num_computed == num_tokens - 1
 
 
@@ -272,7 +273,7 @@ class BatchScheduler:
 
     def submit(self, request: Request) -> None:
         self._ledger.open(request)
-        seq = _Seq(request, list(request.prompt_token_ids), len(request.prompt_token_ids), request.request_id)
+        seq = _Seq(request, list(request.prompt_token_ids), len(request.prompt_token_ids))
         self._seqs[request.request_id] = seq
         self._waiting.append(seq)
 
@@ -519,11 +520,7 @@ class BatchScheduler:
         """Whether the tokens in flight end the request on max_tokens or the context length."""
         if not seq.pending:
             return False
-        num_tokens = len(seq.tokens) + seq.pending
-        return (
-            num_tokens - seq.num_prompt >= seq.request.sampling.max_tokens
-            or num_tokens >= self._max_model_len
-        )
+        return seq.num_generated >= seq.request.sampling.max_tokens or seq.num_tokens >= self._max_model_len
 
     def _launch_step(self, rows: list[BatchRow], seqs: list[_Seq], previous: _Launched | None) -> None:
         feed = previous.handle if previous is not None else None
@@ -738,7 +735,7 @@ class BatchScheduler:
     def _row(self, seq: _Seq, num_tokens: int) -> BatchRow:
         start = seq.num_computed
         end = start + num_tokens
-        seq_tokens = len(seq.tokens) + seq.pending
+        seq_tokens = seq.num_tokens
         if self._snapshots is not None and not seq.decoding and end % PAGE_SIZE == 0:
             snapshot = self.kv.take_snapshot(seq.request_id, seq.tokens, end)
             if snapshot is not None:
@@ -780,7 +777,7 @@ class BatchScheduler:
         finished = False
         computed = self.kv.computed
         for seq, row, result in zip(seqs, rows, results, strict=True):
-            seq.num_computed = row.start_pos + len(row.token_ids)
+            seq.num_computed = row.end_pos
             computed(seq.request_id, seq.tokens, seq.num_computed)
             if seq.snapshot is not None:
                 end, slot = seq.snapshot

@@ -15,7 +15,7 @@ and page count: the sliding layers', and the global layers'.
 
 The numeric policy arrives as the injected `linear` (docs/numerics.md), which every projection and
 the LM head are called through as `Projections` (`kernels.gemm.projections`): with
-`--decode-fusion`, a step the projections fuse (`fuses`: a few rows, `tuned`, CUDA) runs QKV, O,
+`--decode-fusion`, a step the projections fuse (`fuses`: at most 64 rows, `tuned`, CUDA) runs QKV, O,
 down and the LM head as the fused GEMV's plain variant and gate/up with its GELU-tanh epilogue
 (docs/kernels.md "The fused decode GEMV"); other steps compose, the same ops as without the flag.
 

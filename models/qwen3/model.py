@@ -10,7 +10,7 @@ The numeric policy arrives as the injected `linear` (docs/numerics.md), a plain 
 last layer's with the final norm. One KV group.
 
 Decode fusion (`--decode-fusion`, docs/kernels.md "The fused decode GEMV"): on a step the projections
-fuse (`Projections.fuses`: a few rows, `tuned`, CUDA), a layer is six launches instead: norm + QKV,
+fuse (`Projections.fuses`: at most 64 rows, `tuned`, CUDA), a layer is six launches instead: norm + QKV,
 attention prep, attention, O + residual, norm + gate/up + SiLU·mul, down + residual; then the final
 norm, and the LM head as the plain fused GEMV (on every step it goes through the projections).
 

@@ -15,7 +15,7 @@ is one of two:
 Final RMSNorm, then the LM head (tied to the embedding unless the checkpoint stores its own).
 
 Decode fusion (`--decode-fusion`, docs/kernels.md "The fused decode GEMV"): on a step the projections
-fuse (`Projections.fuses`: a few rows, `tuned`, CUDA) a layer runs as Qwen3's does: the input norm
+fuse (`Projections.fuses`: at most 64 rows, `tuned`, CUDA) a layer runs as Qwen3's does: the input norm
 in the prologue of the mixer's input projection (GDN's in_proj or attention's QKV), the mixer's
 output projection (out_proj or O) with the residual add in its epilogue, norm + gate/up + SiLU·mul,
 down + residual; the LM head as the plain fused GEMV. The conv, the gated delta rule, the gated
