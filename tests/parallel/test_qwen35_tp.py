@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from test_tensor_parallel import ENGINE, PROMPTS, greedy, load, scheduler_of, tp_runner
+from test_tensor_parallel import ENGINE, PROMPTS, greedy, load, scheduler_of, streams, tp_runner
 
 from engine.config import EngineConfig
 from engine.contract import Request, SamplingParams
@@ -85,17 +85,7 @@ def logprobs_of(
     model: LoadedModel, requests: list[Request]
 ) -> tuple[dict[str, list[int]], dict[str, list[float]]]:
     scheduler = scheduler_of(model)
-    tokens: dict[str, list[int]] = {}
-    logprobs: dict[str, list[float]] = {}
-    for request in requests:
-        scheduler.submit(request)
-    steps = 0
-    while scheduler.has_work():
-        for update in scheduler.step().updates:
-            tokens.setdefault(update.request_id, []).extend(update.new_token_ids)
-            logprobs.setdefault(update.request_id, []).extend(lp.logprob for lp in update.logprobs or ())
-        steps += 1
-        assert steps < 1000, "no progress"
+    tokens, logprobs = streams(scheduler, requests)
     load_after = scheduler.load()
     assert load_after.kv_pages_used == 0 and load_after.state_slots_used == 0
     return tokens, logprobs

@@ -187,7 +187,7 @@ def test_decode_fusion_at_two_ranks_gives_one_ranks_tokens(
     import kernels.triton.fused_gemv as fused_module
 
     engines = engines_of(request, line)
-    expected, expected_logprobs = _streams(scheduler_of(engines[1]), greedy("f-"))
+    expected, expected_logprobs = streams(scheduler_of(engines[1]), greedy("f-"))
     tokens = [(7 * i + 3) % 1000 + 1 for i in range(60)]
     single, wide = scheduler_of(engines[1]).runner, scheduler_of(engines[WIDE]).runner
     assert hasattr(single, "score") and hasattr(wide, "score")
@@ -207,7 +207,7 @@ def test_decode_fusion_at_two_ranks_gives_one_ranks_tokens(
     checkpoint = request.getfixturevalue(f"tiny_{line}")
     model = load_model(str(checkpoint), ModelOptions(engine=config, device="cpu", decode_fusion=True))
     try:
-        got, logprobs = _streams(scheduler_of(model), greedy("f-"))
+        got, logprobs = streams(scheduler_of(model), greedy("f-"))
     finally:
         tp_runner(model).close()
     assert got == expected
@@ -221,18 +221,21 @@ def test_decode_fusion_at_two_ranks_gives_one_ranks_tokens(
     assert "gemv+residual" not in launched
 
 
-def _streams(
+def streams(
     scheduler: BatchScheduler, requests: Sequence[Request]
 ) -> tuple[dict[str, list[int]], dict[str, list[float]]]:
-    """Each request's tokens and their log-probs."""
+    """Each request's tokens and their log-probs, stepping until the engine is idle."""
     tokens: dict[str, list[int]] = {}
     logprobs: dict[str, list[float]] = {}
     for request in requests:
         scheduler.submit(request)
+    steps = 0
     while scheduler.has_work():
         for update in scheduler.step().updates:
             tokens.setdefault(update.request_id, []).extend(update.new_token_ids)
             logprobs.setdefault(update.request_id, []).extend(lp.logprob for lp in update.logprobs or ())
+        steps += 1
+        assert steps < 1000, "no progress"
     return tokens, logprobs
 
 
