@@ -68,14 +68,19 @@ class RowSampling:
 
     @classmethod
     def of(cls, row: BatchRow, seeds: SeedSource) -> RowSampling:
-        # A greedy row draws no noise, so its seed is never read: skip hashing its id every step.
-        greedy = row.sampling.temperature < GREEDY_TEMPERATURE
-        seed = 0 if greedy else seeds.seed_for(row.request_id, row.sampling)
-        return cls(row.sampling, seed, row.num_generated)
+        return cls(row.sampling, _row_seed(row, seeds), row.num_generated)
 
     @property
     def greedy(self) -> bool:
         return self.params.temperature < GREEDY_TEMPERATURE
+
+
+def _row_seed(row: BatchRow, seeds: SeedSource) -> int:
+    """The seed a row samples with. A greedy row draws no noise, so its seed is never read: its id
+    is not hashed every step."""
+    if row.sampling.temperature < GREEDY_TEMPERATURE:
+        return 0
+    return seeds.seed_for(row.request_id, row.sampling)
 
 
 @dataclass(slots=True, frozen=True)
@@ -164,11 +169,7 @@ class SamplingBatch:
         steps = [r.num_generated for r in sampling]
         if min(steps) < 0:
             raise ValueError(f"step={min(steps)!r}: the number of generated tokens cannot be negative")
-        # As `RowSampling.of`: a greedy row's seed is never read, so its id is not hashed.
-        row_seeds = [
-            0 if p.temperature < GREEDY_TEMPERATURE else seeds.seed_for(r.request_id, p)
-            for r, p in zip(sampling, params, strict=True)
-        ]
+        row_seeds = [_row_seed(r, seeds) for r in sampling]
         return cls._from_columns(params, row_seeds, steps)
 
     @classmethod
