@@ -165,12 +165,6 @@ def start_paged_model(
     # Under tensor parallelism every rank runs this same start-up, so each captures the same buckets
     # in the same order and its graphs hold its side of the collectives (NCCL; docs/tensor-parallel.md).
     use_graphs = not config.enforce_eager and attention.supports_graphs
-    if use_graphs and group.size > 1:
-        log.warning(
-            "tensor parallelism (%d ranks): decode graphs hold NCCL collectives, which have not run "
-            "here yet; --enforce-eager runs sharded decode without them",
-            group.size,
-        )
     buckets = decode_buckets(config.max_num_seqs)
     total = torch.cuda.get_device_properties(device).total_memory
     # Overlapped prefill plans on its own attention instance (its own workspace): made now so the

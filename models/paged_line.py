@@ -269,8 +269,8 @@ def check_rank_devices(device: torch.device, ranks: int) -> None:
             f"{'is' if visible == 1 else 'are'} visible"
         )
     log.warning(
-        "tensor parallelism over NCCL (%d ranks on cuda:0..%d) has not run on GPUs before "
-        "(docs/tensor-parallel.md)",
+        "tensor parallelism over NCCL (%d ranks on cuda:0..%d) has not run on GPUs before, nor have "
+        "decode graphs holding its collectives (--enforce-eager runs without them; docs/tensor-parallel.md)",
         ranks,
         ranks - 1,
     )
