@@ -158,6 +158,12 @@ class FusedDecodeProjections(ComposedProjections):
 Projections = ComposedProjections
 
 
+def as_projections(linear: Linear) -> Projections:
+    """The projections a model calls: `linear` itself when the loader already built them
+    (`policy_projections`), else the policy's linear composed."""
+    return linear if isinstance(linear, ComposedProjections) else ComposedProjections(linear)
+
+
 def policy_projections(
     policy: NumericPolicy | str, device: torch.device, linear: Linear, *, decode_fusion: bool
 ) -> Projections:

@@ -45,7 +45,7 @@ from engine.parallel.sharding import ShardPlan
 from kernels import layer_ops, reference
 from kernels.attention.base import AttentionLayerSpec
 from kernels.gemm.dispatch import Linear
-from kernels.gemm.projections import ComposedProjections
+from kernels.gemm.projections import as_projections
 from kernels.prep_dispatch import run_attention_prep
 from kernels.reference import NormSpec, NormWeight, PrepSpec
 from models.gemma3.config import LAYER_TYPES, SLIDING, Gemma3Config
@@ -90,7 +90,7 @@ class Gemma3Model:
         group: RankGroup = SINGLE_RANK,
     ) -> None:
         self.config = config
-        self.projections = linear if isinstance(linear, ComposedProjections) else ComposedProjections(linear)
+        self.projections = as_projections(linear)
         self.linear = self.projections.linear  # the policy's own linear
         self.device = device
         self.group = group

@@ -36,7 +36,7 @@ from engine.parallel.sharding import ShardPlan
 from kernels import layer_ops, reference
 from kernels.attention.base import AttentionLayerSpec
 from kernels.gemm.dispatch import Linear
-from kernels.gemm.projections import ComposedProjections
+from kernels.gemm.projections import as_projections
 from kernels.prep_dispatch import run_attention_prep
 from kernels.reference import GatedActivation, NormSpec, NormWeight
 from models.qwen3.config import Qwen3Config
@@ -68,7 +68,7 @@ class Qwen3Model:
         group: RankGroup = SINGLE_RANK,
     ) -> None:
         self.config = config
-        self.projections = linear if isinstance(linear, ComposedProjections) else ComposedProjections(linear)
+        self.projections = as_projections(linear)
         self.linear = self.projections.linear  # the policy's own linear
         self.device = device
         self.group = group

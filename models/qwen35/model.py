@@ -48,7 +48,7 @@ from kernels import layer_ops, reference
 from kernels.attention.base import AttentionLayerSpec
 from kernels.gdn import GDNBackend, StateRows, TorchGDN
 from kernels.gemm.dispatch import Linear
-from kernels.gemm.projections import ComposedProjections
+from kernels.gemm.projections import as_projections
 from kernels.prep_dispatch import run_attention_prep
 from kernels.reference import GatedActivation, NormSpec, NormWeight
 from models.qwen35.config import FULL, LINEAR, GDNGeometry, Qwen35Config
@@ -99,7 +99,7 @@ class Qwen35Model:
         group: RankGroup = SINGLE_RANK,
     ) -> None:
         self.config = config
-        self.projections = linear if isinstance(linear, ComposedProjections) else ComposedProjections(linear)
+        self.projections = as_projections(linear)
         self.linear = self.projections.linear  # the policy's own linear
         self.device = device
         self.gdn = gdn or TorchGDN()
