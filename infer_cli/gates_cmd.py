@@ -40,9 +40,10 @@ from gates.runner import (
     write_json,
     write_junit,
 )
+from gates.runner.needs import DECODE_PATH_KNOBS
 from gates.runner.preflight import checkpoint_argument
 from gates.runner.reports import now
-from infer_cli.engine_options import Knobs, knob_options
+from infer_cli.engine_options import KNOBS, Knobs, knob_options
 
 EXIT_GATE_FAILED = 1
 EXIT_STOPPED = 2
@@ -205,7 +206,7 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
-@knob_options("tensor_parallel_size", help_prefix="every gate's engines: ")
+@knob_options("tensor_parallel_size", *DECODE_PATH_KNOBS, help_prefix="every gate's engines: ")
 def gates_command(
     manifest: str = typer.Option(
         ..., "--manifest", help="Manifest NAME (manifests/NAME.toml) or PATH to a .toml."
@@ -247,9 +248,12 @@ def gates_command(
     console = Console()
     started = now()
     try:
-        tensor_parallel_size = knobs.engine_config().tensor_parallel_size
+        tensor_parallel_size = knobs.model_options().engine.tensor_parallel_size
     except ContractError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--tensor-parallel-size") from None
+        raise typer.BadParameter(
+            str(exc), param_hint=KNOBS[exc.field_name].flag if exc.field_name in KNOBS else None
+        ) from None
+    decode_path = {name: knobs[name] for name in DECODE_PATH_KNOBS if knobs[name] != KNOBS[name].default}
     try:
         loaded = load_manifest(locate_manifest(manifest))
     except GateRunError as exc:
@@ -289,10 +293,12 @@ def gates_command(
         only=tuple(only),
         shared_process=shared_process,
         tensor_parallel_size=tensor_parallel_size,
+        decode_path=decode_path,
     )
     console.print(
         f"[bold]infer gates[/bold] · suite {loaded.suite.name} · {len(loaded.gates)} gate(s) · {loaded.path}"
         + (f" · tensor-parallel size {tensor_parallel_size}" if tensor_parallel_size > 1 else "")
+        + "".join(f" · {KNOBS[name].flag} {value}" for name, value in decode_path.items())
     )
     observer = _ConsoleObserver(console, json_out)
     # A stopped run (`timeout`, a job killed) unwinds through run_pytest, which kills the running

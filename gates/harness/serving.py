@@ -1,12 +1,15 @@
 """Loading a checkpoint through infer's own path and driving its scheduler synchronously.
 
 Every engine a gate builds runs at the tensor-parallel size the run was given (`infer gates
---tensor-parallel-size N`, which the runner passes as INFER_GATE_TENSOR_PARALLEL_SIZE), unless the
-gate asks for a size itself."""
+--tensor-parallel-size N`, which the runner passes as INFER_GATE_TENSOR_PARALLEL_SIZE) and with its
+decode-path knobs (`--decode-fusion` and the others of DECODE_PATH_KNOBS, passed as
+INFER_GATE_DECODE_PATH), unless the gate asks for a value of that knob itself."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -20,7 +23,7 @@ from engine.contract import Admission, Request, SamplingParams, Terminal, TokenL
 from engine.model_runner import PagedModelRunner
 from engine.parallel.runner import TensorParallelRunner
 from engine.scheduler import BatchScheduler
-from gates.runner.needs import TENSOR_PARALLEL_ENV
+from gates.runner.needs import DECODE_PATH_ENV, DECODE_PATH_KNOBS, TENSOR_PARALLEL_ENV
 from kernels.kv_layout import pages_for
 from models.checkpoint import WeightCache, reusing_weights
 from models.registry import LoadedModel, ModelOptions, load_model
@@ -67,6 +70,20 @@ def gate_tensor_parallel_size() -> int:
     return int(raw)
 
 
+def gate_decode_path() -> dict[str, object]:
+    """The decode-path knobs the run asks every gate's engines to use, by name (none: the defaults)."""
+    raw = os.environ.get(DECODE_PATH_ENV, "").strip()
+    knobs = json.loads(raw) if raw else {}
+    if not isinstance(knobs, dict) or set(knobs) - set(DECODE_PATH_KNOBS):
+        raise ValueError(
+            f"{DECODE_PATH_ENV}={raw!r}: expected a JSON object over {', '.join(DECODE_PATH_KNOBS)}"
+        )
+    return knobs
+
+
+_ENGINE_FIELDS = frozenset(f.name for f in dataclasses.fields(EngineConfig))
+
+
 def load_for_gate(checkpoint: Path, *, dtype: str | None = None, **engine: object) -> LoadedModel:
     """The model as `infer serve` would load it on this machine (bf16 + FlashInfer + CUDA graphs on a
     GPU, fp32 + torch attention on CPU; `dtype` overrides the dtype), with engine settings
@@ -78,12 +95,25 @@ def load_for_gate(checkpoint: Path, *, dtype: str | None = None, **engine: objec
     engine.setdefault("tensor_parallel_size", gate_tensor_parallel_size())
     if on_gpu:
         engine.setdefault("max_num_seqs", GATE_MAX_NUM_SEQS_GPU)
+    model_knobs: dict[str, object] = {}
+    for name, value in gate_decode_path().items():
+        if name not in _ENGINE_FIELDS:
+            model_knobs[name] = value
+        # A gate that overlaps prefill asks for the one overlap EngineConfig allows at a time.
+        elif not (name == "async_scheduling" and engine.get("async_prefill")):
+            engine.setdefault(name, value)
     config = EngineConfig(**engine)  # type: ignore[arg-type]
     # Another dtype than the serving one is a one-off (a wider reference): not kept in the cache.
     with reusing_weights(_WEIGHTS) if dtype is None else contextlib.nullcontext():
         return load_model(
             str(checkpoint),
-            ModelOptions(engine=config, device=str(gate_device()), dtype=dtype, progress=_PrintedProgress()),
+            ModelOptions(
+                engine=config,
+                device=str(gate_device()),
+                dtype=dtype,
+                progress=_PrintedProgress(),
+                **model_knobs,  # type: ignore[arg-type]
+            ),
         )
 
 

@@ -3,20 +3,22 @@
 
 A process per gate means a gate that exhausts GPU memory, leaks a CUDA context or crashes the
 interpreter cannot poison the next one. The checkpoint reaches the gate as INFER_TEST_CHECKPOINT,
-the run's tensor-parallel size as INFER_GATE_TENSOR_PARALLEL_SIZE (`gate_env`).
+the run's tensor-parallel size as INFER_GATE_TENSOR_PARALLEL_SIZE and its decode-path knobs as
+INFER_GATE_DECODE_PATH (`gate_env`).
 A gate passes only when pytest ran at least one test for it and every one of them passed; a
 skip, an xfail, a timeout, a crash or an empty collection is a failure.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from gates.runner.manifest import Gate, Manifest
-from gates.runner.needs import TENSOR_PARALLEL_ENV
+from gates.runner.needs import DECODE_PATH_ENV, TENSOR_PARALLEL_ENV
 from gates.runner.preflight import CHECKPOINT_ENV
 from gates.runner.pytest_process import PytestRun, run_pytest
 
@@ -71,9 +73,13 @@ def judge(gate: Gate, run: PytestRun) -> tuple[Result, str]:
     return result, message
 
 
-def gate_env(checkpoint: Path | None, tensor_parallel_size: int = 1) -> dict[str, str]:
+def gate_env(
+    checkpoint: Path | None, tensor_parallel_size: int = 1, decode_path: Mapping[str, object] | None = None
+) -> dict[str, str]:
     """What a gate's process is told of the run, in its environment."""
     env = {TENSOR_PARALLEL_ENV: str(tensor_parallel_size)}
+    if decode_path:
+        env[DECODE_PATH_ENV] = json.dumps(dict(decode_path), sort_keys=True)
     if checkpoint is not None:
         env[CHECKPOINT_ENV] = str(checkpoint)
     return env

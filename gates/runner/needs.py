@@ -26,6 +26,17 @@ GPUS_PREFIX = "gpus:"
 # The tensor-parallel size `infer gates --tensor-parallel-size N` runs every gate's engines at
 # (gates.harness.serving reads it; unset means 1).
 TENSOR_PARALLEL_ENV = "INFER_GATE_TENSOR_PARALLEL_SIZE"
+# The decode-path knobs `infer gates --decode-fusion` (and its siblings, DECODE_PATH_KNOBS) run every
+# gate's engines with, as a JSON object of knob name to value (unset or empty: the defaults).
+DECODE_PATH_ENV = "INFER_GATE_DECODE_PATH"
+# The engine and model knobs that pick how a decode step runs without changing what it computes:
+# a run of the manifest with them is how a path earns its way to a default.
+DECODE_PATH_KNOBS: tuple[str, ...] = (
+    "decode_fusion",
+    "attention_backend",
+    "sampling_backend",
+    "async_scheduling",
+)
 
 
 def gpus_need(ranks: int) -> str:

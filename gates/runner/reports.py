@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -52,6 +53,8 @@ class RunReport:
     shared_process: bool = False
     # `--tensor-parallel-size`: the ranks every gate's engines ran at.
     tensor_parallel_size: int = 1
+    # The decode-path knobs every gate's engines ran with, by name (empty: the defaults).
+    decode_path: Mapping[str, Any] = field(default_factory=dict)
     # False for the report written after each gate while the run goes on: a run whose process is
     # killed (a lent machine taken back) still leaves what its finished gates found.
     finished: bool = True
@@ -86,6 +89,7 @@ def to_json(report: RunReport) -> dict[str, Any]:
         "only": list(report.only),
         "shared_process": report.shared_process,
         "tensor_parallel_size": report.tensor_parallel_size,
+        "decode_path": dict(report.decode_path),
         "checkpoint": str(report.checkpoint) if report.checkpoint is not None else None,
         "started": report.started.isoformat(),
         "status": report.status,

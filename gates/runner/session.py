@@ -5,7 +5,8 @@ nothing executes after a problem. Output is left to an observer (the CLI draws i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -31,6 +32,9 @@ class RunOptions:
     shared_process: bool = False
     # `--tensor-parallel-size`: every gate's engines run at it (preflight checks the split).
     tensor_parallel_size: int = 1
+    # `--decode-fusion` and the other DECODE_PATH_KNOBS the run was given, by knob name: every
+    # gate's engines run with them (empty: the defaults).
+    decode_path: Mapping[str, object] = field(default_factory=dict)
 
 
 class Observer(Protocol):
@@ -76,6 +80,7 @@ def run_manifest(manifest: Manifest, options: RunOptions, observer: Observer) ->
             only=options.only,
             shared_process=options.shared_process,
             tensor_parallel_size=options.tensor_parallel_size,
+            decode_path=dict(options.decode_path),
             finished=finished,
         )
 
@@ -111,6 +116,6 @@ def run_manifest(manifest: Manifest, options: RunOptions, observer: Observer) ->
         observer.gate_done(outcome)
         observer.report_so_far(report([], done, finished=False))
 
-    env = gate_env(checkpoint, options.tensor_parallel_size)
+    env = gate_env(checkpoint, options.tensor_parallel_size, options.decode_path)
     outcomes = execute(manifest, chosen, env, observer.gate_started, gate_done)
     return report([], outcomes)
