@@ -183,9 +183,14 @@ def bench_decode(
     context: int,
     iters: int = 30,
     breakdown: bool = False,
+    temperature: float = 0.0,
 ) -> DecodeResult:
+    """`temperature` 0 decodes greedily; above it every row samples (vLLM's `bench latency` samples
+    at 1.0), so the step includes the sampled path's draw."""
     warmup = 5
-    params = SamplingParams(max_tokens=warmup + iters + PROFILED_STEPS + 2, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(
+        max_tokens=warmup + iters + PROFILED_STEPS + 2, temperature=temperature, ignore_eos=True
+    )
     for i in range(batch):
         scheduler.submit(Request(f"decode-{batch}-{i}", _prompt(context, 1000 * batch + i), params))
     # Prefill everything, then step until every request is decoding.

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     "gdn_backend",
     "attention_backend",
     "decode_fusion",
+    "sampling_backend",
     "tensor_parallel_size",
     "collective_timeout_s",
 )
@@ -44,6 +45,11 @@ def bench_latency_command(
     ),
     batch_sizes: str = typer.Option("1,8,32,64,128,256", "--batch-sizes", help="Decode batch sizes."),
     context: int = typer.Option(512, "--context", help="Tokens of KV each decode row attends to."),
+    temperature: float = typer.Option(
+        0.0,
+        "--temperature",
+        help="Decode rows sample at this temperature (0: greedy); vLLM's `bench latency` samples at 1.0.",
+    ),
     prefill_lens: str = typer.Option(
         "1024,8192", "--prefill-lens", help="Prompt lengths prefilled in one step."
     ),
@@ -97,7 +103,7 @@ def bench_latency_command(
         )
         options = knobs.model_options(engine=engine, device="cuda", progress=RichProgress(console))
         run, facts, gdn = _bench_policy(
-            model, options, ceilings, batches, prompts, context, breakdown, console
+            model, options, ceilings, batches, prompts, context, temperature, breakdown, console
         )
         runs.append(run)
         # One model on the device at a time: the next policy's load measures its own budget.
@@ -110,6 +116,7 @@ def bench_latency_command(
         + (" · async scheduling" if knobs["async_scheduling"] else "")
         + (f" · attention {knobs['attention_backend']}" if knobs["attention_backend"] else "")
         + (" · decode fusion" if knobs["decode_fusion"] else "")
+        + (f" · temperature {temperature:g}, {knobs['sampling_backend']} draw" if temperature > 0 else "")
         + (f" · TP {knobs['tensor_parallel_size']}" if knobs["tensor_parallel_size"] > 1 else "")
     )
     if gdn is not None:
@@ -127,6 +134,8 @@ def bench_latency_command(
             "gdn_backend": None if gdn is None else {"asked": knobs["gdn_backend"], "ran": gdn},
             "attention_backend": knobs["attention_backend"],
             "decode_fusion": knobs["decode_fusion"],
+            "temperature": temperature,
+            "sampling_backend": knobs["sampling_backend"],
             "tensor_parallel_size": knobs["tensor_parallel_size"],
         }
         save_result.write_text(json.dumps(payload, indent=2))
@@ -153,6 +162,7 @@ def _bench_policy(
     batches: list[int],
     prompts: list[int],
     context: int,
+    temperature: float,
     breakdown: bool,
     console: Console,
 ) -> tuple[PolicyRun, RooflineFacts, str | None]:
@@ -185,7 +195,11 @@ def _bench_policy(
         task = progress.add_task(f"{policy}: benchmarking", total=len(batches) + len(prompts))
         for batch in batches:
             progress.update(task, description=f"{policy}: decode batch {batch}")
-            decode.append(bench_decode(scheduler, facts, ceilings, batch, context, breakdown=breakdown))
+            decode.append(
+                bench_decode(
+                    scheduler, facts, ceilings, batch, context, breakdown=breakdown, temperature=temperature
+                )
+            )
             progress.advance(task)
         for tokens in prompts:
             progress.update(task, description=f"{policy}: prefill {tokens} tokens")

@@ -36,8 +36,10 @@ def test_prefill_floor_counts_projections_and_causal_attention() -> None:
     assert prefill_floor_ms(FACTS, tokens, CEILINGS) == pytest.approx(flops / 800e12 * 1e3)
 
 
-@pytest.mark.parametrize("async_scheduling", [False, True])
-def test_bench_loops_run_and_leave_the_engine_idle(tiny_qwen3: Path, async_scheduling: bool) -> None:
+@pytest.mark.parametrize(("async_scheduling", "temperature"), [(False, 0.0), (True, 0.0), (False, 1.0)])
+def test_bench_loops_run_and_leave_the_engine_idle(
+    tiny_qwen3: Path, async_scheduling: bool, temperature: float
+) -> None:
     engine = EngineConfig(
         max_num_seqs=4,
         max_num_batched_tokens=64,
@@ -49,7 +51,7 @@ def test_bench_loops_run_and_leave_the_engine_idle(tiny_qwen3: Path, async_sched
     scheduler = loaded.scheduler
     assert isinstance(scheduler, BatchScheduler) and isinstance(scheduler.runner, PagedModelRunner)
     facts = scheduler.runner.model.roofline()
-    decode = bench_decode(scheduler, facts, CEILINGS, batch=4, context=20, iters=3)
+    decode = bench_decode(scheduler, facts, CEILINGS, batch=4, context=20, iters=3, temperature=temperature)
     prefill = bench_prefill(scheduler, facts, CEILINGS, tokens=48, iters=2)
     assert decode.batch == 4 and decode.step_ms > 0 and decode.replay_ms is None
     assert prefill.tokens == 48 and prefill.ms > 0

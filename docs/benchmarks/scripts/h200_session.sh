@@ -177,9 +177,9 @@ gemm-qwen3() {  # cuBLAS / skinny / fused GEMV / fused MMA per Qwen3-4B projecti
     --save-result $work/gemm-qwen3-4b.json --save-dispatch $work/skinny-dispatch-qwen3-4b.json
 }
 # Qwen3-4B decode per path, one model load each (issue 18). NAME|FLAGS; the first is the default.
-DECODE_VARIANTS=${DECODE_VARIANTS:-"default| async|--async-scheduling triton|--attention-backend=triton
-  fused|--decode-fusion fused-triton|--decode-fusion,--attention-backend=triton
-  all|--decode-fusion,--attention-backend=triton,--async-scheduling"}
+DECODE_VARIANTS=${DECODE_VARIANTS:-"default| fused|--decode-fusion fused-triton|--decode-fusion,--attention-backend=triton
+  all|--decode-fusion,--attention-backend=triton,--async-scheduling
+  all-sampled|--decode-fusion,--attention-backend=triton,--async-scheduling,--sampling-backend=triton,--temperature=1.0"}
 qwen3-decode-variants() {
   synth_q3
   local variant
@@ -212,10 +212,22 @@ host-profile-async() {  # where async scheduling's steps still wait on the devic
     --save $work/qwen3-4b-host-profile-async-triton.json
 }
 vllm-qwen3() {  # vLLM 0.24's decode step on the same checkpoint (shared/device/vllm: staged by five
-  # calls carrying .vllm/part1..5 first; never beside an infer step: it takes 90 % of the memory)
+  # calls carrying .vllm/part1..5 first; never beside an infer step: it takes 90 % of the memory).
+  # One engine start for every batch size (vllm_decode.py); bench.sh's process per run if that fails.
   synth_q3
-  [ -f .vllm/part5/bench.sh ] || { echo "vLLM is not staged (.vllm/part5 not carried)"; return 1; }
-  bash .vllm/part5/bench.sh $q3 $work/vllm 1,8,64
+  local waited=0
+  while [ ! -f /tmp/vsite/vllm/__init__.py ] && [ $waited -lt 300 ]; do sleep 5; waited=$((waited + 5)); done
+  [ -f /tmp/vsite/vllm/__init__.py ] || { echo "vLLM is not staged (.vllm/part1..5 not carried)"; return 1; }
+  PYTHONPATH=/tmp/vsite HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_DO_NOT_TRACK=1 \
+    DO_NOT_TRACK=1 VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 \
+    python3 docs/benchmarks/scripts/vllm_decode.py $q3 --batch-sizes 1,8,64 --save $work/vllm-qwen3-4b.json ||
+    bash .vllm/part5/bench.sh $q3 $work/vllm 1,8,64
+}
+qwen3-gates-decode-path() {  # the qwen3 manifest with every opt-in decode path on (before a default flips)
+  synth_q3
+  infer gates --manifest qwen3 --shared-process --checkpoint $q3 $(gate_args qwen3) ${GATE_DECODE_PATH:---decode-fusion \
+    --attention-backend triton --sampling-backend triton} \
+    --json $work/qwen3-gates-decode-path.json --junit $work/qwen3-gates-decode-path.xml
 }
 kernels() {
   infer gates --manifest kernels --tier gpu --json $work/kernels-gates.json
@@ -319,7 +331,8 @@ pipeline() {
     touch $work/real-g3.running
     (real_g3 >$work/real-g3.log 2>&1; rm -f $work/real-g3.running) &
   fi
-  [[ "$PIPELINE" == *qwen35-* ]] && qwen35_synth_bg
+  # SYNTH_AHEAD=0 when timed steps come first: a checkpoint written beside them would skew them.
+  [[ "$PIPELINE" == *qwen35-* && ${SYNTH_AHEAD:-1} == 1 ]] && qwen35_synth_bg
   for group in $PIPELINE; do
     local lane
     for lane in ${group//+/ }; do
@@ -359,7 +372,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity)
+  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
