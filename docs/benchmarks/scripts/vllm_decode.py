@@ -67,8 +67,12 @@ def main() -> None:
     for batch in batch_sizes:
         t1, t129 = mean_latency(batch, 1), mean_latency(batch, 129)
         decode_ms = (t129 - t1) / 128 * 1e3
-        rows.append({"batch": batch, "decode_ms_per_step": decode_ms, "t1_ms": t1 * 1e3, "t129_ms": t129 * 1e3})
-        print(f"vllm batch {batch}: decode {decode_ms:.3f} ms/step (t1 {t1 * 1e3:.1f} ms, t129 {t129 * 1e3:.1f} ms)")
+        rows.append(
+            {"batch": batch, "decode_ms_per_step": decode_ms, "t1_ms": t1 * 1e3, "t129_ms": t129 * 1e3}
+        )
+        print(
+            f"vllm batch {batch}: decode {decode_ms:.3f} ms/step (t1 {t1 * 1e3:.1f} ms, t129 {t129 * 1e3:.1f} ms)"
+        )
     with open(args.save, "w") as f:
         json.dump(
             {
