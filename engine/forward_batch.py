@@ -28,6 +28,9 @@ class ForwardBatch:
     attention: AttentionBackend
     # int64 [rows]: each row's state slot (engine/kv/state_pool.py), filler rows slot 0.
     state_slots: torch.Tensor | None = None
+    # The rows' token boundaries in the packed step, on the host (row r is tokens cu[r]:cu[r+1]);
+    # None when every row is one token. Kept on the host so a varlen kernel's launch needs no sync.
+    cu_seqlens: tuple[int, ...] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -54,6 +57,7 @@ class ForwardBatch:
             sample_index=staged("sample_index", self.sample_index),
             attention=self.attention,
             state_slots=None if self.state_slots is None else staged("state_slots", self.state_slots),
+            cu_seqlens=self.cu_seqlens,
         )
 
     def to(self, device: torch.device) -> ForwardBatch:
@@ -68,6 +72,7 @@ class ForwardBatch:
             sample_index=moved(self.sample_index),
             attention=self.attention,
             state_slots=None if self.state_slots is None else moved(self.state_slots),
+            cu_seqlens=self.cu_seqlens,
         )
 
 

@@ -82,6 +82,7 @@ def pack_step(
         sample_index=torch.tensor(logit_index, dtype=torch.long),
         attention=attention,
         state_slots=torch.tensor([r.state_slot for r in rows] + [PADDING_SLOT] * filler, dtype=torch.long),
+        cu_seqlens=None if max(q_lens) == 1 else (0, *ends),
     )
 
 

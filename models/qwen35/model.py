@@ -267,12 +267,14 @@ class Qwen35Model:
         sequences, tokens = int(slots.shape[0]), batch.num_tokens
         if sequences == tokens:
             return StateRows(slots, batch.positions == 0)
-        lengths = torch.bincount(batch.rows[0].seq_index.long(), minlength=sequences).tolist()
-        cu = [0]
-        for n in lengths:
-            cu.append(cu[-1] + int(n))
-        starts = torch.tensor(cu[:-1], dtype=torch.long, device=batch.positions.device)
-        return StateRows(slots, batch.positions.index_select(0, starts) == 0, tuple(cu))
+        cu = batch.cu_seqlens
+        if cu is None or len(cu) != sequences + 1:
+            raise ValueError(
+                f"a Qwen3.5 step of {tokens} tokens in {sequences} rows needs the rows' cu_seqlens "
+                f"(engine.step_packer), got {cu}"
+            )
+        starts = torch.tensor(cu[:-1], dtype=torch.long).to(batch.positions.device, non_blocking=True)
+        return StateRows(slots, batch.positions.index_select(0, starts) == 0, cu)
 
     def _mix(
         self, mixer: _DeltaNet | _Attention, projected: torch.Tensor, batch: ForwardBatch, rows: StateRows
