@@ -133,7 +133,7 @@ class Admission:
     prompt_tokens: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RequestUpdate:
     """Everything one step says about one request. At most one per request per step."""
 

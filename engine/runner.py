@@ -21,9 +21,12 @@ from engine.contract import SamplingParams, TokenLogprob
 FED_TOKEN = -1
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class BatchRow:
-    """One request's share of a step: a prefill chunk or a single decode token."""
+    """One request's share of a step: a prefill chunk or a single decode token. Read-only by
+    convention, not frozen: one is built per row per step, and a frozen dataclass's constructor
+    costs 2.5× a plain one's there (docs/benchmarks/host-cpu.md); the same holds for
+    `SampledToken` and `engine.contract.RequestUpdate`."""
 
     request_id: str
     token_ids: tuple[int, ...]
@@ -73,7 +76,7 @@ class StepBatch:
         return sum(len(r.token_ids) for r in self.rows)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SampledToken:
     token_id: int
     logprob: TokenLogprob | None = None
