@@ -53,15 +53,18 @@ synth_wait() { while [ -f $work/$1.running ]; do sleep 5; done; }
 synth_q35() { synth_wait q35-4b; [ -d $q35 ] || infer synth qwen35 --preset 4b --out $q35 --dtype bfloat16 --tokenizer trained --device cuda; }
 synth_q35_9b() { synth_wait q35-9b; [ -d $q35_9b ] || infer synth qwen35 --preset 9b --out $q35_9b --dtype bfloat16 --tokenizer trained --device cuda; }
 qwen35_synth_bg() {  # both checkpoints, one after the other, beside the first steps
-  touch $work/q35-4b.running $work/q35-9b.running $work/q3-4b.running
+  local with_q3=0
+  [[ "$PIPELINE" == *qwen3-latency* || "$PIPELINE" == *attn-triton-latency* ]] && with_q3=1
+  touch $work/q35-4b.running $work/q35-9b.running
+  [ $with_q3 == 1 ] && touch $work/q3-4b.running
   ( { [ -d $q35 ] || infer synth qwen35 --preset 4b --out $q35 --dtype bfloat16 --tokenizer trained --device cuda; }
     rm -f $work/q35-4b.running
     { [ -d $q35_9b ] || infer synth qwen35 --preset 9b --out $q35_9b --dtype bfloat16 --tokenizer trained --device cuda; }
     rm -f $work/q35-9b.running
-    if [[ "$PIPELINE" == *qwen3-latency* || "$PIPELINE" == *attn-triton-latency* ]]; then
+    if [ $with_q3 == 1 ]; then
       { [ -d $q3 ] || infer synth qwen3 --preset 4b --out $q3 --dtype bfloat16 --tokenizer trained --device cuda; }
-    fi
-    rm -f $work/q3-4b.running ) >$work/q35-synth.log 2>&1 &
+      rm -f $work/q3-4b.running
+    fi ) >$work/q35-synth.log 2>&1 &
 }
 
 # A whole manifest on this machine: every gate, less the multi-rank ones (need gpus:N) when fewer
