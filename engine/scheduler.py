@@ -265,6 +265,10 @@ class BatchScheduler:
     def runner(self) -> ModelRunner:
         return self._runner
 
+    @property
+    def config(self) -> EngineConfig:
+        return self._config
+
     def prefilling_count(self) -> int:
         """Running requests whose prompt (or recompute) is not fully computed yet."""
         return sum(1 for seq in self._running if not seq.decoding)

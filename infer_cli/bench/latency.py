@@ -19,6 +19,7 @@ the JSON carries the policy it ran under.
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 import time
 from collections.abc import Sequence
@@ -188,14 +189,30 @@ def bench_decode(
     """`temperature` 0 decodes greedily; above it every row samples (vLLM's `bench latency` samples
     at 1.0), so the step includes the sampled path's draw."""
     warmup = 5
+    # Each request must outlive the timed and profiled steps plus every step it decodes while the
+    # others still prefill: chunked under a small token budget, that is many steps. A step
+    # prefills at least (budget - batch) tokens beside the decodes, so twice that count is room
+    # enough; the requests still running after the measurement are aborted.
+    budget = scheduler.config.max_num_batched_tokens
+    prefill_room = 2 * (math.ceil(batch * context / max(1, budget - batch)) + batch)
     params = SamplingParams(
-        max_tokens=warmup + iters + PROFILED_STEPS + 2, temperature=temperature, ignore_eos=True
+        max_tokens=warmup + iters + PROFILED_STEPS + 2 + prefill_room,
+        temperature=temperature,
+        ignore_eos=True,
     )
-    for i in range(batch):
-        scheduler.submit(Request(f"decode-{batch}-{i}", _prompt(context, 1000 * batch + i), params))
+    ids = [f"decode-{batch}-{i}" for i in range(batch)]
+    for i, rid in enumerate(ids):
+        scheduler.submit(Request(rid, _prompt(context, 1000 * batch + i), params))
     # Prefill everything, then step until every request is decoding.
+    prefill_steps = 0
     while scheduler.load().waiting or _prefilling(scheduler):
         scheduler.step()
+        prefill_steps += 1
+    if prefill_steps > prefill_room:
+        raise RuntimeError(
+            f"batch {batch} took {prefill_steps} steps to prefill under a {budget}-token budget; "
+            f"its requests had room for {prefill_room}"
+        )
     for _ in range(warmup):
         scheduler.step()
     pipelined = scheduler.async_stats.launches > 0
@@ -217,6 +234,8 @@ def bench_decode(
     allocated = _allocator_since(allocator)
     profile = _breakdown(scheduler, step_ms, PROFILED_STEPS) if breakdown else None
     replay = _replay_ms(scheduler.runner, batch)
+    for rid in ids:
+        scheduler.abort(rid)
     _idle(scheduler)
     return DecodeResult(
         batch,

@@ -62,6 +62,23 @@ def test_bench_loops_run_and_leave_the_engine_idle(
     assert (scheduler.async_stats.launches > 0) == async_scheduling
 
 
+def test_decode_rows_outlive_a_long_chunked_prefill(tiny_qwen3: Path) -> None:
+    """Under a token budget far below the batch's prompts, the first requests decode for many steps
+    while the last still prefill: every row must still be there for each timed step."""
+    engine = EngineConfig(
+        max_num_seqs=8, max_num_batched_tokens=12, enable_prefix_caching=False, num_kv_pages=64
+    )
+    loaded = load_model(str(tiny_qwen3), ModelOptions(engine=engine, device="cpu"))
+    scheduler = loaded.scheduler
+    assert isinstance(scheduler, BatchScheduler) and isinstance(scheduler.runner, PagedModelRunner)
+    decode = bench_decode(
+        scheduler, scheduler.runner.model.roofline(), CEILINGS, batch=8, context=40, iters=3
+    )
+    assert decode.batch == 8 and decode.step_ms > 0
+    load = scheduler.load()
+    assert (load.running, load.waiting, load.kv_pages_used) == (0, 0, 0)
+
+
 def test_results_json_tags_every_row_with_its_policy() -> None:
     from infer_cli.bench.latency import DecodeResult, PolicyRun, PrefillResult, results_json
 
