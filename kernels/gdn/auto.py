@@ -40,9 +40,16 @@ class RecordedChoice:
     source: str  # where the figures are: a docs/benchmarks page and its date
 
 
-# (torch.cuda.get_device_name(), geometry) → choice. Empty until `infer bench gdn` and the gate have
-# run on a device; start-up measures where it holds nothing.
-RECORDED: dict[tuple[str, GDNGeometry], RecordedChoice] = {}
+# (torch.cuda.get_device_name(), geometry) → choice, for the geometries whose agreement gate and
+# `infer bench gdn` ran on that device; start-up measures where it holds nothing (other devices,
+# the 9B's geometry, a rank's share under tensor parallelism).
+RECORDED: dict[tuple[str, GDNGeometry], RecordedChoice] = {
+    # Qwen3.5-4B. Prefill: FlashInfer 3.4-8.4x faster than fla-core at 1k-32k tokens. Decode: both
+    # run infer's slot-indexed Triton step, within noise of each other.
+    ("NVIDIA H200", GDNGeometry(16, 32, 128, 128)): RecordedChoice(
+        prefill="flashinfer", decode="fla", source="docs/benchmarks/qwen35.md, 2026-12-05"
+    ),
+}
 
 
 class AutoGDN(GDNBackend):

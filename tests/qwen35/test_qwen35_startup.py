@@ -127,3 +127,34 @@ def test_auto_leaves_out_a_backend_that_does_not_cover_the_geometry() -> None:
     auto.warm_up(GDNGeometry(2, 4, 16, 16), torch.float32, cpu)
     assert auto.chosen == {"prefill": torch_backend, "decode": torch_backend}
     assert auto.describe() == "auto (prefill: torch, decode: torch)"
+
+
+class _Covering(TorchGDN):
+    """A backend standing in for fla or FlashInfer: covers every geometry, warms up instantly."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+
+
+def test_auto_takes_the_recorded_choice_for_this_device_and_geometry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The H200 row of `RECORDED` (the 4B's geometry) is taken without a start-up measurement; any
+    other geometry is measured (here: the measurement is refused, so reaching it fails the test)."""
+    import kernels.gdn.auto as auto_module
+
+    cpu = torch.device("cpu")
+    backends = {"torch": TorchGDN(), "fla": _Covering("fla"), "flashinfer": _Covering("flashinfer")}
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+
+    def not_measured(*args: object, **kwargs: object) -> None:
+        raise AssertionError("auto measured a geometry it holds a recorded choice for")
+
+    monkeypatch.setattr(AutoGDN, "_measure", not_measured)
+    auto = AutoGDN(cpu, backends)
+    auto.warm_up(GDNGeometry(16, 32, 128, 128), torch.bfloat16, cpu)
+    assert auto.chosen == {"prefill": backends["flashinfer"], "decode": backends["fla"]}
+    assert ("NVIDIA H200", GDNGeometry(16, 32, 128, 128)) in auto_module.RECORDED
+
+    other = AutoGDN(cpu, backends)
+    with pytest.raises(AssertionError, match="measured a geometry"):
+        other.warm_up(GDNGeometry(16, 48, 128, 128), torch.bfloat16, cpu)
