@@ -42,9 +42,10 @@ class RecordedChoice:
 
 # (torch.cuda.get_device_name(), geometry) → choice, for the geometries whose agreement gate and
 # `infer bench gdn` ran on that device; start-up measures where it holds nothing (other devices,
-# the 9B's geometry, a rank's share under tensor parallelism).
+# a rank's share of the heads under tensor parallelism).
 RECORDED: dict[tuple[str, GDNGeometry], RecordedChoice] = {
-    # Qwen3.5-4B. Prefill: FlashInfer 3.4-8.4x faster than fla-core at 1k-32k tokens. Decode: both
+    # Qwen3.5-4B and 9B (one GDN geometry). Prefill: FlashInfer 1.7-8.4x faster than fla-core at
+    # 1k-32k tokens. Decode: both
     # run infer's slot-indexed Triton step, within noise of each other.
     ("NVIDIA H200", GDNGeometry(16, 32, 128, 128)): RecordedChoice(
         prefill="flashinfer", decode="fla", source="docs/benchmarks/qwen35.md, 2026-12-05"
