@@ -45,8 +45,7 @@ class RecordedChoice:
 # a rank's share of the heads under tensor parallelism).
 RECORDED: dict[tuple[str, GDNGeometry], RecordedChoice] = {
     # Qwen3.5-4B and 9B (one GDN geometry). Prefill: FlashInfer 1.7-8.4x faster than fla-core at
-    # 1k-32k tokens. Decode: both
-    # run infer's slot-indexed Triton step, within noise of each other.
+    # 1k-32k tokens. Decode: both run infer's slot-indexed Triton step, within noise of each other.
     ("NVIDIA H200", GDNGeometry(16, 32, 128, 128)): RecordedChoice(
         prefill="flashinfer", decode="fla", source="docs/benchmarks/qwen35.md, 2026-12-05"
     ),
