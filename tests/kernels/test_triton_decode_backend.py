@@ -121,7 +121,8 @@ def test_sibling_owns_its_buffers_and_warm_up_builds_each_geometry_once() -> Non
 
 def _greedy_tokens(checkpoint: Path, backend: str) -> tuple[dict[str, list[int]], object]:
     engine = EngineConfig(max_num_batched_tokens=64, num_kv_pages=64, max_num_seqs=4)
-    loaded = load_model(str(checkpoint), ModelOptions(engine=engine, device="cpu", attention_backend=backend))
+    options = ModelOptions(engine=engine, device=str(DEVICE), dtype="float32", attention_backend=backend)
+    loaded = load_model(str(checkpoint), options)
     scheduler = loaded.scheduler
     assert isinstance(scheduler, BatchScheduler)
     prompts = [tuple(range(40, 40 + n)) for n in (5, 21, 12)]

@@ -1,7 +1,7 @@
-"""Each model line's tiny checkpoint decoding with ``--decode-fusion`` (the fused decode GEMV and MMA
-forced on under the Triton interpreter) against the same model composing its projections as every
-other step does: three sequences (decode steps of 1-3 rows through the GEMV) and eight (decode steps
-of 8 rows through the MMA).
+"""Each model line's tiny checkpoint decoding with ``--decode-fusion`` (the fused decode GEMV and MMA,
+under the Triton interpreter or compiled on a GPU) against the same model composing its projections
+as every other step does: three sequences (decode steps of 1-3 rows through the GEMV) and eight
+(decode steps of 8 rows through the MMA).
 
 Greedy tokens must be the same. Log-probs may differ by what the spec leaves free (the fp32 order of
 each projection's sum and of each norm's sum of squares), so the bound is measured in the same run:
@@ -93,9 +93,19 @@ SMALL = (5, 21, 12)
 BATCH_8 = (5, 21, 12, 7, 16, 9, 13, 6)
 
 
+# On a GPU the kernels run compiled, in fp32 (the MMA's fp32 dot is IEEE there, no TF32), eagerly:
+# a captured graph would call the spied launchers once per bucket, not once per step. Attention is
+# torch's (FlashInfer has no head dim 32, the tiny checkpoints').
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def _decode(checkpoint: Path, *, fusion: bool, lengths: tuple[int, ...] = SMALL) -> tuple[Run, Any]:
-    engine = EngineConfig(max_num_batched_tokens=64, num_kv_pages=64, max_num_seqs=len(lengths))
-    options = ModelOptions(engine=engine, device="cpu", decode_fusion=fusion)
+    engine = EngineConfig(
+        max_num_batched_tokens=64, num_kv_pages=64, max_num_seqs=len(lengths), enforce_eager=True
+    )
+    options = ModelOptions(
+        engine=engine, device=DEVICE, dtype="float32", attention_backend="torch", decode_fusion=fusion
+    )
     scheduler = load_model(str(checkpoint), options).scheduler
     assert isinstance(scheduler, BatchScheduler)
     model = scheduler.runner.model  # type: ignore[attr-defined]
