@@ -105,6 +105,11 @@ class EngineConfig:
         },
     )
 
+    @property
+    def triton_draw(self) -> bool:
+        """Whether sampled rows draw their token through the Triton kernel (`--sampling-backend`)."""
+        return self.sampling_backend == "triton"
+
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens"):
             value = getattr(self, name)

@@ -60,9 +60,8 @@ def profile_step(
         params = SamplingBatch.pack(
             [RowSampling(SamplingParams(top_p=0.9, top_k=50, logprobs=20), 0, 0)] * rows
         )
-        triton_draw = config.sampling_backend == "triton"
-        sample(logits, params.to(model.device), SamplingPlan.widest(20), triton_draw=triton_draw)
-        if triton_draw:
+        sample(logits, params.to(model.device), SamplingPlan.widest(20), triton_draw=config.triton_draw)
+        if config.triton_draw:
             one_row = SamplingBatch.pack([RowSampling(SamplingParams(), 0, 0)]).to(model.device)
             for sorted_filters, min_p_filter in ((False, False), (False, True), (True, False)):
                 plan = SamplingPlan(sorted_filters=sorted_filters, min_p_filter=min_p_filter)
@@ -151,7 +150,7 @@ def start_paged_model(
     smallest count any rank can hold, so a page id means the same thing on every rank."""
     device = model.device
     kv = model.kv
-    triton_draw = config.sampling_backend == "triton"
+    triton_draw = config.triton_draw
     groups = group_costs(kv.shapes, kv.bytes_per_page(), config, max_model_len)
     per_page = sum(g.bytes_per_page for g in groups)
     if device.type != "cuda":

@@ -53,7 +53,8 @@ def pack_step(
     input_ids = [*chain.from_iterable(r.token_ids for r in rows), *([_FILLER_TOKEN] * filler)]
     tokens = len(input_ids) - filler
     ends = list(accumulate(q_lens))  # one past each row's last token in the packed step
-    if max(q_lens) == 1:
+    one_token_rows = max(q_lens) == 1
+    if one_token_rows:
         # Every row is one token (a decode step): token i is row i's, at the row's start.
         positions = torch.tensor(starts, dtype=torch.int32)
         seq_index = torch.arange(num_rows, dtype=torch.int32)
@@ -82,7 +83,7 @@ def pack_step(
         sample_index=torch.tensor(logit_index, dtype=torch.long),
         attention=attention,
         state_slots=torch.tensor([r.state_slot for r in rows] + [PADDING_SLOT] * filler, dtype=torch.long),
-        cu_seqlens=None if max(q_lens) == 1 else (0, *ends),
+        cu_seqlens=None if one_token_rows else (0, *ends),
     )
 
 
