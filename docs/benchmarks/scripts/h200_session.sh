@@ -230,9 +230,10 @@ vllm-qwen3() {  # vLLM 0.24's decode step on the same checkpoint (shared/device/
     python3 docs/benchmarks/scripts/vllm_decode.py $q3 --batch-sizes 1,8,64 --save $work/vllm-qwen3-4b.json ||
     bash ${ORIGIN:-.}/.vllm/part5/bench.sh $q3 $work/vllm 1,8,64
 }
-qwen3-gates-decode-path() {  # the qwen3 manifest with every opt-in decode path on (before a default flips)
+qwen3-gates-decode-path() {  # the qwen3 manifest with every opt-in decode path on (before a default flips);
+  # GATE_SELECT="--gate qwen3.X ..." runs only those gates (the report then says it is a subset)
   synth_q3
-  infer gates --manifest qwen3 --shared-process --checkpoint $q3 $(gate_args qwen3) ${GATE_DECODE_PATH:---decode-fusion \
+  infer gates --manifest qwen3 --shared-process --checkpoint $q3 ${GATE_SELECT:-$(gate_args qwen3)} ${GATE_DECODE_PATH:---decode-fusion \
     --attention-backend triton --sampling-backend triton} \
     --json $work/qwen3-gates-decode-path.json --junit $work/qwen3-gates-decode-path.xml
 }
