@@ -230,6 +230,20 @@ vllm-qwen3() {  # vLLM 0.24's decode step on the same checkpoint (shared/device/
     python3 docs/benchmarks/scripts/vllm_decode.py $q3 --batch-sizes 1,8,64 --save $work/vllm-qwen3-4b.json ||
     bash ${ORIGIN:-.}/.vllm/part5/bench.sh $q3 $work/vllm 1,8,64
 }
+vllm-gemma4() {  # vLLM 0.24's decode step on the synthetic Gemma 4 12B. The image's transformers
+  # (5.15+) moves `global_head_dim` into `per_layer_config`, whose `head_dim` vLLM 0.24 cannot read;
+  # 5.14 keeps the published spelling. Stage it once on the CPU machine (vLLM's process only):
+  #   pip download --no-deps transformers==5.14.0 -d .whl-deps/vllm-gemma4
+  synth_g4
+  local tf=${ORIGIN:-.}/.whl-deps/vllm-gemma4
+  ls $tf/transformers-5.14.0-*.whl >/dev/null 2>&1 || { echo "transformers 5.14 not staged in $tf"; return 1; }
+  [ -d /tmp/vsite-tf ] || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/vsite-tf $tf/*.whl
+  [ -f /tmp/vsite/vllm/__init__.py ] || { echo "vLLM is not staged (.vllm/part1..5 not carried)"; return 1; }
+  PYTHONPATH=/tmp/vsite-tf:/tmp/vsite HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_DO_NOT_TRACK=1 \
+    DO_NOT_TRACK=1 VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 \
+    python3 docs/benchmarks/scripts/vllm_decode.py $g4 --batch-sizes ${VLLM_GEMMA4_BATCHES:-1,8,64} \
+    --save $work/vllm-gemma4-12b.json
+}
 qwen3-gates-decode-path() {  # the qwen3 manifest with every opt-in decode path on (before a default flips);
   # GATE_SELECT="--gate qwen3.X ..." runs only those gates (the report then says it is a subset)
   synth_q3
@@ -386,7 +400,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity)
+  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
