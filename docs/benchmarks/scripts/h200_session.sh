@@ -234,10 +234,11 @@ vllm-gemma4() {  # vLLM 0.24's decode step on the synthetic Gemma 4 12B. The ima
   # (5.15+) moves `global_head_dim` into `per_layer_config`, whose `head_dim` vLLM 0.24 cannot read;
   # 5.14 keeps the published spelling. Stage it once on the CPU machine (vLLM's process only):
   #   pip download --no-deps transformers==5.14.0 -d .whl-deps/vllm-gemma4
+  # and copy it to /tmp/parts in the call that carries .whl-deps (`cp .whl-deps/vllm-gemma4/*.whl /tmp/parts/`).
   synth_g4
-  local tf=${ORIGIN:-.}/.whl-deps/vllm-gemma4
-  ls $tf/transformers-5.14.0-*.whl >/dev/null 2>&1 || { echo "transformers 5.14 not staged in $tf"; return 1; }
-  [ -d /tmp/vsite-tf ] || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/vsite-tf $tf/*.whl
+  local tf=$parts/transformers-5.14.0-py3-none-any.whl
+  [ -f $tf ] || { echo "transformers 5.14 not staged at $tf"; return 1; }
+  [ -d /tmp/vsite-tf ] || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/vsite-tf $tf
   [ -f /tmp/vsite/vllm/__init__.py ] || { echo "vLLM is not staged (.vllm/part1..5 not carried)"; return 1; }
   PYTHONPATH=/tmp/vsite-tf:/tmp/vsite HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_DO_NOT_TRACK=1 \
     DO_NOT_TRACK=1 VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 \
