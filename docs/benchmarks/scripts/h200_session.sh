@@ -33,6 +33,14 @@
 #   PIPELINE="decode-tests sampler-timing gemm-qwen3 qwen3-decode-variants host-profile-async gemma4-decode-variants
 #             qwen3-gates vllm-qwen3" STAGE=all ...
 # then the qwen3 and gemma4 manifests with the flags the variants showed best, before flipping a default.
+# The next stretch, as prepared (the 9B parity gate closes issue 19; the Qwen3 decode paths timed, vLLM
+# beside them; the one qwen3 gate the decode-path run did not finish; Gemma 4 with vLLM given
+# transformers 5.14): after the .whl-fi call, the .whl-deps call runs
+#   mkdir -p /tmp/parts && cp .whl-deps/vllm-gemma4/*.whl /tmp/parts/ && SYNTH_AHEAD=0 WAIT_S=3 \
+#   GATE_SELECT="--gate qwen3.graph_memory_is_reserved" PIPELINE="qwen35-9b-parity+decode-tests \
+#   qwen3-decode-variants vllm-qwen3 gemma4-decode-variants vllm-gemma4 qwen3-gates-decode-path host-profile" \
+#   STAGE=all bash docs/benchmarks/scripts/h200_session.sh
+# then the five .vllm/partN calls, then STAGE=wait calls back to back.
 # A step that fails does not stop the ones after it. Single steps can still be run by name
 # (STAGE=gemma4-gates, STAGE=buckets, ...), in the foreground.
 set -uo pipefail
