@@ -855,6 +855,55 @@ def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
     return gated.to(x.dtype)
 
 
+def gdn_mixer(
+    qkv: torch.Tensor,
+    z: torch.Tensor,
+    b: torch.Tensor,
+    a: torch.Tensor,
+    conv_weight: torch.Tensor,
+    a_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    key_heads: int,
+    cu_seqlens: Sequence[int],
+    conv_state: torch.Tensor | None = None,
+    recurrent_state: torch.Tensor | None = None,
+    accumulate: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A GDN layer between its input and output projections, the composition of the ops above:
+    ``causal_conv1d`` of ``qkv [T, 2·Hk·K + Hv·V]`` (SiLU included), split into q, k, v;
+    ``gdn_gates(a, b, a_log, dt_bias)`` for ``a, b [T, Hv]``; ``gated_delta_rule``; ``gated_rms_norm``
+    by ``z [T, Hv·V]`` per value head. Returns ``(out [T, Hv·V], conv final [N, W - 1, D], recurrent
+    final [N, Hv, V, K])``. ``accumulate=torch.float64`` runs the conv and the delta rule in fp64 (the
+    oracle: give it fp64 inputs and it keeps no storage rounding but the stated ones)."""
+    value_heads = a.shape[-1]
+    if z.dim() != 2 or z.shape[-1] % value_heads or b.shape != a.shape:
+        raise SpecError(
+            f"z [T, Hv·V], b and a [T, Hv] disagree: {tuple(z.shape)}, {tuple(b.shape)}, {tuple(a.shape)}"
+        )
+    tokens, value_width = z.shape
+    key_width = (qkv.shape[-1] - value_width) // 2
+    if key_width < 1 or key_width % key_heads or 2 * key_width + value_width != qkv.shape[-1]:
+        raise SpecError(f"qkv width {qkv.shape[-1]} is not 2·Hk·K + {value_width} with Hk = {key_heads}")
+    key_dim, value_dim = key_width // key_heads, value_width // value_heads
+    mixed, conv_final = causal_conv1d(qkv, conv_weight, cu_seqlens, conv_state, accumulate)
+    q, k, v = mixed.split([key_width, key_width, value_width], dim=-1)
+    g, beta = gdn_gates(a, b, a_log, dt_bias)
+    core, recurrent_final = gated_delta_rule(
+        q.reshape(tokens, key_heads, key_dim),
+        k.reshape(tokens, key_heads, key_dim),
+        v.reshape(tokens, value_heads, value_dim),
+        g,
+        beta,
+        cu_seqlens,
+        recurrent_state,
+        accumulate=accumulate,
+    )
+    normed = gated_rms_norm(core, z.reshape(tokens, value_heads, value_dim), norm_weight, eps)
+    return normed.reshape(tokens, value_width), conv_final, recurrent_final
+
+
 # -------------------------------------------------------------------------- sampling: the token draw
 #
 # What the engine's sampler draws a token with (docs/engine.md, "Sampling"; the kernel in

@@ -9,6 +9,9 @@
   on CPU.
 
 A backend that cannot run here is refused by name, with what is missing.
+
+Beside the backends, decode_mixer.py runs a whole decode step's mixer (conv, gates, delta rule,
+gated norm) as three Triton launches under `--decode-fusion`, whatever the backend.
 """
 
 from __future__ import annotations

@@ -54,11 +54,18 @@ def _tanh(x, LIBDEVICE: tl.constexpr):
 
 
 @triton.jit
+def _silu(x, LIBDEVICE: tl.constexpr):
+    """``x / (1 + exp(-x))`` in fp32, torch's SiLU on CPU and CUDA: the one definition every kernel
+    that applies SiLU uses (the gated activation, the GDN conv step and gated norm)."""
+    return tl.div_rn(x, 1.0 + _exp(-x, LIBDEVICE))  # IEEE divide, as CUDA's `/` on floats
+
+
+@triton.jit
 def _gated_product(gate, up, KIND: tl.constexpr, STORAGE: tl.constexpr, LIBDEVICE: tl.constexpr):
     """``R(R(act(gate)) · up)`` in fp32 for gate and up already in the storage dtype's values: the
     one definition of the activation every kernel that applies it uses (this one, the fused GEMV)."""
     if KIND == _SILU:
-        act = tl.div_rn(gate, 1.0 + _exp(-gate, LIBDEVICE))  # IEEE divide, as CUDA's `/` on floats
+        act = _silu(gate, LIBDEVICE)
     else:
         inner = _GELU_BETA * (gate + _GELU_KAPPA * (gate * gate * gate))
         act = 0.5 * gate * (1.0 + _tanh(inner, LIBDEVICE))

@@ -18,8 +18,11 @@ Decode fusion (`--decode-fusion`, docs/kernels.md "The fused decode GEMV"): on a
 fuse (`Projections.fuses`: at most 64 rows, `tuned`, CUDA) a layer runs as Qwen3's does: the input norm
 in the prologue of the mixer's input projection (GDN's in_proj or attention's QKV), the mixer's
 output projection (out_proj or O) with the residual add in its epilogue, norm + gate/up + SiLU·mul,
-down + residual; the LM head as the plain fused GEMV. The conv, the gated delta rule, the gated
-RMSNorm and attention run as on every step.
+down + residual; the LM head as the plain fused GEMV. On such a step where every row decodes one
+token, a GDN layer's mixer between in_proj and out_proj runs as three Triton launches
+(`kernels.gdn.decode_mixer`: conv step with the state shift, gates + recurrent step, gated norm)
+instead of the backend's conv, the torch gates and the torch gated norm; other steps compose it.
+Attention runs as on every step.
 
 Under tensor parallelism (`plan` over `group`'s ranks; docs/tensor-parallel.md) the weights are
 this rank's slices. Gated attention splits as the dense lines (its query and gate heads, its KV
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -54,6 +58,9 @@ from kernels.reference import GatedActivation, NormSpec, NormWeight
 from models.qwen35.config import FULL, LINEAR, GDNGeometry, Qwen35Config
 from models.qwen35.sharding import shard_plan
 from models.qwen35.weights import LM_HEAD, text_prefix
+
+if TYPE_CHECKING:
+    from kernels.gdn.decode_mixer import DecodeMixer
 
 
 @dataclass(slots=True)
@@ -154,6 +161,13 @@ class Qwen35Model:
             self.embed.dtype,
             device,
         )
+        # The fused decode mixer goes with the fused projections (`--decode-fusion`) and runs only
+        # inside `_fused_layers`; the Triton modules load only then.
+        self.decode_mixer: DecodeMixer | None = None
+        if self.projections.fuses(1, device):
+            from kernels.gdn.decode_mixer import DecodeMixer
+
+            self.decode_mixer = DecodeMixer(g.kernel_geometry(), g.conv_kernel, self.embed.dtype)
 
     @staticmethod
     def _layer(
@@ -242,7 +256,8 @@ class Qwen35Model:
         for layer in self.layers:
             into, out = _mixer_projections(layer.mixer)
             projected = p.norm_linear(hidden, self.norm, layer.input_norm, into)
-            hidden = p.linear_residual(self._mix(layer.mixer, projected, batch, rows), out, hidden, reduce)
+            mixed = self._mix(layer.mixer, projected, batch, rows, fused=True)
+            hidden = p.linear_residual(mixed, out, hidden, reduce)
             activated = p.norm_linear_gated(
                 hidden, self.norm, layer.post_attention_norm, layer.gate_up, GatedActivation.SILU
             )
@@ -277,21 +292,46 @@ class Qwen35Model:
         return StateRows(slots, batch.positions.index_select(0, starts) == 0, cu)
 
     def _mix(
-        self, mixer: _DeltaNet | _Attention, projected: torch.Tensor, batch: ForwardBatch, rows: StateRows
+        self,
+        mixer: _DeltaNet | _Attention,
+        projected: torch.Tensor,
+        batch: ForwardBatch,
+        rows: StateRows,
+        fused: bool = False,
     ) -> torch.Tensor:
         """The token mixer between its two projections: from the input projection's output to the
-        output projection's input."""
+        output projection's input; ``fused`` (the fused layer loop) lets a GDN decode step take the
+        fused decode mixer."""
         if isinstance(mixer, _DeltaNet):
-            return self._deltanet(mixer, projected, rows)
+            return self._deltanet(mixer, projected, rows, fused)
         return self._attention(mixer, projected, batch)
 
-    def _deltanet(self, layer: _DeltaNet, projected: torch.Tensor, rows: StateRows) -> torch.Tensor:
+    def _deltanet(
+        self, layer: _DeltaNet, projected: torch.Tensor, rows: StateRows, fused: bool = False
+    ) -> torch.Tensor:
         """out_proj's input from in_proj's output: this rank's value heads, [tokens, value_dim]."""
         g = self.gdn_geometry
         tokens = projected.shape[0]
         qkv, z, b, a = projected.split(
             [g.conv_dim, g.value_dim, g.num_value_heads, g.num_value_heads], dim=-1
         )
+        if fused and self.decode_mixer is not None and self.decode_mixer.runs(rows, projected.device):
+            from kernels.gdn.decode_mixer import MixerWeights, gdn_decode_mixer
+
+            weights = MixerWeights(
+                layer.conv, layer.a_log, layer.dt_bias, layer.norm, self.config.rms_norm_eps
+            )
+            return gdn_decode_mixer(
+                qkv,
+                z,
+                b,
+                a,
+                weights,
+                self.decode_mixer.geometry,
+                rows,
+                self.state.conv_layer(layer.state_index),
+                self.state.recurrent_layer(layer.state_index),
+            )
         mixed = self.gdn.conv(qkv.contiguous(), layer.conv, rows, self.state.conv_layer(layer.state_index))
         q, k, v = mixed.split([g.key_dim, g.key_dim, g.value_dim], dim=-1)
         decay, beta = reference.gdn_gates(a, b, layer.a_log, layer.dt_bias)

@@ -12,6 +12,10 @@ bounds keep over their measured reordering).
 
 Every fused launch is spied on: each layer's projections, and the LM head, must each have run
 through the kernel with the line's fusion (docs/kernels.md, "The fused decode GEMV" and "MMA").
+Qwen3.5's GDN layers must also have run every decode step's mixer (conv step, gates + recurrent
+step, gated norm) through the fused decode mixer's three kernels, and only those steps: a multi-step
+decode whose conv and recurrent states carry from step to step in the kernels' in-place writes
+(docs/kernels.md, "Gated DeltaNet").
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import kernels.gdn.decode_mixer as mixer_module
 import kernels.triton.fused_gemv as fused_module
 import kernels.triton.fused_mma as mma_module
 import models.paged_line
@@ -123,6 +128,40 @@ def _decode(checkpoint: Path, *, fusion: bool, lengths: tuple[int, ...] = SMALL)
     return (tokens, logprobs), model
 
 
+# The fused decode mixer's three launches, by their names in kernels.gdn.decode_mixer.
+MIXER_KERNELS = ("gdn_conv_step", "gdn_decode_step_with_gates", "gdn_gated_norm")
+
+
+def _spy_mixer(patch: pytest.MonkeyPatch) -> Counter[tuple[str, int]]:
+    """Counts (kernel, rows) of every launch of the fused decode mixer's kernels."""
+    launched: Counter[tuple[str, int]] = Counter()
+    for name in MIXER_KERNELS:
+        real = getattr(mixer_module, name)
+
+        def spied(x: torch.Tensor, *args: Any, _name: str = name, _real: Any = real, **kw: Any) -> Any:
+            launched[(_name, x.shape[0])] += 1
+            return _real(x, *args, **kw)
+
+        patch.setattr(mixer_module, name, spied)
+    return launched
+
+
+def _check_mixer_launches(line: str, model: Any, launched: Counter[tuple[str, int]], rows: int) -> None:
+    """Qwen3.5: each GDN layer ran its decode steps through the three kernels, each step all three,
+    at least 5 steps with every one of the ``rows`` sequences decoding (the step plan is the
+    scheduler's: a decode row beside a prefill chunk composes); the other lines never."""
+    if line != "tiny_qwen35":
+        assert not launched, launched
+        return
+    gdn_layers = sum(hasattr(layer.mixer, "in_proj") for layer in model.layers)
+    assert gdn_layers > 0
+    per_kernel = {name: sum(n for (k, _), n in launched.items() if k == name) for name in MIXER_KERNELS}
+    assert len(set(per_kernel.values())) == 1, per_kernel
+    assert launched[("gdn_conv_step", rows)] >= 5 * gdn_layers, launched
+    assert max(n for _, n in launched) == rows, launched
+    assert all(count % gdn_layers == 0 for (_, _), count in launched.items()), launched
+
+
 def _worst(a: dict[str, list[float]], b: dict[str, list[float]]) -> float:
     return max(abs(x - y) for key in a for x, y in zip(a[key], b[key], strict=True))
 
@@ -145,7 +184,9 @@ def test_fused_decode_gives_the_composed_tokens_within_the_reordering_bound(
 
     with monkeypatch.context() as patch:
         patch.setattr(fused_module, "fused_gemv", spied)
+        mixer_launched = _spy_mixer(patch)
         fused, model = _decode(checkpoint, fusion=True)
+    _check_mixer_launches(line, model, mixer_launched, rows=len(SMALL))
     # Decode steps of 3 rows (and fewer as requests finish) ran fused, every projection of every
     # layer once a step with its line's fusion, and the LM head (on the prefill steps' sampled rows
     # too: it fuses by its own row count).
@@ -201,7 +242,9 @@ def test_a_batch_of_eight_decodes_through_the_fused_mma(
 
     with monkeypatch.context() as patch:
         patch.setattr(mma_module, "fused_mma", counted)
-        fused, _ = _decode(checkpoint, fusion=True, lengths=BATCH_8)
+        mixer_launched = _spy_mixer(patch)
+        fused, model = _decode(checkpoint, fusion=True, lengths=BATCH_8)
+    _check_mixer_launches(line, model, mixer_launched, rows=len(BATCH_8))
     # Every sequence decodes 10 tokens together: at least 9 decode steps of 8 rows through the MMA.
     assert rows_seen.count(len(BATCH_8)) >= 9, sorted(set(rows_seen))
     assert all(fused_module.MAX_ROWS < m <= mma_module.MAX_ROWS for m in rows_seen), sorted(set(rows_seen))

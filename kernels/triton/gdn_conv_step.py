@@ -1,0 +1,225 @@
+"""One decode step of the GDN causal conv with SiLU, reading and shifting the conv state pool in place.
+
+``kernels.reference.causal_conv1d`` with one token per sequence: the inputs are the slot's W − 1
+stored inputs (zeros for a fresh sequence, whatever its slot holds) followed by the new token;
+``y = R(silu(R(Σ_j w[:, j] · x_j)))`` with the products and their sum in fp32, added in the spec's
+order (j = 0 … W − 1, each product rounded, no FMA), so the sum is the spec's bit for bit and the
+only freedom left is the last bit of fp32 ``exp`` inside the SiLU. The slot then holds the last W − 1
+inputs: its rows shift up by one and the token becomes the last row.
+
+Each program owns one row and ``BLOCK_D`` channels. A channel's conv reads only that channel, so a
+row's bits never depend on the batch or on where the row sits. A program loads each state row
+before it overwrites it, and every element is loaded and stored by the same thread (``BLOCK_D`` is a
+multiple of the program's thread count, so no element is held twice): the in-place shift needs no
+second buffer. Slots must be distinct except for the padding slot 0, which CUDA-graph filler rows
+share and nothing reads. One launch, no host synchronisation: graph-safe.
+
+``python -m kernels.triton.gdn_conv_step`` compiles every variant for sm_90 without a GPU.
+docs/kernels.md, "Gated DeltaNet", tells where it runs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.reference import SpecError
+from kernels.triton.gated_act import _silu
+from kernels.triton.offline import compile_offline, pointers_and_strides
+from kernels.triton.prep_kernel import _round_to_storage
+from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted
+
+# Channels per program: 2 warps × 32 lanes × 4 elements. At Qwen3.5-4B's conv_dim 8192 a batch-1 step
+# has 32 programs; the whole step moves 8192 × (2·(W − 1) + 2) elements, so launch latency dominates.
+BLOCK_D = 256
+NUM_WARPS = 2
+# Conv widths the kernel takes (Qwen3.5: 4). A width of 1 has no state; wider ones are untested.
+WIDTHS = (2, 3, 4)
+
+
+class GDNConvStepError(SpecError):
+    """An input the conv step kernel cannot take; the message names the tensor and its value."""
+
+
+@triton.jit
+def _gdn_conv_step_kernel(
+    x_ptr,
+    w_ptr,
+    slots_ptr,
+    fresh_ptr,
+    pool_ptr,
+    y_ptr,
+    channels,
+    stride_x_tok,
+    stride_w_chan,
+    stride_pool_slot,
+    stride_pool_row,
+    stride_y_tok,
+    WIDTH: tl.constexpr,
+    STORAGE: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    LIBDEVICE: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    ok = cols < channels
+    slot = tl.load(slots_ptr + row).to(tl.int64)
+    fresh = tl.load(fresh_ptr + row)
+    # A fresh row's slot is not read at all (the mask broadcast to the block, as the interpreter
+    # takes no scalar term in a mask).
+    keep = ok & ((tl.zeros([BLOCK_D], dtype=tl.int32) + (fresh == 0).to(tl.int32)) != 0)
+    state = pool_ptr + slot * stride_pool_slot + cols
+    weights = w_ptr + cols * stride_w_chan
+    token = tl.load(x_ptr + row * stride_x_tok + cols, mask=ok, other=0.0)
+
+    # The sum starts from +0 as torch's does (an all-zero window sums to +0, whatever the weights' signs).
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    acc = acc + tl.load(state, mask=keep, other=0.0).to(tl.float32) * tl.load(weights, mask=ok).to(tl.float32)
+    for j in tl.static_range(1, WIDTH - 1):
+        held = tl.load(state + j * stride_pool_row, mask=keep, other=0.0)
+        acc = acc + held.to(tl.float32) * tl.load(weights + j, mask=ok).to(tl.float32)
+        # Row j moves up to row j − 1, which this thread loaded an iteration ago.
+        tl.store(state + (j - 1) * stride_pool_row, held, mask=ok)
+    acc = acc + token.to(tl.float32) * tl.load(weights + (WIDTH - 1), mask=ok).to(tl.float32)
+    tl.store(state + (WIDTH - 2) * stride_pool_row, token, mask=ok)
+
+    conv = _round_to_storage(acc, STORAGE)
+    y = _round_to_storage(_silu(conv, LIBDEVICE), STORAGE)
+    tl.store(y_ptr + row * stride_y_tok + cols, y.to(y_ptr.dtype.element_ty), mask=ok)
+
+
+def _check_device(name: str, t: torch.Tensor, device: torch.device) -> None:
+    if t.device != device:
+        raise GDNConvStepError(f"{name} is on {t.device}, the conv state pool on {device}")
+
+
+def check_conv_step(channels: int, width: int, dtype: torch.dtype) -> None:
+    """Refuse, naming the value, a conv the kernel does not take: its width or storage dtype."""
+    if width not in WIDTHS:
+        raise GDNConvStepError(
+            f"conv width {width}: the conv step kernel takes {', '.join(map(str, WIDTHS))}"
+        )
+    if dtype not in STORAGE_TYPES:
+        raise GDNConvStepError(f"conv dtype {dtype}: the conv step kernel takes bf16, fp16 or fp32")
+    if channels < 1:
+        raise GDNConvStepError(f"conv channels {channels}: must be positive")
+
+
+def gdn_conv_step(
+    x: torch.Tensor, weight: torch.Tensor, slots: torch.Tensor, fresh: torch.Tensor, conv_pool: torch.Tensor
+) -> torch.Tensor:
+    """One token per sequence: ``x [N, D]`` (a strided row view is fine), ``weight [D, W]``,
+    ``slots [N]`` int64, ``fresh [N]`` bool, ``conv_pool [slots, W − 1, D]`` in x's dtype, shifted
+    in place. Returns ``y [N, D]`` in x's dtype, contiguous."""
+    if x.dim() != 2 or weight.dim() != 2 or weight.shape[0] != x.shape[1]:
+        raise GDNConvStepError(
+            f"x [N, D] and weight [D, W] must share D, got {list(x.shape)}, {list(weight.shape)}"
+        )
+    sequences, channels = x.shape
+    width = weight.shape[1]
+    check_conv_step(channels, width, x.dtype)
+    device = conv_pool.device
+    if conv_pool.dim() != 3 or tuple(conv_pool.shape[1:]) != (width - 1, channels):
+        raise GDNConvStepError(
+            f"conv_pool must be [slots, {width - 1}, {channels}], got {list(conv_pool.shape)}"
+        )
+    if conv_pool.dtype != x.dtype:
+        raise GDNConvStepError(f"conv_pool is {conv_pool.dtype}, x {x.dtype}: they must match")
+    if weight.dtype not in STORAGE_TYPES:
+        raise GDNConvStepError(f"weight dtype {weight.dtype}: must be bf16, fp16 or fp32")
+    if conv_pool.stride(-1) != 1 or weight.stride(0) != width or weight.stride(1) != 1:
+        raise GDNConvStepError(
+            f"conv_pool's channels and weight [D, W] must be contiguous, got strides "
+            f"{conv_pool.stride()} and {weight.stride()}"
+        )
+    if tuple(slots.shape) != (sequences,) or tuple(fresh.shape) != (sequences,):
+        raise GDNConvStepError(
+            f"slots and fresh must be [{sequences}], got {list(slots.shape)}, {list(fresh.shape)}"
+        )
+    if slots.dtype != torch.int64 or fresh.dtype != torch.bool:
+        raise GDNConvStepError(f"slots must be int64 and fresh bool, got {slots.dtype}, {fresh.dtype}")
+    for name, t in (("x", x), ("weight", weight), ("slots", slots), ("fresh", fresh)):
+        _check_device(name, t, device)
+    if device.type != "cuda" and not interpreted():
+        raise GDNConvStepError(f"device {device}: the Triton conv step needs CUDA (or TRITON_INTERPRET=1)")
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    out = torch.empty((sequences, channels), dtype=x.dtype, device=device)
+    if sequences == 0:
+        return out
+    _gdn_conv_step_kernel[(sequences, triton.cdiv(channels, BLOCK_D))](
+        x,
+        weight,
+        slots,
+        fresh.view(torch.uint8),  # a byte per row: the interpreter takes no bool mask from a bool load
+        conv_pool,
+        out,
+        channels,
+        x.stride(0),
+        weight.stride(0),
+        conv_pool.stride(0),
+        conv_pool.stride(1),
+        out.stride(0),
+        **_constexprs(width, x.dtype),
+        num_warps=NUM_WARPS,
+        enable_fp_fusion=False,  # every product and sum rounded on its own, as the spec's torch ops
+    )
+    return out
+
+
+def _constexprs(width: int, dtype: torch.dtype) -> dict[str, object]:
+    return {
+        "WIDTH": width,
+        "STORAGE": STORAGE_TYPES[dtype],
+        "BLOCK_D": BLOCK_D,
+        "LIBDEVICE": not interpreted(),
+    }
+
+
+# ------------------------------------------------------------------ ahead-of-time compile (sm_90)
+
+# Qwen3.5's conv width (shared/presets.md: 4 on every preset).
+SERVING_WIDTHS: tuple[int, ...] = (4,)
+
+
+def compile_variant(width: int, dtype: torch.dtype, arch: int = 90) -> object:
+    """The compiled kernel (cubin included) for one variant on ``sm_{arch}``, without a GPU."""
+    pointer = {"slots_ptr": "*i64", "fresh_ptr": "*u8"}
+
+    def arg_type(name: str) -> str:
+        if name.endswith("_ptr"):
+            return pointer.get(name, POINTER_TYPES[dtype])
+        return "i32"
+
+    # Serving shapes: 16-byte aligned buffers, channel counts and strides that are multiples of 16
+    # elements, except the weight's channel stride (W) and the per-row ``fresh`` bytes.
+    return compile_offline(
+        _gdn_conv_step_kernel,
+        _constexprs(width, dtype) | {"LIBDEVICE": True},
+        arg_type,
+        (pointers_and_strides(_gdn_conv_step_kernel) | {"channels"}) - {"fresh_ptr", "stride_w_chan"},
+        arch=arch,
+        num_warps=NUM_WARPS,
+        enable_fp_fusion=False,
+    )
+
+
+def main() -> int:
+    for width in SERVING_WIDTHS:
+        for dtype in POINTER_TYPES:
+            kernel = compile_variant(width, dtype)
+            if not getattr(kernel, "asm", {}).get("cubin"):
+                print(f"no cubin for width={width} {dtype}", file=sys.stderr)
+                return 1
+        print(f"compiled gdn_conv_step W={width} for sm_90")
+    return 0
+
+
+if __name__ == "__main__":
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        sys.exit("unset TRITON_INTERPRET: the compile check builds real GPU code")
+    sys.exit(main())
