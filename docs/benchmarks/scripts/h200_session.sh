@@ -38,7 +38,8 @@
 # transformers 5.14): after the .whl-fi call, the .whl-deps call runs
 #   mkdir -p /tmp/parts && cp .whl-deps/vllm-gemma4/*.whl /tmp/parts/ && SYNTH_AHEAD=0 WAIT_S=3 \
 #   GATE_SELECT="--gate qwen3.graph_memory_is_reserved" PIPELINE="qwen35-9b-parity+decode-tests \
-#   qwen3-decode-variants vllm-qwen3 gemma4-decode-variants vllm-gemma4 qwen3-gates-decode-path host-profile" \
+#   qwen3-decode-variants vllm-qwen3 gemma4-decode-variants vllm-gemma4 qwen3-gates-decode-path qwen35-decode-fused \
+#   host-profile" \
 #   STAGE=all bash docs/benchmarks/scripts/h200_session.sh
 # then the five .vllm/partN calls, then STAGE=wait calls back to back.
 # A step that fails does not stop the ones after it. Single steps can still be run by name
@@ -340,6 +341,13 @@ qwen35-latency() {  # decode and prefill on the 4b, one load per GDN backend (au
       --prefill-lens 1024,8192 --breakdown --save-result $work/qwen35-4b-latency-$backend.json
   done
 }
+qwen35-decode-fused() {  # the 4b with --decode-fusion (fused projections and the 3-launch GDN decode
+  # mixer): its GPU tests, then decode beside qwen35-latency's default
+  synth_q35
+  python3 -m pytest -q -s --tb=short tests/kernels/test_gdn_decode_mixer.py tests/models/test_decode_fusion.py
+  infer bench latency --model $q35 --decode-fusion --batch-sizes 1,8,64 --prefill-lens 1024 --breakdown \
+    --save-result $work/qwen35-4b-latency-fused.json
+}
 qwen35-parity() {  # CHECKPOINT NAME: the two transformers-parity gates alone
   infer gates --manifest qwen35 --shared-process --checkpoint "$1" \
     --gate qwen35.full_forward_matches_hf --gate qwen35.greedy_matches_hf_generate \
@@ -409,7 +417,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity)
+  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
