@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 
 from engine.cuda_graphs import GraphedDecode
@@ -175,24 +176,21 @@ class PagedModelRunner:
         self, rows: Sequence[BatchRow], feed: StepHandle | None, staging: HostStaging
     ) -> Callable[[torch.Tensor], None] | None:
         """What rewrites the packed token ids of rows fed from `feed` on the device, or None."""
-        # Every fed row: (its token's offset in the packed step, the row it is fed from, its id).
-        fed: list[tuple[int, int, str]] = []
-        offset = 0
-        for row in rows:
-            if row.feed_from is not None:
-                fed.append((offset, row.feed_from, row.request_id))
-            offset += len(row.token_ids)
+        fed = [i for i, row in enumerate(rows) if row.feed_from is not None]
         if not fed:
             return None
         if not isinstance(feed, _LaunchedStep) or feed.runner is not self:
             raise FeedError(
-                f"row of {fed[0][2]!r} is fed from {type(feed).__name__}, not from a step this runner launched"
+                f"row of {rows[fed[0]].request_id!r} is fed from {type(feed).__name__}, not from a step "
+                "this runner launched"
             )
-        targets = [offset for offset, _, _ in fed]
-        sources = [feed.sampled_index(source, request_id) for _, source, request_id in fed]
+        # Each fed row's one token: its offset in the packed step, and its sampler row in `feed`.
+        offsets = np.cumsum([0] + [len(row.token_ids) for row in rows])
+        targets = offsets[fed]
+        sources = feed.sampled_indices([rows[i] for i in fed])
         assert feed.device_tokens is not None
         tokens = feed.device_tokens
-        index = staging.stage("feed", torch.tensor([targets, sources], dtype=torch.long))
+        index = staging.stage("feed", torch.from_numpy(np.stack([targets, sources])))
         index = index.to(self.model.device, non_blocking=True)
 
         def rewrite(input_ids: torch.Tensor) -> None:
@@ -277,19 +275,27 @@ class _LaunchedStep:
     ) -> None:
         self.runner = runner
         self.device_tokens = device_tokens
-        self._samples = tuple(r.sample for r in rows)
-        # Row index -> index among the sampling rows (the sampler's row).
-        self._sampled_at = {
-            row: k for k, row in enumerate(i for i, samples in enumerate(self._samples) if samples)
-        }
+        self._samples = [r.sample for r in rows]
+        # Row index -> index among the sampling rows (the sampler's row); -1 for a row that sampled
+        # nothing.
+        samples = np.array(self._samples, dtype=bool)
+        self._sampled_at = np.where(samples, np.cumsum(samples) - 1, -1)
         self._host = host
         self._requested = logprobs_requested
         self._finished = finished
 
-    def sampled_index(self, row: int, request_id: str) -> int:
-        at = self._sampled_at.get(row)
-        if at is None:
-            raise FeedError(f"row of {request_id!r}: feed_from={row} names a row that sampled nothing")
+    def sampled_indices(self, rows: Sequence[BatchRow]) -> np.ndarray:
+        """int64: the sampler's row of each row's `feed_from` in this step."""
+        sources = np.array([row.feed_from for row in rows], dtype=np.int64)
+        inside = (sources >= 0) & (sources < len(self._sampled_at))
+        at = np.full(len(sources), -1, dtype=np.int64)
+        at[inside] = self._sampled_at[sources[inside]]
+        missing = np.flatnonzero(at < 0)
+        if missing.size:
+            row = rows[int(missing[0])]
+            raise FeedError(
+                f"row of {row.request_id!r}: feed_from={row.feed_from} names a row that sampled nothing"
+            )
         return at
 
     def done(self) -> bool:

@@ -21,6 +21,7 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -179,22 +180,23 @@ class SamplingBatch:
         """Row i samples with params[i], seed seeds[i], step steps[i]. Each packed row is built
         by one pass over a column: the batch's cost is a few list comprehensions."""
         greedy = [p.temperature < GREEDY_TEMPERATURE for p in params]
-        floats = torch.tensor(
+        # Through numpy: a third of `torch.tensor`'s cost for nested lists.
+        floats = np.array(
             [
                 [1.0 if g else p.temperature for p, g in zip(params, greedy, strict=True)],
                 [p.top_p for p in params],
                 [p.min_p for p in params],
             ],
-            dtype=torch.float32,
+            dtype=np.float32,
         )
-        ints = torch.tensor(
+        ints = np.array(
             [
                 [p.top_k for p in params],
-                [int(g) for g in greedy],
+                greedy,
                 [_as_int64_seed(s) for s in seeds],
-                list(steps),
+                steps,
             ],
-            dtype=torch.int64,
+            dtype=np.int64,
         )
         requested = tuple(p.logprobs for p in params)
         random_params = [p for p, g in zip(params, greedy, strict=True) if not g]
@@ -204,7 +206,12 @@ class SamplingBatch:
             random_rows=bool(random_params),
             min_p_filter=any(p.min_p > 0.0 for p in random_params),
         )
-        return cls(floats=floats, ints=ints, logprobs_requested=requested, plan=plan)
+        return cls(
+            floats=torch.from_numpy(floats),
+            ints=torch.from_numpy(ints),
+            logprobs_requested=requested,
+            plan=plan,
+        )
 
     @property
     def num_rows(self) -> int:
