@@ -37,7 +37,7 @@ from engine.runner import (
 )
 from engine.sampling import SamplerOutput, sample
 from engine.sampling_batch import SamplingBatch, SeedSource
-from engine.step_packer import pack_step
+from engine.step_packer import PageTableCache, pack_step
 from kernels.attention.base import AttentionBackend
 
 
@@ -49,8 +49,15 @@ def sample_rows(
         return [None] * len(rows)
     params = SamplingBatch.of_step(rows, seeds)
     picked = sample(logits, params.to(logits.device), params.plan, triton_draw=triton_draw)
-    sampled = iter(picked.to_sampled_tokens(params.logprobs_requested))
-    return [next(sampled) if row.sample else None for row in rows]
+    return _in_rows(picked.to_sampled_tokens(params.logprobs_requested), [row.sample for row in rows])
+
+
+def _in_rows(sampled: list[SampledToken], samples: Sequence[bool]) -> list[SampledToken | None]:
+    """The sampling rows' tokens (in order) placed at the rows that sample, None at the others."""
+    if len(sampled) == len(samples):
+        return list(sampled)  # every row samples: already in row order
+    tokens = iter(sampled)
+    return [next(tokens) if row_samples else None for row_samples in samples]
 
 
 class PagedModelRunner:
@@ -84,6 +91,9 @@ class PagedModelRunner:
         # launch's input copies (the attention backend's plan copies included).
         self._staging = StagingRing(model.device)
         self._inputs_queued: torch.cuda.Event | None = None
+        # The main stream's steps (eager, graphed, launched) pack their page tables from the last
+        # one's; overlapped prefill's side forwards pack theirs whole.
+        self._tables = PageTableCache()
 
     @torch.inference_mode()
     def execute(self, batch: StepBatch) -> list[SampledToken | None]:
@@ -98,11 +108,15 @@ class PagedModelRunner:
         self._copy_state(batch.restore_state)
         if graphs is not None and graphs.accepts(rows):
             step = pack_step(
-                rows, self.model.kv.attention_specs, self.attention, bucket=graphs.bucket_for(len(rows))
+                rows,
+                self.model.kv.attention_specs,
+                self.attention,
+                bucket=graphs.bucket_for(len(rows)),
+                table_cache=self._tables,
             )
             logits: torch.Tensor | None = graphs.logits(step, len(rows), replay=self.replay_graphs)
         else:
-            logits = self._eager_logits(rows, self.attention)
+            logits = self._eager_logits(rows, self.attention, self._tables)
         self._copy_state(batch.snapshot_state)
         return logits
 
@@ -142,12 +156,13 @@ class PagedModelRunner:
             if graphs is not None and graphs.accepts(rows):
                 bucket = graphs.bucket_for(len(rows))
                 assert bucket is not None
-                packed = pack_step(rows, specs, self.attention, bucket=bucket)
+                packed = pack_step(rows, specs, self.attention, bucket=bucket, table_cache=self._tables)
                 graphs.load(packed.pinned(staging), fed)
                 self._inputs_queued = _record_event(on_cuda)
                 logits: torch.Tensor | None = graphs.run(bucket, len(rows), replay=self.replay_graphs)
             else:
-                step = pack_step(rows, specs, self.attention).pinned(staging).to(device)
+                step = pack_step(rows, specs, self.attention, table_cache=self._tables)
+                step = step.pinned(staging).to(device)
                 if fed is not None:
                     fed(step.input_ids)
                 self._inputs_queued = _record_event(on_cuda)
@@ -233,9 +248,11 @@ class PagedModelRunner:
             self._stream = torch.cuda.Stream(device=self.model.device)
         return self._stream
 
-    def _eager_logits(self, rows: Sequence[BatchRow], attention: AttentionBackend) -> torch.Tensor | None:
+    def _eager_logits(
+        self, rows: Sequence[BatchRow], attention: AttentionBackend, table_cache: PageTableCache | None = None
+    ) -> torch.Tensor | None:
         """One forward over `rows` through `attention`; None when no row samples."""
-        step = pack_step(rows, self.model.kv.attention_specs, attention)
+        step = pack_step(rows, self.model.kv.attention_specs, attention, table_cache=table_cache)
         hidden = self.model.forward(step.to(self.model.device))
         if not any(r.sample for r in rows):
             return None
@@ -307,8 +324,7 @@ class _LaunchedStep:
         if self._host is None:
             return [None] * len(self._samples)
         # Host tensors (pinned, complete after the event): reading them waits for nothing.
-        sampled = iter(self._host.to_sampled_tokens(self._requested))
-        return [next(sampled) if samples else None for samples in self._samples]
+        return _in_rows(self._host.to_sampled_tokens(self._requested), self._samples)
 
 
 class _StreamedPrefill:

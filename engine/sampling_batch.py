@@ -36,12 +36,6 @@ GREEDY_TEMPERATURE = 1e-5
 _SEED_MODULUS = 2**64
 
 
-def _as_int64_seed(seed: int) -> int:
-    """The seed modulo 2**64, as the signed int64 with the same bits."""
-    wrapped = seed % _SEED_MODULUS
-    return wrapped - _SEED_MODULUS if wrapped >= 2**63 else wrapped
-
-
 @dataclass(slots=True, frozen=True)
 class SeedSource:
     """Resolves each request's seed: its own, or one derived from its id under a random key."""
@@ -170,7 +164,11 @@ class SamplingBatch:
         steps = [r.num_generated for r in sampling]
         if min(steps) < 0:
             raise ValueError(f"step={min(steps)!r}: the number of generated tokens cannot be negative")
-        row_seeds = [_row_seed(r, seeds) for r in sampling]
+        # `_row_seed` of each row: a greedy row's seed is never read, so only random rows hash.
+        row_seeds = [
+            0 if p.temperature < GREEDY_TEMPERATURE else seeds.seed_for(r.request_id, p)
+            for r, p in zip(sampling, params, strict=True)
+        ]
         return cls._from_columns(params, row_seeds, steps)
 
     @classmethod
@@ -189,15 +187,12 @@ class SamplingBatch:
             ],
             dtype=np.float32,
         )
-        ints = np.array(
-            [
-                [p.top_k for p in params],
-                greedy,
-                [_as_int64_seed(s) for s in seeds],
-                steps,
-            ],
-            dtype=np.int64,
-        )
+        ints = np.empty((4, len(params)), dtype=np.int64)
+        ints[0] = [p.top_k for p in params]
+        ints[1] = greedy
+        # Each seed modulo 2**64, as the signed int64 with the same bits (numpy's view of uint64).
+        ints[2] = np.array([s % _SEED_MODULUS for s in seeds], dtype=np.uint64).view(np.int64)
+        ints[3] = steps
         requested = tuple(p.logprobs for p in params)
         random_params = [p for p, g in zip(params, greedy, strict=True) if not g]
         plan = SamplingPlan(

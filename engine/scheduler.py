@@ -378,7 +378,8 @@ class BatchScheduler:
         while i < len(running) and budget > 0:
             seq = running[i]
             i += 1
-            if seq.decoding != decodes or id(seq) in scheduled:
+            # Scheduled first: the prefill pass then skips the step's decode rows at one lookup each.
+            if id(seq) in scheduled or seq.decoding != decodes:
                 continue
             if decodes and seq.pending and self._finishes_by_length(seq):
                 continue  # the token in flight is its last: it finishes when that step is collected
@@ -821,7 +822,8 @@ class BatchScheduler:
         tokens = seq.tokens
         tokens.append(token)
         # Committed tokens only: under async scheduling a later step's token may be in flight.
-        if len(tokens) - seq.num_prompt >= sampling.max_tokens or len(tokens) >= self._max_model_len:
+        num_tokens = len(tokens)
+        if num_tokens - seq.num_prompt >= sampling.max_tokens or num_tokens >= self._max_model_len:
             self._finish(seq, FinishReason.LENGTH)
             return True
         return False

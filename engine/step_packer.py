@@ -26,6 +26,8 @@ from kernels.kv_layout import PADDING_PAGE, PAGE_SIZE
 from kernels.reference import PagedRows
 
 _FILLER_TOKEN = 0
+# One object, so a filler row's table is the same from step to step (`PageTableCache`).
+_FILLER_TABLE = (PADDING_PAGE,)
 
 
 def pack_step(
@@ -35,13 +37,15 @@ def pack_step(
     *,
     bucket: int | None = None,
     logits_last: int | None = None,
+    table_cache: PageTableCache | None = None,
 ) -> ForwardBatch:
     """The step's `ForwardBatch` on the host (`.to(device)` moves it), with `attention` planned for
     each KV group (`specs[g]` is group g's geometry).
 
     `bucket`: a decode step padded with filler rows to exactly that many rows and planned into the
     bucket's graph buffers. `logits_last=n`: the step's last n tokens get logits (a whole-prompt
-    scoring or profiling prefill); by default one per row that samples, its last token."""
+    scoring or profiling prefill); by default one per row that samples, its last token.
+    `table_cache`: the padded page tables are built from the last step packed through it."""
     num_rows = len(rows) if bucket is None else bucket
     if num_rows < len(rows):
         raise ValueError(f"{len(rows)} rows do not fit bucket {bucket}")
@@ -79,8 +83,10 @@ def pack_step(
     tables: list[torch.Tensor] = []
     q_lens_tuple = tuple(q_lens)
     for g, spec in enumerate(specs):
-        group_tables = tuple([r.page_tables[g] for r in rows]) + ((PADDING_PAGE,),) * filler
-        tables.append(_padded_table(group_tables))
+        group_tables = tuple([r.page_tables[g] for r in rows]) + (_FILLER_TABLE,) * filler
+        tables.append(
+            _padded_table(group_tables) if table_cache is None else table_cache.padded(g, group_tables)
+        )
         attention.plan(
             g, GroupBatch(q_lens_tuple, kv_lens, group_tables, PAGE_SIZE), spec, graph_bucket=bucket
         )
@@ -101,10 +107,48 @@ def _longs(values: list[int]) -> torch.Tensor:
 
 
 def _padded_table(tables: Sequence[tuple[int, ...]]) -> torch.Tensor:
-    """int32 [rows, widest] with each row's pages, padded with the padding page. Filled by one
-    numpy pass over the padded rows: a nested list through torch.tensor, or one numpy assignment
-    per row, costs several times more host time per step."""
+    """int32 [rows, widest] with each row's pages, padded with the padding page."""
+    return torch.from_numpy(_padded_array(tables))
+
+
+def _padded_array(tables: Sequence[tuple[int, ...]]) -> np.ndarray:
+    """`_padded_table` in numpy. Filled by one pass over the padded rows: a nested list through
+    torch.tensor, or one numpy assignment per row, costs several times more host time per step;
+    even so each page id costs about 19 ns (docs/benchmarks/host-cpu.md), hence `PageTableCache`."""
     width = max(map(len, tables))
     padded = (table + (PADDING_PAGE,) * (width - len(table)) for table in tables)
     flat = np.fromiter(chain.from_iterable(padded), dtype=np.int32, count=len(tables) * width)
-    return torch.from_numpy(flat.reshape(len(tables), width))
+    return flat.reshape(len(tables), width)
+
+
+class PageTableCache:
+    """Each KV group's padded page table of the last step packed through it, so that the next step
+    converts only the rows whose table changed.
+
+    A request's page table is one tuple object from step to step until it changes (the KV manager
+    keeps it: `KVManager.page_tables`), and a decode step's rows are mostly the last step's, in the
+    same order. So row i is copied from the last array when its table is the same object as last
+    step's row i (a tuple is immutable: the same object holds the same pages), and converted from
+    its tuple otherwise; a step with another row count or width is converted whole. The result is
+    always `_padded_table(tables)`; every call returns a new array, so a tensor handed out earlier
+    never changes under a step still reading it."""
+
+    def __init__(self) -> None:
+        # Per group: the tables of the last step (kept alive, so `is` compares real objects) and
+        # its padded array.
+        self._last: dict[int, tuple[Sequence[tuple[int, ...]], np.ndarray]] = {}
+
+    def padded(self, group: int, tables: Sequence[tuple[int, ...]]) -> torch.Tensor:
+        last = self._last.get(group)
+        width = max(map(len, tables))
+        if last is None or last[1].shape != (len(tables), width):
+            array = _padded_array(tables)
+        else:
+            last_tables, last_array = last
+            array = last_array.copy()
+            for i, (table, last_table) in enumerate(zip(tables, last_tables, strict=True)):
+                if table is not last_table:
+                    array[i, : len(table)] = table
+                    array[i, len(table) :] = PADDING_PAGE
+        self._last[group] = (tables, array)
+        return torch.from_numpy(array)
