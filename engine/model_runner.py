@@ -19,6 +19,7 @@ synchronous step makes before its forward (`StepBatch.restore_state`) and after 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from itertools import accumulate
 
 import numpy as np
 import torch
@@ -191,21 +192,33 @@ class PagedModelRunner:
         self, rows: Sequence[BatchRow], feed: StepHandle | None, staging: HostStaging
     ) -> Callable[[torch.Tensor], None] | None:
         """What rewrites the packed token ids of rows fed from `feed` on the device, or None."""
-        fed = [i for i, row in enumerate(rows) if row.feed_from is not None]
+        # Every fed row's one token: its offset in the packed step, and the row of `feed` it is fed from.
+        fed: list[BatchRow] = []
+        targets: list[int] = []
+        feed_from: list[int] = []
+        offset = 0
+        for row in rows:
+            if row.feed_from is not None:
+                fed.append(row)
+                targets.append(offset)
+                feed_from.append(row.feed_from)
+            offset += len(row.token_ids)
         if not fed:
             return None
         if not isinstance(feed, _LaunchedStep) or feed.runner is not self:
             raise FeedError(
-                f"row of {rows[fed[0]].request_id!r} is fed from {type(feed).__name__}, not from a step "
+                f"row of {fed[0].request_id!r} is fed from {type(feed).__name__}, not from a step "
                 "this runner launched"
             )
-        # Each fed row's one token: its offset in the packed step, and its sampler row in `feed`.
-        offsets = np.cumsum([0] + [len(row.token_ids) for row in rows])
-        targets = offsets[fed]
-        sources = feed.sampled_indices([rows[i] for i in fed])
+        sources = feed.sampled_indices(feed_from)
+        if -1 in sources:
+            row = fed[sources.index(-1)]
+            raise FeedError(
+                f"row of {row.request_id!r}: feed_from={row.feed_from} names a row that sampled nothing"
+            )
         assert feed.device_tokens is not None
         tokens = feed.device_tokens
-        index = staging.stage("feed", torch.from_numpy(np.stack([targets, sources])))
+        index = staging.stage("feed", torch.from_numpy(np.array([targets, sources], dtype=np.int64)))
         index = index.to(self.model.device, non_blocking=True)
 
         def rewrite(input_ids: torch.Tensor) -> None:
@@ -295,25 +308,19 @@ class _LaunchedStep:
         self._samples = [r.sample for r in rows]
         # Row index -> index among the sampling rows (the sampler's row); -1 for a row that sampled
         # nothing.
-        samples = np.array(self._samples, dtype=bool)
-        self._sampled_at = np.where(samples, np.cumsum(samples) - 1, -1)
+        self._sampled_at = [
+            sampled - 1 if samples else -1
+            for samples, sampled in zip(self._samples, accumulate(self._samples), strict=True)
+        ]
         self._host = host
         self._requested = logprobs_requested
         self._finished = finished
 
-    def sampled_indices(self, rows: Sequence[BatchRow]) -> np.ndarray:
-        """int64: the sampler's row of each row's `feed_from` in this step."""
-        sources = np.array([row.feed_from for row in rows], dtype=np.int64)
-        inside = (sources >= 0) & (sources < len(self._sampled_at))
-        at = np.full(len(sources), -1, dtype=np.int64)
-        at[inside] = self._sampled_at[sources[inside]]
-        missing = np.flatnonzero(at < 0)
-        if missing.size:
-            row = rows[int(missing[0])]
-            raise FeedError(
-                f"row of {row.request_id!r}: feed_from={row.feed_from} names a row that sampled nothing"
-            )
-        return at
+    def sampled_indices(self, rows: Sequence[int]) -> list[int]:
+        """The sampler's row of each of these rows of the step; -1 for a row that sampled nothing
+        or is not in the step."""
+        at = self._sampled_at
+        return [at[row] if 0 <= row < len(at) else -1 for row in rows]
 
     def done(self) -> bool:
         return self._finished is None or bool(self._finished.query())

@@ -558,7 +558,7 @@ class BatchScheduler:
         """Wait for a launched step's tokens and apply them, as a synchronous step would."""
         self._collecting = launch
         # From here a failure (in sampling, say) fails these requests through `fail_step`.
-        self._in_step.extend(s for s in launch.seqs if s.where is _Where.RUNNING)
+        self._in_step.extend([s for s in launch.seqs if s.where is _Where.RUNNING])
         launch.collected = True
         results = launch.handle.collect()
         self._collecting = None
@@ -567,6 +567,7 @@ class BatchScheduler:
         if len(results) != len(launch.rows):
             raise RunnerContractError(f"runner returned {len(results)} results for {len(launch.rows)} rows")
         finished = False
+        computed = self.kv.computed
         for seq, row, result in zip(launch.seqs, launch.rows, results, strict=True):
             if seq.where is not _Where.RUNNING:
                 # Retired before its step was read (a stop token in the step before, an abort):
@@ -574,7 +575,7 @@ class BatchScheduler:
                 assert seq.where is _Where.DONE, f"{seq.request_id!r} was preempted with a row in flight"
                 self.async_stats.wasted_rows += 1
                 continue
-            self.kv.computed(seq.request_id, seq.tokens, row.end_pos)
+            computed(row.request_id, seq.tokens, row.end_pos)
             if not row.sample:
                 continue
             if result is None:
