@@ -121,15 +121,9 @@ class SamplingTensors:
 
     @classmethod
     def from_packed(cls, floats: Tensor, ints: Tensor, num_rows: int) -> SamplingTensors:
-        return cls(
-            temperature=floats[0, :num_rows],
-            top_p=floats[1, :num_rows],
-            min_p=floats[2, :num_rows],
-            top_k=ints[0, :num_rows],
-            greedy=ints[1, :num_rows],
-            seed=ints[2, :num_rows],
-            step=ints[3, :num_rows],
-        )
+        temperature, top_p, min_p = floats[:, :num_rows].unbind(0)
+        top_k, greedy, seed, step = ints[:, :num_rows].unbind(0)
+        return cls(temperature, top_p, min_p, top_k, greedy, seed, step)
 
     @property
     def num_rows(self) -> int:

@@ -13,7 +13,7 @@ of `ForwardBatch` (`state_slots`), filled here, filler rows taking slot 0, the p
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import chain
+from itertools import accumulate, chain
 
 import numpy as np
 import torch
@@ -50,54 +50,53 @@ def pack_step(
     if num_rows < len(rows):
         raise ValueError(f"{len(rows)} rows do not fit bucket {bucket}")
     filler = num_rows - len(rows)
-    # One pass over the rows per field (filler rows: one token at position 0, so kv_len 1), then
-    # numpy for everything per token: list-to-tensor conversions through numpy cost a third of
-    # `torch.tensor`'s.
-    q_lens = [len(r.token_ids) for r in rows] + [1] * filler
+    # One pass over the rows per field (filler rows: one token at position 0, so kv_len 1). Lists
+    # become tensors through numpy, at a third of `torch.tensor`'s cost; array arithmetic is kept
+    # to multi-token steps, where it replaces per-token loops (at a few rows it costs more than it
+    # saves).
+    q_lens = tuple([len(r.token_ids) for r in rows]) + (1,) * filler
     starts = [r.start_pos for r in rows] + [0] * filler
-    q_len = np.array(q_lens, dtype=np.int64)
-    start = np.array(starts, dtype=np.int64)
-    ends = np.cumsum(q_len)  # one past each row's last token in the packed step
-    kv_lens = tuple((start + q_len).tolist())
-    one_token_rows = int(q_len.max()) == 1
+    kv_lens = tuple([start + q for start, q in zip(starts, q_lens, strict=True)])
+    one_token_rows = max(q_lens) == 1
     if one_token_rows:
         # Every row is one token (a decode step): token i is row i's, at the row's start.
         input_ids = [r.token_ids[0] for r in rows]
-        positions = torch.from_numpy(start.astype(np.int32))
+        ends: Sequence[int] = range(1, num_rows + 1)
+        positions = torch.from_numpy(np.array(starts, dtype=np.int32))
         seq_index = torch.arange(num_rows, dtype=torch.int32)
     else:
         # Token j of row r sits at position start_r + (j - first_r), where first_r = end_r - q_r.
         input_ids = list(chain.from_iterable(r.token_ids for r in rows))
-        offset = np.repeat(ends - q_len - start, q_len)
-        positions = torch.from_numpy((np.arange(int(ends[-1]), dtype=np.int64) - offset).astype(np.int32))
+        ends = list(accumulate(q_lens))  # one past each row's last token in the packed step
+        q_len = np.array(q_lens, dtype=np.int64)
+        offset = np.repeat(np.array(ends, dtype=np.int64) - q_len - np.array(starts, dtype=np.int64), q_len)
+        positions = torch.from_numpy((np.arange(ends[-1], dtype=np.int64) - offset).astype(np.int32))
         seq_index = torch.from_numpy(np.repeat(np.arange(num_rows, dtype=np.int32), q_len))
     tokens = len(input_ids)
     input_ids.extend([_FILLER_TOKEN] * filler)
     if logits_last is not None:
-        logit_index = np.arange(tokens - logits_last, tokens, dtype=np.int64)
+        logit_index = list(range(tokens - logits_last, tokens))
     else:
         # A row that samples: its last token; filler rows of a bucket each have a logit row too.
-        samples = np.array([r.sample for r in rows] + [bucket is not None] * filler, dtype=bool)
-        logit_index = ends[samples] - 1
+        logit_index = [end - 1 for end, row in zip(ends[: len(rows)], rows, strict=True) if row.sample]
+        if bucket is not None:
+            logit_index.extend(range(tokens, tokens + filler))
 
     tables: list[torch.Tensor] = []
-    q_lens_tuple = tuple(q_lens)
     for g, spec in enumerate(specs):
         group_tables = tuple([r.page_tables[g] for r in rows]) + (_FILLER_TABLE,) * filler
         tables.append(
             _padded_table(group_tables) if table_cache is None else table_cache.padded(g, group_tables)
         )
-        attention.plan(
-            g, GroupBatch(q_lens_tuple, kv_lens, group_tables, PAGE_SIZE), spec, graph_bucket=bucket
-        )
+        attention.plan(g, GroupBatch(q_lens, kv_lens, group_tables, PAGE_SIZE), spec, graph_bucket=bucket)
     return ForwardBatch(
         input_ids=_longs(input_ids),
         positions=positions,
         rows=tuple(PagedRows(positions, seq_index, table) for table in tables),
-        sample_index=torch.from_numpy(logit_index),
+        sample_index=_longs(logit_index),
         attention=attention,
         state_slots=_longs([r.state_slot for r in rows] + [PADDING_SLOT] * filler),
-        cu_seqlens=None if one_token_rows else (0, *ends.tolist()),
+        cu_seqlens=None if one_token_rows else (0, *ends),
     )
 
 
