@@ -110,11 +110,13 @@ def _padded_table(tables: Sequence[tuple[int, ...]]) -> torch.Tensor:
     return torch.from_numpy(_padded_array(tables))
 
 
-def _padded_array(tables: Sequence[tuple[int, ...]]) -> np.ndarray:
-    """`_padded_table` in numpy. Filled by one pass over the padded rows: a nested list through
-    torch.tensor, or one numpy assignment per row, costs several times more host time per step;
-    even so each page id costs about 19 ns (docs/benchmarks/host-cpu.md), hence `PageTableCache`."""
-    width = max(map(len, tables))
+def _padded_array(tables: Sequence[tuple[int, ...]], width: int | None = None) -> np.ndarray:
+    """`_padded_table` in numpy, `width` columns (default: the widest table's). Filled by one pass
+    over the padded rows: a nested list through torch.tensor, or one numpy assignment per row,
+    costs several times more host time per step; even so each page id costs about 19 ns on the CPU
+    box (docs/benchmarks/host-cpu.md), hence `PageTableCache`."""
+    if width is None:
+        width = max(map(len, tables))
     padded = (table + (PADDING_PAGE,) * (width - len(table)) for table in tables)
     flat = np.fromiter(chain.from_iterable(padded), dtype=np.int32, count=len(tables) * width)
     return flat.reshape(len(tables), width)
@@ -128,9 +130,9 @@ class PageTableCache:
     keeps it: `KVManager.page_tables`), and a decode step's rows are mostly the last step's, in the
     same order. So row i is copied from the last array when its table is the same object as last
     step's row i (a tuple is immutable: the same object holds the same pages), and converted from
-    its tuple otherwise; a step with another row count or width is converted whole. The result is
-    always `_padded_table(tables)`; every call returns a new array, so a tensor handed out earlier
-    never changes under a step still reading it."""
+    its tuple otherwise (all such rows in one pass); a step with another row count or width is
+    converted whole. The result is always `_padded_table(tables)`; every call returns a new array,
+    so a tensor handed out earlier never changes under a step still reading it."""
 
     def __init__(self) -> None:
         # Per group: the tables of the last step (kept alive, so `is` compares real objects) and
@@ -145,9 +147,12 @@ class PageTableCache:
         else:
             last_tables, last_array = last
             array = last_array.copy()
-            for i, (table, last_table) in enumerate(zip(tables, last_tables, strict=True)):
-                if table is not last_table:
-                    array[i, : len(table)] = table
-                    array[i, len(table) :] = PADDING_PAGE
+            changed = [
+                i for i, (t, last_t) in enumerate(zip(tables, last_tables, strict=True)) if t is not last_t
+            ]
+            if changed:
+                # In one pass, however many: a tensor-parallel worker's rows are unpickled anew
+                # every step, so none of its tables is the last step's object.
+                array[changed] = _padded_array([tables[i] for i in changed], width)
         self._last[group] = (tables, array)
         return torch.from_numpy(array)
