@@ -113,7 +113,7 @@ def _padded_table(tables: Sequence[tuple[int, ...]]) -> torch.Tensor:
 def _padded_array(tables: Sequence[tuple[int, ...]], width: int | None = None) -> np.ndarray:
     """`_padded_table` in numpy, `width` columns (default: the widest table's). Filled by one pass
     over the padded rows: a nested list through torch.tensor, or one numpy assignment per row,
-    costs several times more host time per step; even so each page id costs about 19 ns on the CPU
+    costs several times more host time per step; even so each page id costs about 20 ns on the CPU
     box (docs/benchmarks/host-cpu.md), hence `PageTableCache`."""
     if width is None:
         width = max(map(len, tables))
