@@ -145,7 +145,9 @@ class SamplingBatch:
     def pack(cls, rows: Sequence[RowSampling]) -> SamplingBatch:
         if not rows:
             raise ValueError("rows=[]: a sampling batch needs at least one row")
-        return cls._from_columns([r.params for r in rows], [r.seed for r in rows], [r.step for r in rows])
+        params = [r.params for r in rows]
+        greedy = [p.temperature < GREEDY_TEMPERATURE for p in params]
+        return cls._from_columns(params, greedy, [r.seed for r in rows], [r.step for r in rows])
 
     @classmethod
     def of_step(cls, rows: Sequence[BatchRow], seeds: SeedSource) -> SamplingBatch:
@@ -158,20 +160,25 @@ class SamplingBatch:
         steps = [r.num_generated for r in sampling]
         if min(steps) < 0:
             raise ValueError(f"step={min(steps)!r}: the number of generated tokens cannot be negative")
+        greedy = [p.temperature < GREEDY_TEMPERATURE for p in params]
         # `_row_seed` of each row: a greedy row's seed is never read, so only random rows hash.
         row_seeds = [
-            0 if p.temperature < GREEDY_TEMPERATURE else seeds.seed_for(r.request_id, p)
-            for r, p in zip(sampling, params, strict=True)
+            0 if g else seeds.seed_for(r.request_id, p)
+            for r, p, g in zip(sampling, params, greedy, strict=True)
         ]
-        return cls._from_columns(params, row_seeds, steps)
+        return cls._from_columns(params, greedy, row_seeds, steps)
 
     @classmethod
     def _from_columns(
-        cls, params: Sequence[SamplingParams], seeds: Sequence[int], steps: Sequence[int]
+        cls,
+        params: Sequence[SamplingParams],
+        greedy: Sequence[bool],
+        seeds: Sequence[int],
+        steps: Sequence[int],
     ) -> SamplingBatch:
-        """Row i samples with params[i], seed seeds[i], step steps[i]. Each packed row is built
-        by one pass over a column: the batch's cost is a few list comprehensions."""
-        greedy = [p.temperature < GREEDY_TEMPERATURE for p in params]
+        """Row i samples with params[i] (greedy[i]: its temperature is below `GREEDY_TEMPERATURE`),
+        seed seeds[i], step steps[i]. Each packed row is built by one pass over a column: the
+        batch's cost is a few list comprehensions."""
         # Through numpy: a third of `torch.tensor`'s cost for nested lists.
         floats = np.array(
             [
@@ -187,10 +194,10 @@ class SamplingBatch:
         # Each seed modulo 2**64, as the signed int64 with the same bits (numpy's view of uint64).
         ints[2] = np.array([s % _SEED_MODULUS for s in seeds], dtype=np.uint64).view(np.int64)
         ints[3] = steps
-        requested = tuple(p.logprobs for p in params)
+        requested = tuple([p.logprobs for p in params])
         random_params = [p for p, g in zip(params, greedy, strict=True) if not g]
         plan = SamplingPlan(
-            num_logprobs=max((k for k in requested if k is not None), default=None),
+            num_logprobs=max([k for k in requested if k is not None], default=None),
             sorted_filters=any(p.top_k > 0 or p.top_p < 1.0 for p in random_params),
             random_rows=bool(random_params),
             min_p_filter=any(p.min_p > 0.0 for p in random_params),

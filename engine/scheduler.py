@@ -402,8 +402,13 @@ class BatchScheduler:
         self, rows: list[BatchRow], scheduled: set[int], budget: int, preempted: bool
     ) -> None:
         """Next chunks of partial prefills (oldest first), then admissions (FCFS), under `budget`."""
-        budget, chunks_preempted = self._schedule_running(rows, scheduled, budget, decodes=False)
-        preempted |= chunks_preempted
+        # `scheduled` holds only requests with a row in this step (an overlapped step seeds it with
+        # the side forward's requests only when it schedules no prefill), and a scheduled request
+        # is never preempted in its step: when it is as large as the running list, every running
+        # request has its row (a decode step's common case) and no chunk is left to find.
+        if len(scheduled) < len(self._running):
+            budget, chunks_preempted = self._schedule_running(rows, scheduled, budget, decodes=False)
+            preempted |= chunks_preempted
 
         # Admit from the waiting queue, FCFS. Not in a step that preempted: the pages just
         # taken back would be handed straight to a request that lost them a moment ago.
