@@ -387,8 +387,11 @@ class BatchScheduler:
             # prefill chunk shrinks to what fits, and one that finds no page waits instead of
             # preempting itself: the rows already scheduled will free or give up pages.
             want = 1 if decodes else self._snapshot_chunk(seq, seq.num_computed, budget)
-            granted, did_preempt = self._reserve(seq, want, scheduled, may_preempt_self=decodes)
-            preempted |= did_preempt
+            if self._take_free_pages(seq, want):
+                granted = want  # the common case: the pages are there (or free)
+            else:
+                granted, did_preempt = self._reserve(seq, want, scheduled, may_preempt_self=decodes)
+                preempted |= did_preempt
             if granted == 0:
                 # A decode that preempted itself, or whose only pages to take are an in-flight
                 # prefill's (it waits for the join); a prefill with no page to take.
@@ -614,19 +617,22 @@ class BatchScheduler:
         for seq in launch.seqs:
             seq.pending = 0
 
-    def _reserve(self, seq: _Seq, want: int, scheduled: set[int], may_preempt_self: bool) -> tuple[int, bool]:
-        """Pages for up to `want` tokens of a running request, preempting requests admitted after
-        it (newest first, never one already in this step) when none fit. Returns (tokens granted,
-        whether anything was preempted); 0 granted means the request gets no row this step."""
+    def _take_free_pages(self, seq: _Seq, want: int) -> bool:
+        """Release what a sliding window no longer sees, then give a running request pages for
+        `want` more tokens if they are there or free; False (nothing taken) when they are not."""
         rid = seq.request.request_id
-        kv = self.kv
         frontier = (
             seq.num_computed if seq.inflight_start is None else min(seq.num_computed, seq.inflight_start)
         )
-        kv.release_window(rid, frontier)
-        # The common case: the pages are there (or free), no fitting needed.
-        if kv.allocate(rid, seq.num_computed + want):
-            return want, False
+        self.kv.release_window(rid, frontier)
+        return self.kv.allocate(rid, seq.num_computed + want)
+
+    def _reserve(self, seq: _Seq, want: int, scheduled: set[int], may_preempt_self: bool) -> tuple[int, bool]:
+        """Pages for up to `want` tokens of a running request whose pages `_take_free_pages` could
+        not take, preempting requests admitted after it (newest first, never one already in this
+        step) when none fit. Returns (tokens granted, whether anything was preempted); 0 granted
+        means the request gets no row this step."""
+        rid = seq.request.request_id
         preempted = False
         while True:
             # A decode needs its one token; a prefill chunk may shrink to what fits.
