@@ -38,7 +38,10 @@ class ForwardBatch:
 
     def pinned(self, staging: HostStaging) -> ForwardBatch:
         """The same batch on the host, in `staging`'s pinned buffers: copies from there to the device
-        are truly asynchronous (from pageable memory the driver may wait for the stream)."""
+        are truly asynchronous (from pageable memory the driver may wait for the stream). With
+        staging that is not pinned (a host device), the batch itself."""
+        if not staging.pinned:
+            return self
 
         def staged(name: str, t: torch.Tensor) -> torch.Tensor:
             return staging.stage(name, t)
@@ -117,6 +120,11 @@ class HostStaging:
     def __init__(self, device: torch.device) -> None:
         self._pinned = device.type == "cuda"
         self._buffers: dict[str, torch.Tensor] = {}
+
+    @property
+    def pinned(self) -> bool:
+        """Whether the buffers are pinned (a CUDA device); otherwise tensors pass through as they are."""
+        return self._pinned
 
     def stage(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
         """`tensor` (host) copied into the pinned buffer `name`."""

@@ -19,7 +19,9 @@ synchronous step makes before its forward (`StepBatch.restore_state`) and after 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from itertools import accumulate
 
+import numpy as np
 import torch
 
 from engine.cuda_graphs import GraphedDecode
@@ -36,7 +38,7 @@ from engine.runner import (
 )
 from engine.sampling import SamplerOutput, sample
 from engine.sampling_batch import SamplingBatch, SeedSource
-from engine.step_packer import pack_step
+from engine.step_packer import PageTableCache, pack_step
 from kernels.attention.base import AttentionBackend
 
 
@@ -48,8 +50,15 @@ def sample_rows(
         return [None] * len(rows)
     params = SamplingBatch.of_step(rows, seeds)
     picked = sample(logits, params.to(logits.device), params.plan, triton_draw=triton_draw)
-    sampled = iter(picked.to_sampled_tokens(params.logprobs_requested))
-    return [next(sampled) if row.sample else None for row in rows]
+    return _in_rows(picked.to_sampled_tokens(params.logprobs_requested), [row.sample for row in rows])
+
+
+def _in_rows(sampled: list[SampledToken], samples: Sequence[bool]) -> list[SampledToken | None]:
+    """The sampling rows' tokens (in order) placed at the rows that sample, None at the others."""
+    if len(sampled) == len(samples):
+        return list(sampled)  # every row samples: already in row order
+    tokens = iter(sampled)
+    return [next(tokens) if row_samples else None for row_samples in samples]
 
 
 class PagedModelRunner:
@@ -83,6 +92,9 @@ class PagedModelRunner:
         # launch's input copies (the attention backend's plan copies included).
         self._staging = StagingRing(model.device)
         self._inputs_queued: torch.cuda.Event | None = None
+        # The main stream's steps (eager, graphed, launched) pack their page tables from the last
+        # one's; overlapped prefill's side forwards pack theirs whole.
+        self._tables = PageTableCache()
 
     @torch.inference_mode()
     def execute(self, batch: StepBatch) -> list[SampledToken | None]:
@@ -97,11 +109,15 @@ class PagedModelRunner:
         self._copy_state(batch.restore_state)
         if graphs is not None and graphs.accepts(rows):
             step = pack_step(
-                rows, self.model.kv.attention_specs, self.attention, bucket=graphs.bucket_for(len(rows))
+                rows,
+                self.model.kv.attention_specs,
+                self.attention,
+                bucket=graphs.bucket_for(len(rows)),
+                table_cache=self._tables,
             )
             logits: torch.Tensor | None = graphs.logits(step, len(rows), replay=self.replay_graphs)
         else:
-            logits = self._eager_logits(rows, self.attention)
+            logits = self._eager_logits(rows, self.attention, self._tables)
         self._copy_state(batch.snapshot_state)
         return logits
 
@@ -141,12 +157,13 @@ class PagedModelRunner:
             if graphs is not None and graphs.accepts(rows):
                 bucket = graphs.bucket_for(len(rows))
                 assert bucket is not None
-                packed = pack_step(rows, specs, self.attention, bucket=bucket)
+                packed = pack_step(rows, specs, self.attention, bucket=bucket, table_cache=self._tables)
                 graphs.load(packed.pinned(staging), fed)
                 self._inputs_queued = _record_event(on_cuda)
                 logits: torch.Tensor | None = graphs.run(bucket, len(rows), replay=self.replay_graphs)
             else:
-                step = pack_step(rows, specs, self.attention).pinned(staging).to(device)
+                step = pack_step(rows, specs, self.attention, table_cache=self._tables)
+                step = step.pinned(staging).to(device)
                 if fed is not None:
                     fed(step.input_ids)
                 self._inputs_queued = _record_event(on_cuda)
@@ -175,24 +192,33 @@ class PagedModelRunner:
         self, rows: Sequence[BatchRow], feed: StepHandle | None, staging: HostStaging
     ) -> Callable[[torch.Tensor], None] | None:
         """What rewrites the packed token ids of rows fed from `feed` on the device, or None."""
-        # Every fed row: (its token's offset in the packed step, the row it is fed from, its id).
-        fed: list[tuple[int, int, str]] = []
+        # Every fed row's one token: its offset in the packed step, and the row of `feed` it is fed from.
+        fed: list[BatchRow] = []
+        targets: list[int] = []
+        feed_from: list[int] = []
         offset = 0
         for row in rows:
             if row.feed_from is not None:
-                fed.append((offset, row.feed_from, row.request_id))
+                fed.append(row)
+                targets.append(offset)
+                feed_from.append(row.feed_from)
             offset += len(row.token_ids)
         if not fed:
             return None
         if not isinstance(feed, _LaunchedStep) or feed.runner is not self:
             raise FeedError(
-                f"row of {fed[0][2]!r} is fed from {type(feed).__name__}, not from a step this runner launched"
+                f"row of {fed[0].request_id!r} is fed from {type(feed).__name__}, not from a step "
+                "this runner launched"
             )
-        targets = [offset for offset, _, _ in fed]
-        sources = [feed.sampled_index(source, request_id) for _, source, request_id in fed]
+        sources = feed.sampled_indices(feed_from)
+        if -1 in sources:
+            row = fed[sources.index(-1)]
+            raise FeedError(
+                f"row of {row.request_id!r}: feed_from={row.feed_from} names a row that sampled nothing"
+            )
         assert feed.device_tokens is not None
         tokens = feed.device_tokens
-        index = staging.stage("feed", torch.tensor([targets, sources], dtype=torch.long))
+        index = staging.stage("feed", torch.from_numpy(np.array([targets, sources], dtype=np.int64)))
         index = index.to(self.model.device, non_blocking=True)
 
         def rewrite(input_ids: torch.Tensor) -> None:
@@ -235,9 +261,11 @@ class PagedModelRunner:
             self._stream = torch.cuda.Stream(device=self.model.device)
         return self._stream
 
-    def _eager_logits(self, rows: Sequence[BatchRow], attention: AttentionBackend) -> torch.Tensor | None:
+    def _eager_logits(
+        self, rows: Sequence[BatchRow], attention: AttentionBackend, table_cache: PageTableCache | None = None
+    ) -> torch.Tensor | None:
         """One forward over `rows` through `attention`; None when no row samples."""
-        step = pack_step(rows, self.model.kv.attention_specs, attention)
+        step = pack_step(rows, self.model.kv.attention_specs, attention, table_cache=table_cache)
         hidden = self.model.forward(step.to(self.model.device))
         if not any(r.sample for r in rows):
             return None
@@ -277,20 +305,22 @@ class _LaunchedStep:
     ) -> None:
         self.runner = runner
         self.device_tokens = device_tokens
-        self._samples = tuple(r.sample for r in rows)
-        # Row index -> index among the sampling rows (the sampler's row).
-        self._sampled_at = {
-            row: k for k, row in enumerate(i for i, samples in enumerate(self._samples) if samples)
-        }
+        self._samples = [r.sample for r in rows]
+        # Row index -> index among the sampling rows (the sampler's row); -1 for a row that sampled
+        # nothing.
+        self._sampled_at = [
+            sampled - 1 if samples else -1
+            for samples, sampled in zip(self._samples, accumulate(self._samples), strict=True)
+        ]
         self._host = host
         self._requested = logprobs_requested
         self._finished = finished
 
-    def sampled_index(self, row: int, request_id: str) -> int:
-        at = self._sampled_at.get(row)
-        if at is None:
-            raise FeedError(f"row of {request_id!r}: feed_from={row} names a row that sampled nothing")
-        return at
+    def sampled_indices(self, rows: Sequence[int]) -> list[int]:
+        """The sampler's row of each of these rows of the step; -1 for a row that sampled nothing
+        or is not in the step."""
+        at = self._sampled_at
+        return [at[row] if 0 <= row < len(at) else -1 for row in rows]
 
     def done(self) -> bool:
         return self._finished is None or bool(self._finished.query())
@@ -301,8 +331,7 @@ class _LaunchedStep:
         if self._host is None:
             return [None] * len(self._samples)
         # Host tensors (pinned, complete after the event): reading them waits for nothing.
-        sampled = iter(self._host.to_sampled_tokens(self._requested))
-        return [next(sampled) if samples else None for samples in self._samples]
+        return _in_rows(self._host.to_sampled_tokens(self._requested), self._samples)
 
 
 class _StreamedPrefill:

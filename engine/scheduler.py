@@ -102,6 +102,9 @@ class _Seq:
     # rows in launched steps not yet collected (its pages may still be read or written).
     pending: int = 0
     launched_rows: int = 0
+    # Its row in the latest launched step, while that row's token is in flight (`pending`): what
+    # the next step's row of it is fed from. Only that step can be in flight when the next is built.
+    fed_by_row: int = 0
     # The first position of its row in the latest launched step still in flight: a sliding window
     # releases nothing that row's queries still see.
     inflight_start: int | None = None
@@ -125,7 +128,8 @@ class _Seq:
     @property
     def decoding(self) -> bool:
         """It has generated a token and every position but the last token's is computed."""
-        num_tokens = self.num_tokens
+        # `num_tokens`, spelled out: this is read for every running request in every step.
+        num_tokens = len(self.tokens) + self.pending
         return num_tokens > self.num_prompt and self.num_computed == num_tokens - 1
 
 
@@ -177,8 +181,6 @@ class _Launched:
     handle: StepHandle
     seqs: list[_Seq]
     rows: tuple[BatchRow, ...]
-    # Row index by id(seq), for the rows that sample: what the next step's fed rows name.
-    sampling_row: dict[int, int]
     collected: bool = False
 
 
@@ -376,16 +378,20 @@ class BatchScheduler:
         while i < len(running) and budget > 0:
             seq = running[i]
             i += 1
-            if seq.decoding != decodes or id(seq) in scheduled:
+            # Scheduled first: the prefill pass then skips the step's decode rows at one lookup each.
+            if id(seq) in scheduled or seq.decoding != decodes:
                 continue
-            if decodes and self._finishes_by_length(seq):
+            if decodes and seq.pending and self._finishes_by_length(seq):
                 continue  # the token in flight is its last: it finishes when that step is collected
             # A decode needs its one token and may preempt itself (it is then the newest). A
             # prefill chunk shrinks to what fits, and one that finds no page waits instead of
             # preempting itself: the rows already scheduled will free or give up pages.
             want = 1 if decodes else self._snapshot_chunk(seq, seq.num_computed, budget)
-            granted, did_preempt = self._reserve(seq, want, scheduled, may_preempt_self=decodes)
-            preempted |= did_preempt
+            if self._take_free_pages(seq, want):
+                granted = want  # the common case: the pages are there (or free)
+            else:
+                granted, did_preempt = self._reserve(seq, want, scheduled, may_preempt_self=decodes)
+                preempted |= did_preempt
             if granted == 0:
                 # A decode that preempted itself, or whose only pages to take are an in-flight
                 # prefill's (it waits for the join); a prefill with no page to take.
@@ -399,8 +405,13 @@ class BatchScheduler:
         self, rows: list[BatchRow], scheduled: set[int], budget: int, preempted: bool
     ) -> None:
         """Next chunks of partial prefills (oldest first), then admissions (FCFS), under `budget`."""
-        budget, chunks_preempted = self._schedule_running(rows, scheduled, budget, decodes=False)
-        preempted |= chunks_preempted
+        # `scheduled` holds only requests with a row in this step (an overlapped step seeds it with
+        # the side forward's requests only when it schedules no prefill), and a scheduled request
+        # is never preempted in its step: when it is as large as the running list, every running
+        # request has its row (a decode step's common case) and no chunk is left to find.
+        if len(scheduled) < len(self._running):
+            budget, chunks_preempted = self._schedule_running(rows, scheduled, budget, decodes=False)
+            preempted |= chunks_preempted
 
         # Admit from the waiting queue, FCFS. Not in a step that preempted: the pages just
         # taken back would be handed straight to a request that lost them a moment ago.
@@ -524,14 +535,18 @@ class BatchScheduler:
         """Whether the tokens in flight end the request on max_tokens or the context length."""
         if not seq.pending:
             return False
-        return seq.num_generated >= seq.request.sampling.max_tokens or seq.num_tokens >= self._max_model_len
+        num_tokens = len(seq.tokens) + seq.pending
+        return (
+            num_tokens - seq.num_prompt >= seq.request.sampling.max_tokens
+            or num_tokens >= self._max_model_len
+        )
 
     def _launch_step(self, rows: list[BatchRow], seqs: list[_Seq], previous: _Launched | None) -> None:
         feed = previous.handle if previous is not None else None
         running_before = feed is not None and not feed.done()
         # If the launch raises, nothing it started is running (the runner's contract).
         handle = launch_step(self._runner, StepBatch(tuple(rows)), feed)
-        sampling_row: dict[int, int] = {}
+        fed_rows = 0
         for i, (seq, row) in enumerate(zip(seqs, rows, strict=True)):
             seq.launched_rows += 1
             seq.inflight_start = row.start_pos
@@ -539,10 +554,11 @@ class BatchScheduler:
             seq.num_computed = row.end_pos
             if row.sample:
                 seq.pending += 1
-                sampling_row[id(seq)] = i
+                seq.fed_by_row = i
             if row.feed_from is not None:
-                self.async_stats.fed_rows += 1
-        self._pending = _Launched(handle, seqs, tuple(rows), sampling_row)
+                fed_rows += 1
+        self.async_stats.fed_rows += fed_rows
+        self._pending = _Launched(handle, seqs, tuple(rows))
         self.async_stats.launches += 1
         self.async_stats.launched_while_running += running_before
 
@@ -550,7 +566,7 @@ class BatchScheduler:
         """Wait for a launched step's tokens and apply them, as a synchronous step would."""
         self._collecting = launch
         # From here a failure (in sampling, say) fails these requests through `fail_step`.
-        self._in_step.extend(s for s in launch.seqs if s.where is _Where.RUNNING)
+        self._in_step.extend([s for s in launch.seqs if s.where is _Where.RUNNING])
         launch.collected = True
         results = launch.handle.collect()
         self._collecting = None
@@ -559,6 +575,7 @@ class BatchScheduler:
         if len(results) != len(launch.rows):
             raise RunnerContractError(f"runner returned {len(results)} results for {len(launch.rows)} rows")
         finished = False
+        computed = self.kv.computed
         for seq, row, result in zip(launch.seqs, launch.rows, results, strict=True):
             if seq.where is not _Where.RUNNING:
                 # Retired before its step was read (a stop token in the step before, an abort):
@@ -566,7 +583,7 @@ class BatchScheduler:
                 assert seq.where is _Where.DONE, f"{seq.request_id!r} was preempted with a row in flight"
                 self.async_stats.wasted_rows += 1
                 continue
-            self.kv.computed(seq.request_id, seq.tokens, row.end_pos)
+            computed(row.request_id, seq.tokens, row.end_pos)
             if not row.sample:
                 continue
             if result is None:
@@ -600,18 +617,22 @@ class BatchScheduler:
         for seq in launch.seqs:
             seq.pending = 0
 
-    def _reserve(self, seq: _Seq, want: int, scheduled: set[int], may_preempt_self: bool) -> tuple[int, bool]:
-        """Pages for up to `want` tokens of a running request, preempting requests admitted after
-        it (newest first, never one already in this step) when none fit. Returns (tokens granted,
-        whether anything was preempted); 0 granted means the request gets no row this step."""
-        rid = seq.request_id
+    def _take_free_pages(self, seq: _Seq, want: int) -> bool:
+        """Release what a sliding window no longer sees, then give a running request pages for
+        `want` more tokens if they are there or free; False (nothing taken) when they are not."""
+        rid = seq.request.request_id
         frontier = (
             seq.num_computed if seq.inflight_start is None else min(seq.num_computed, seq.inflight_start)
         )
         self.kv.release_window(rid, frontier)
-        # The common case: the pages are there (or free), no fitting needed.
-        if self.kv.allocate(rid, seq.num_computed + want):
-            return want, False
+        return self.kv.allocate(rid, seq.num_computed + want)
+
+    def _reserve(self, seq: _Seq, want: int, scheduled: set[int], may_preempt_self: bool) -> tuple[int, bool]:
+        """Pages for up to `want` tokens of a running request whose pages `_take_free_pages` could
+        not take, preempting requests admitted after it (newest first, never one already in this
+        step) when none fit. Returns (tokens granted, whether anything was preempted); 0 granted
+        means the request gets no row this step."""
+        rid = seq.request.request_id
         preempted = False
         while True:
             # A decode needs its one token; a prefill chunk may shrink to what fits.
@@ -737,11 +758,13 @@ class BatchScheduler:
         return end - start
 
     def _row(self, seq: _Seq, num_tokens: int) -> BatchRow:
+        request = seq.request
+        tokens = seq.tokens
         start = seq.num_computed
         end = start + num_tokens
-        seq_tokens = seq.num_tokens
+        seq_tokens = len(tokens) + seq.pending
         if self._snapshots is not None and not seq.decoding and end % PAGE_SIZE == 0:
-            snapshot = self.kv.take_snapshot(seq.request_id, seq.tokens, end)
+            snapshot = self.kv.take_snapshot(request.request_id, tokens, end)
             if snapshot is not None:
                 seq.snapshot = (end, snapshot)
                 self._snapshot_copies.append((seq.slot, snapshot))
@@ -750,25 +773,27 @@ class BatchScheduler:
         if seq.pending:
             # Only a decode row has a token in flight: its one token, sampled by the step in flight.
             assert self._pending is not None and num_tokens == 1 and end == seq_tokens
-            feed_from = self._pending.sampling_row[id(seq)]
+            feed_from = seq.fed_by_row
             token_ids: tuple[int, ...] = (FED_TOKEN,)
         elif num_tokens == 1:
-            token_ids = (seq.tokens[start],)
+            token_ids = (tokens[start],)
         else:
-            token_ids = tuple(seq.tokens[start:end])
+            token_ids = tuple(tokens[start:end])
+        # Positional: built once per row per step, and a dataclass's keyword call costs 2.5× a
+        # positional one (docs/benchmarks/host-cpu.md).
         return BatchRow(
-            request_id=seq.request_id,
-            token_ids=token_ids,
-            start_pos=start,
-            page_tables=self.kv.page_tables(seq.request_id, end),
-            sample=end == seq_tokens,
-            sampling=seq.request.sampling,
-            # The live token list, not a copy (a copy per row per step would cost O(total tokens)):
-            # valid while the step runs; a runner must not keep it.
-            context=seq.tokens,
-            num_generated=seq_tokens - seq.num_prompt,
-            state_slot=seq.slot,
-            feed_from=feed_from,
+            request.request_id,
+            token_ids,
+            start,  # start_pos
+            self.kv.page_tables(request.request_id, end),
+            end == seq_tokens,  # sample
+            request.sampling,
+            # context: the live token list, not a copy (a copy per row per step would cost O(total
+            # tokens)): valid while the step runs; a runner must not keep it.
+            tokens,
+            seq_tokens - seq.num_prompt,  # num_generated
+            seq.slot,  # state_slot
+            feed_from,
         )
 
     # -- applying a step's results -------------------------------------------------------------
@@ -782,7 +807,7 @@ class BatchScheduler:
         computed = self.kv.computed
         for seq, row, result in zip(seqs, rows, results, strict=True):
             seq.num_computed = row.end_pos
-            computed(seq.request_id, seq.tokens, seq.num_computed)
+            computed(seq.request.request_id, seq.tokens, seq.num_computed)
             if seq.snapshot is not None:
                 end, slot = seq.snapshot
                 seq.snapshot = None
@@ -805,11 +830,12 @@ class BatchScheduler:
         logprobs: list[TokenLogprob] | None = None
         if sampling.logprobs is not None and sampled.logprob is not None:
             logprobs = [sampled.logprob]
-        self._ledger.commit(seq.request_id, (token,), logprobs)
+        self._ledger.commit(seq.request.request_id, (token,), logprobs)
         tokens = seq.tokens
         tokens.append(token)
         # Committed tokens only: under async scheduling a later step's token may be in flight.
-        if len(tokens) - seq.num_prompt >= sampling.max_tokens or len(tokens) >= self._max_model_len:
+        num_tokens = len(tokens)
+        if num_tokens - seq.num_prompt >= sampling.max_tokens or num_tokens >= self._max_model_len:
             self._finish(seq, FinishReason.LENGTH)
             return True
         return False

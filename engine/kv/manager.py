@@ -25,7 +25,7 @@ from engine.kv.group import KVGroup
 from engine.kv.prefix_cache import PageHash, PageHasher
 from engine.kv.snapshots import SnapshotCache
 from engine.kv.spec import KVGroupSpec
-from kernels.kv_layout import PADDING_PAGE, PAGE_SIZE, pages_for
+from kernels.kv_layout import PADDING_PAGE, PAGE_SIZE
 
 
 class KVConfigError(ValueError):
@@ -47,6 +47,7 @@ class BudgetShortfall:
 @dataclass(slots=True)
 class _RequestKV:
     # Per group: page ids covering positions [16i, 16i + 16); released sliding slots hold page 0.
+    # Every group's table has the same length (pages are taken and dropped in all groups at once).
     tables: list[list[int]]
     # Per group: how many leading slots a sliding window has released.
     released: list[int]
@@ -54,8 +55,8 @@ class _RequestKV:
     hashes: list[PageHash] = field(default_factory=list)
     # Leading pages already known to the prefix cache (hit, or indexed after being computed).
     num_indexed: int = 0
-    # Per group: the table as a tuple, rebuilt only when the table changes.
-    frozen: list[tuple[int, ...] | None] = field(default_factory=list)
+    # Every group's table as a tuple (what a step's row carries), rebuilt only after a table changes.
+    frozen: tuple[tuple[int, ...], ...] | None = None
     # The snapshot slot the latest prefix hit stops at (recurrent models), None without one.
     restore: int | None = None
 
@@ -106,16 +107,17 @@ class KVManager:
         return None
 
     def page_tables(self, request_id: str, end_pos: int) -> tuple[tuple[int, ...], ...]:
-        """Per group, the page ids covering positions [0, end_pos)."""
+        """Per group, the page ids covering positions [0, end_pos). Every group's table has the same
+        length (allocation grows all of them alike), so the cached tuples serve a row whose end is
+        in the last page, the common case, as they are."""
         state = self._requests[request_id]
-        count = pages_for(end_pos)
-        frozen_tables = state.frozen
-        out: list[tuple[int, ...]] = []
-        for gi, frozen in enumerate(frozen_tables):
-            if frozen is None:
-                frozen = frozen_tables[gi] = tuple(state.tables[gi])
-            out.append(frozen if len(frozen) == count else frozen[:count])
-        return tuple(out)
+        frozen = state.frozen
+        if frozen is None:
+            frozen = state.frozen = tuple(tuple(table) for table in state.tables)
+        count = -(-end_pos // PAGE_SIZE)
+        if len(frozen[0]) == count:
+            return frozen
+        return tuple(table[:count] for table in frozen)
 
     # -- transitions ---------------------------------------------------------------------------
 
@@ -231,7 +233,7 @@ class KVManager:
                     group.release(page)
                     table[slot] = PADDING_PAGE
             state.released[gi] = stop
-            state.frozen[gi] = None
+            state.frozen = None
 
     def fit(self, request_id: str, start: int, want: int) -> int:
         """How many of the `want` tokens from position `start` could get pages right now."""
@@ -244,13 +246,11 @@ class KVManager:
 
     def allocate(self, request_id: str, end_pos: int) -> bool:
         """Give the request pages up to position `end_pos` in every group, or in none."""
-        state = self._state(request_id)
-        pages = pages_for(end_pos)
-        # The common case, a decode inside its last page: a plain loop, no generator.
-        for table in state.tables:
-            if len(table) < pages:
-                break
-        else:
+        state = self._requests.get(request_id) or self._state(request_id)
+        pages = -(-end_pos // PAGE_SIZE)
+        # Every group's table has the same length: the common case (a decode inside its last
+        # page) is one comparison.
+        if len(state.tables[0]) >= pages:
             return True
         needs = [pages - len(t) for t in state.tables]
         if any(n > g.pool.available for g, n in zip(self.groups, needs, strict=True)):
@@ -258,7 +258,7 @@ class KVManager:
         for gi, (g, n) in enumerate(zip(self.groups, needs, strict=True)):
             if n > 0:
                 state.tables[gi].extend(g.pool.allocate(n))
-                state.frozen[gi] = None
+                state.frozen = None
         return True
 
     def computed(self, request_id: str, token_ids: Sequence[int], num_computed: int) -> None:
@@ -304,12 +304,9 @@ class KVManager:
         state = self._requests.get(request_id)
         if state is None:
             n = len(self.groups)
-            state = self._requests[request_id] = _RequestKV(
-                tables=[[] for _ in range(n)], released=[0] * n, frozen=[None] * n
-            )
+            state = self._requests[request_id] = _RequestKV(tables=[[] for _ in range(n)], released=[0] * n)
         return state
 
     @staticmethod
     def _touched(state: _RequestKV) -> None:
-        for gi in range(len(state.frozen)):
-            state.frozen[gi] = None
+        state.frozen = None

@@ -536,3 +536,10 @@ def test_a_paged_runner_refuses_a_row_fed_from_a_step_it_did_not_launch(tiny_qwe
     launched = runner.launch_step(StepBatch((plain,)), None)
     with pytest.raises(FeedError, match="row of 'fed': feed_from=1 names a row that sampled nothing"):
         runner.launch_step(StepBatch((replace(fed, feed_from=1),)), launched)
+    # A row inside the step that sampled nothing is refused too; the one after it is fed.
+    mixed = runner.launch_step(
+        StepBatch((replace(plain, sample=False), replace(plain, request_id="b"))), None
+    )
+    with pytest.raises(FeedError, match="row of 'fed': feed_from=0 names a row that sampled nothing"):
+        runner.launch_step(StepBatch((fed,)), mixed)
+    assert runner.launch_step(StepBatch((replace(fed, feed_from=1),)), mixed).collect()[0] is not None

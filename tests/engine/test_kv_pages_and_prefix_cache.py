@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from engine.kv import (
@@ -13,6 +15,7 @@ from engine.kv import (
     PagePool,
     PageRefError,
 )
+from kernels.kv_layout import pages_for
 
 
 def test_pool_never_hands_out_the_padding_page_and_is_all_or_nothing() -> None:
@@ -190,3 +193,42 @@ def test_a_prefix_hit_needs_the_page_in_every_group() -> None:
     assert kv.load()[1].pages_used == 2 and kv.groups[1].pool.num_evictable == 1
     assert kv.prefix_hit("b", prompt) == 16
     assert kv.live_pages("b") == [1, 1]
+
+
+def test_page_tables_are_each_groups_table_cut_to_the_end_and_cached_until_a_change() -> None:
+    """`page_tables` hands out one cached tuple per request while no table changes: it must equal,
+    after any allocation, window release, re-admission through a prefix hit or free, the plain
+    definition (each group's live table cut to pages_for(end)); every group's table has the same
+    length, which is what lets it and `allocate` look at the first group only."""
+    rng = random.Random(3)
+    kv = _manager(64, sliding=40)
+    ends: dict[str, int] = {}
+    prompts = {rid: [rng.randrange(50) for _ in range(200)] for rid in ("a", "b", "c")}
+    for _ in range(400):
+        rid = rng.choice(sorted(prompts))
+        tokens = prompts[rid]
+        if rid not in ends:
+            ends[rid] = max(1, kv.prefix_hit(rid, tokens))
+            if not kv.allocate(rid, ends[rid]):
+                kv.free(rid)
+                del ends[rid]
+                continue
+        action = rng.random()
+        if action < 0.6 and ends[rid] < len(tokens):
+            end = min(len(tokens), ends[rid] + rng.choice([1, 1, 5, 17]))
+            if kv.allocate(rid, end):
+                kv.computed(rid, tokens, ends[rid])
+                ends[rid] = end
+                kv.release_window(rid, end - 1)
+        elif action < 0.7:
+            kv.free(rid, keep_hashes=rng.random() < 0.5)
+            del ends[rid]
+            continue
+        state_tables = kv._requests[rid].tables
+        assert len({len(t) for t in state_tables}) == 1
+        end = ends[rid]
+        want = tuple(tuple(t[: pages_for(end)]) for t in state_tables)
+        got = kv.page_tables(rid, end)
+        assert got == want
+        if len(state_tables[0]) == pages_for(end):
+            assert kv.page_tables(rid, end) is got  # nothing changed: the same tuples

@@ -10,7 +10,7 @@ import torch
 
 from engine.contract import SamplingParams
 from engine.runner import BatchRow
-from engine.step_packer import pack_step
+from engine.step_packer import PageTableCache, _padded_table, pack_step
 from kernels.attention.base import AttentionLayerSpec, GroupBatch
 from kernels.kv_layout import PADDING_PAGE, PAGE_SIZE, pages_for
 
@@ -161,3 +161,61 @@ def test_no_sampling_row_gives_an_empty_sample_index() -> None:
     ]
     _check(rows, groups=1)
     assert pack_step(rows, [SPEC], _RecordingAttention()).sample_index.shape == (0,)  # type: ignore[arg-type]
+
+
+def test_page_table_cache_matches_the_whole_conversion_step_after_step() -> None:
+    """`PageTableCache` reuses the last step's rows whose table is the same tuple object; whatever
+    changes between steps (a page added, a row gone or new, rows reordered, the same pages in a
+    new tuple, the width), each step's table is the whole conversion's, and a tensor handed out
+    earlier is never changed by a later step."""
+    rng = random.Random(7)
+    cache = PageTableCache()
+    tables = [tuple(rng.randrange(1, 5000) for _ in range(rng.randrange(1, 6))) for _ in range(8)]
+    handed_out: list[tuple[torch.Tensor, list[list[int]]]] = []
+    for _ in range(200):
+        change = rng.random()
+        if change < 0.3:  # a row's table grows by a page (a new tuple)
+            i = rng.randrange(len(tables))
+            tables[i] = (*tables[i], rng.randrange(1, 5000))
+        elif change < 0.4 and len(tables) > 1:  # a request finishes
+            tables.pop(rng.randrange(len(tables)))
+        elif change < 0.5:  # a request joins
+            tables.insert(rng.randrange(len(tables) + 1), (rng.randrange(1, 5000),))
+        elif change < 0.55:  # the same pages in another tuple object
+            i = rng.randrange(len(tables))
+            tables[i] = tuple(list(tables[i]))
+        elif change < 0.6:  # a sliding window releases a row's first page (same length)
+            i = rng.randrange(len(tables))
+            tables[i] = (PADDING_PAGE, *tables[i][1:])
+        elif change < 0.65:
+            rng.shuffle(tables)
+        step = tuple(tables)
+        got = cache.padded(0, step)
+        want = _padded_table(step)
+        assert got.dtype == torch.int32 and torch.equal(got, want)
+        handed_out.append((got, got.tolist()))
+    assert all(tensor.tolist() == values for tensor, values in handed_out)
+
+
+def test_pack_step_through_a_table_cache_matches_the_per_row_definition() -> None:
+    cache = PageTableCache()
+    rows = _rows(11, count=6, groups=2)
+    for step in range(6):
+        attention = _RecordingAttention()
+        packed = pack_step(rows, [SPEC] * 2, attention, table_cache=cache)  # type: ignore[arg-type]
+        want = _plain(rows, 2, None, None)
+        for g in range(2):
+            assert packed.rows[g].page_table.tolist() == want["tables"][g]  # type: ignore[index]
+        # Next step: one row's tables grow by a page, the others are the same objects.
+        grown = rows[step % len(rows)]
+        rows[step % len(rows)] = BatchRow(
+            grown.request_id,
+            grown.token_ids,
+            grown.start_pos,
+            tuple((*t, 4000 + step) for t in grown.page_tables),
+            grown.sample,
+            grown.sampling,
+            grown.context,
+            grown.num_generated,
+            grown.state_slot,
+        )

@@ -18,15 +18,16 @@ def test_pack_lays_out_rows_and_plans_the_cheapest_pass() -> None:
         RowSampling(SamplingParams(temperature=0.0, top_k=3, logprobs=2), seed=5, step=0),
         RowSampling(SamplingParams(temperature=0.5, min_p=0.1), seed=2**64 + 7, step=4),
         RowSampling(SamplingParams(temperature=1.5, top_p=0.9, logprobs=0), seed=2**63, step=9),
+        RowSampling(SamplingParams(temperature=0.5), seed=-3, step=1),
     ]
     batch = SamplingBatch.pack(rows)
     assert batch.floats.tolist() == [
-        [1.0, 0.5, 1.5],
-        [1.0, 1.0, pytest.approx(0.9)],
-        [0.0, pytest.approx(0.1), 0.0],
+        [1.0, 0.5, 1.5, 0.5],
+        [1.0, 1.0, pytest.approx(0.9), 1.0],
+        [0.0, pytest.approx(0.1), 0.0, 0.0],
     ]
-    assert batch.ints.tolist() == [[3, 0, 0], [1, 0, 0], [5, 7, -(2**63)], [0, 4, 9]]
-    assert batch.logprobs_requested == (2, None, 0)
+    assert batch.ints.tolist() == [[3, 0, 0, 0], [1, 0, 0, 0], [5, 7, -(2**63), -3], [0, 4, 9, 1]]
+    assert batch.logprobs_requested == (2, None, 0, None)
     assert batch.plan == SamplingPlan(
         num_logprobs=2, sorted_filters=True, random_rows=True, min_p_filter=True
     )
