@@ -121,7 +121,9 @@ class TensorParallelRunner:
         if self._closed:
             raise RuntimeError("the tensor-parallel runner is closed")
         self._workers.check()
-        self._channel.send(message)
+        # A worker killed since the check shows first as a broken pipe: name its exit instead.
+        with self._blaming_dead_workers():
+            self._channel.send(message)
 
     def execute(self, batch: StepBatch) -> list[SampledToken | None]:
         # The rows' history stays here: no worker samples, and none reads it.

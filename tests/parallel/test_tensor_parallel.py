@@ -462,3 +462,30 @@ def test_a_gpu_group_never_blocks_the_host_on_a_collective() -> None:
         work = Work()
         group._wait(work, "all-reduce")  # type: ignore[arg-type]
         assert work.waits == [expected], (group.backend, work.waits)
+
+
+def test_a_worker_killed_after_the_check_is_named_by_its_exit_not_the_broken_pipe() -> None:
+    """The kill lands between the pre-send check and the send: the send's broken pipe must still
+    read as the worker's exit (the HTTP test's one-line message depends on it)."""
+    from engine.parallel.runner import StepChannel, StopMessage
+    from engine.parallel.workers import WorkerDiedError
+
+    class BrokenPipe:
+        def send_bytes(self, payload: bytes) -> None:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    class DiesDuringGrace:
+        def check(self, grace_s: float = 0.0) -> None:
+            if grace_s > 0.0:  # the exit is seen only once the check waits for it
+                raise WorkerDiedError(1, -9)
+
+        def stop(self) -> None: ...
+
+        def kill(self) -> None: ...
+
+        def pids(self) -> list[int | None]:
+            return [None]
+
+    runner = TensorParallelRunner(None, StepChannel([BrokenPipe()]), DiesDuringGrace())  # type: ignore[arg-type,list-item]
+    with pytest.raises(WorkerDiedError, match="rank 1 exited with code -9"):
+        runner._announce(StopMessage())
