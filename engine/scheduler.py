@@ -632,7 +632,7 @@ class BatchScheduler:
         not take, preempting requests admitted after it (newest first, never one already in this
         step) when none fit. Returns (tokens granted, whether anything was preempted); 0 granted
         means the request gets no row this step."""
-        rid = seq.request.request_id
+        rid = seq.request_id
         preempted = False
         while True:
             # A decode needs its one token; a prefill chunk may shrink to what fits.

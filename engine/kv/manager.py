@@ -114,7 +114,7 @@ class KVManager:
         frozen = state.frozen
         if frozen is None:
             frozen = state.frozen = tuple(tuple(table) for table in state.tables)
-        count = -(-end_pos // PAGE_SIZE)
+        count = -(-end_pos // PAGE_SIZE)  # pages_for, inlined: once per row per step
         if len(frozen[0]) == count:
             return frozen
         return tuple(table[:count] for table in frozen)
@@ -246,6 +246,8 @@ class KVManager:
 
     def allocate(self, request_id: str, end_pos: int) -> bool:
         """Give the request pages up to position `end_pos` in every group, or in none."""
+        # `_state` and `pages_for`, inlined: once per running request per step (a call costs
+        # more than the lookup; docs/benchmarks/host-cpu.md).
         state = self._requests.get(request_id) or self._state(request_id)
         pages = -(-end_pos // PAGE_SIZE)
         # Every group's table has the same length: the common case (a decode inside its last

@@ -122,6 +122,20 @@ class DecodeMixer:
             self._logged.add(message)
             log.info("--decode-fusion: %s", message)
 
+    def mix(
+        self,
+        qkv: torch.Tensor,
+        z: torch.Tensor,
+        b: torch.Tensor,
+        a: torch.Tensor,
+        weights: MixerWeights,
+        rows: StateRows,
+        conv_pool: torch.Tensor,
+        state_pool: torch.Tensor,
+    ) -> torch.Tensor:
+        """``gdn_decode_mixer`` at this layer geometry, for a step ``runs`` took."""
+        return gdn_decode_mixer(qkv, z, b, a, weights, self.geometry, rows, conv_pool, state_pool)
+
     def runs(self, rows: StateRows, device: torch.device) -> bool:
         """Whether this step runs fused: every row one token, on CUDA (or the interpreter), a layer
         the kernels take. Decided from host facts only (no device read)."""

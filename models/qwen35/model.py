@@ -60,7 +60,7 @@ from models.qwen35.sharding import shard_plan
 from models.qwen35.weights import LM_HEAD, text_prefix
 
 if TYPE_CHECKING:
-    from kernels.gdn.decode_mixer import DecodeMixer
+    from kernels.gdn.decode_mixer import DecodeMixer, MixerWeights
 
 
 @dataclass(slots=True)
@@ -162,12 +162,20 @@ class Qwen35Model:
             device,
         )
         # The fused decode mixer goes with the fused projections (`--decode-fusion`) and runs only
-        # inside `_fused_layers`; the Triton modules load only then.
+        # inside `_fused_layers`; the Triton modules load only then. Its weights per GDN layer, in
+        # state-index order.
         self.decode_mixer: DecodeMixer | None = None
+        self._mixer_weights: list[MixerWeights] = []
         if self.projections.fuses(1, device):
-            from kernels.gdn.decode_mixer import DecodeMixer
+            from kernels.gdn.decode_mixer import DecodeMixer, MixerWeights
 
             self.decode_mixer = DecodeMixer(g.kernel_geometry(), g.conv_kernel, self.embed.dtype)
+            eps = config.rms_norm_eps
+            self._mixer_weights = [
+                MixerWeights(m.conv, m.a_log, m.dt_bias, m.norm, eps)
+                for m in (layer.mixer for layer in self.layers)
+                if isinstance(m, _DeltaNet)
+            ]
 
     @staticmethod
     def _layer(
@@ -253,10 +261,12 @@ class Qwen35Model:
         that reads it, each residual add in the epilogue of the projection that makes it."""
         p = self.projections
         reduce = self.group.all_reduce if self.group.size > 1 else None
+        # Decided once per step (host facts only): every GDN layer takes the same path.
+        fused_gdn = self.decode_mixer is not None and self.decode_mixer.runs(rows, hidden.device)
         for layer in self.layers:
             into, out = _mixer_projections(layer.mixer)
             projected = p.norm_linear(hidden, self.norm, layer.input_norm, into)
-            mixed = self._mix(layer.mixer, projected, batch, rows, fused=True)
+            mixed = self._mix(layer.mixer, projected, batch, rows, fused_gdn)
             hidden = p.linear_residual(mixed, out, hidden, reduce)
             activated = p.norm_linear_gated(
                 hidden, self.norm, layer.post_attention_norm, layer.gate_up, GatedActivation.SILU
@@ -297,17 +307,16 @@ class Qwen35Model:
         projected: torch.Tensor,
         batch: ForwardBatch,
         rows: StateRows,
-        fused: bool = False,
+        fused_gdn: bool = False,
     ) -> torch.Tensor:
         """The token mixer between its two projections: from the input projection's output to the
-        output projection's input; ``fused`` (the fused layer loop) lets a GDN decode step take the
-        fused decode mixer."""
+        output projection's input; ``fused_gdn``: a GDN layer runs the fused decode mixer."""
         if isinstance(mixer, _DeltaNet):
-            return self._deltanet(mixer, projected, rows, fused)
+            return self._deltanet(mixer, projected, rows, fused_gdn)
         return self._attention(mixer, projected, batch)
 
     def _deltanet(
-        self, layer: _DeltaNet, projected: torch.Tensor, rows: StateRows, fused: bool = False
+        self, layer: _DeltaNet, projected: torch.Tensor, rows: StateRows, fused_gdn: bool = False
     ) -> torch.Tensor:
         """out_proj's input from in_proj's output: this rank's value heads, [tokens, value_dim]."""
         g = self.gdn_geometry
@@ -315,19 +324,14 @@ class Qwen35Model:
         qkv, z, b, a = projected.split(
             [g.conv_dim, g.value_dim, g.num_value_heads, g.num_value_heads], dim=-1
         )
-        if fused and self.decode_mixer is not None and self.decode_mixer.runs(rows, projected.device):
-            from kernels.gdn.decode_mixer import MixerWeights, gdn_decode_mixer
-
-            weights = MixerWeights(
-                layer.conv, layer.a_log, layer.dt_bias, layer.norm, self.config.rms_norm_eps
-            )
-            return gdn_decode_mixer(
+        if fused_gdn:
+            assert self.decode_mixer is not None
+            return self.decode_mixer.mix(
                 qkv,
                 z,
                 b,
                 a,
-                weights,
-                self.decode_mixer.geometry,
+                self._mixer_weights[layer.state_index],
                 rows,
                 self.state.conv_layer(layer.state_index),
                 self.state.recurrent_layer(layer.state_index),

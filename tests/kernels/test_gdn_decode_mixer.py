@@ -236,8 +236,20 @@ def test_gated_norm_rows_are_the_same_bits_alone_at_an_offset_and_twice() -> Non
 # -- the decode step with the gates in its prologue ------------------------------------------------
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=("fp32", "bf16"))
-def test_decode_step_with_gates_is_gates_then_the_delta_rule(dtype: torch.dtype) -> None:
+def _decode_step_case(
+    dtype: torch.dtype,
+) -> tuple[
+    torch.Tensor,
+    torch.Tensor,
+    torch.Tensor,
+    torch.Tensor,
+    torch.Tensor,
+    MixerWeights,
+    torch.Tensor,
+    StateRows,
+]:
+    """q, k, v, the projection's b and a, a layer's weights, a state pool of 8 slots and 5 rows
+    (two fresh) in it: one decode step's inputs."""
     gen = torch.Generator().manual_seed(12)
     q = torch.randn(5, KEY_HEADS, KEY_DIM, generator=gen).to(dtype).to(DEVICE)
     k = torch.randn(5, KEY_HEADS, KEY_DIM, generator=gen).to(dtype).to(DEVICE)
@@ -246,6 +258,12 @@ def test_decode_step_with_gates_is_gates_then_the_delta_rule(dtype: torch.dtype)
     weights = _weights(dtype, seed=14)
     _, pool = _pools(8, dtype, seed=15)
     rows = _rows([3, 1, 6, 4, 2], [False, True, False, False, True])
+    return q, k, v, b, a, weights, pool, rows
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=("fp32", "bf16"))
+def test_decode_step_with_gates_is_gates_then_the_delta_rule(dtype: torch.dtype) -> None:
+    q, k, v, b, a, weights, pool, rows = _decode_step_case(dtype)
     initial = _initial(pool, rows)
     cu = tuple(range(6))
     d = torch.float64
@@ -272,14 +290,7 @@ def test_gates_in_the_prologue_are_the_spec_gates_fed_to_the_decode_step(dtype: 
     when g moves by 4 fp32 ulps either way, measured here. β is rounded to b's dtype by both: a β left
     unrounded moves bf16 outputs by ~1e-3, far past it. Measured: fp32 0.75× the spread; bf16 the
     same bits (the spread on outputs is 0 there)."""
-    gen = torch.Generator().manual_seed(12)
-    q = torch.randn(5, KEY_HEADS, KEY_DIM, generator=gen).to(dtype).to(DEVICE)
-    k = torch.randn(5, KEY_HEADS, KEY_DIM, generator=gen).to(dtype).to(DEVICE)
-    v = torch.randn(5, VALUE_HEADS, VALUE_DIM, generator=gen).to(dtype).to(DEVICE)
-    _, _, b, a = _split(_projected(5, dtype, seed=13))
-    weights = _weights(dtype, seed=14)
-    _, pool = _pools(8, dtype, seed=15)
-    rows = _rows([3, 1, 6, 4, 2], [False, True, False, False, True])
+    q, k, v, b, a, weights, pool, rows = _decode_step_case(dtype)
     g, beta = reference.gdn_gates(a, b, weights.a_log, weights.dt_bias)
     composed_pool = pool.clone()
     composed = gdn_decode_step(q, k, v, g, beta, rows.slots, rows.fresh, composed_pool)
