@@ -12,6 +12,7 @@ from infer_cli.bench.gemm_cmd import bench_gemm_command
 from infer_cli.bench.kernels_cmd import bench_kernels_command
 from infer_cli.bench.latency_cmd import bench_latency_command
 from infer_cli.bench.serve_cmd import bench_serve_command
+from infer_cli.bench.table_cmd import bench_table_command
 from infer_cli.engine_options import Knobs, knob_options
 
 bench_app = typer.Typer(
@@ -75,4 +76,7 @@ bench_app.command("gemm", help="Time the skinny Triton GEMM against cuBLAS on th
 )
 bench_app.command("gdn", help="Time one GDN layer's prefill and decode per backend against its floor (GPU).")(
     bench_gdn_command
+)
+bench_app.command("table", help="Issue #18's target table from saved latency results, vLLM's beside them.")(
+    bench_table_command
 )
