@@ -42,6 +42,9 @@
 #   host-profile" \
 #   STAGE=all bash docs/benchmarks/scripts/h200_session.sh
 # then the five .vllm/partN calls, then STAGE=wait calls back to back.
+# Back here, the runs.tgz reports make the pages' target tables, e.g. (from the unpacked folder)
+#   infer bench table default=qwen3-4b-latency-default.json fused=qwen3-4b-latency-fused.json \
+#     all=qwen3-4b-latency-all.json --vllm vllm-qwen3-4b.json --markdown
 # A step that fails does not stop the ones after it. Single steps can still be run by name
 # (STAGE=gemma4-gates, STAGE=buckets, ...), in the foreground.
 set -uo pipefail
