@@ -22,7 +22,7 @@ from kernels.reference import (
     qwen35_full_attention_prep,
 )
 from kernels.triton.attention_prep import DEFAULT_LAUNCH, PrepLaunchConfig, prep_constexprs
-from kernels.triton.offline import compile_offline, pointers_and_strides
+from kernels.triton.offline import compile_offline, pointers_and_strides, run_compile_check
 from kernels.triton.prep_kernel import attention_prep_kernel
 from kernels.triton.storage import POINTER_TYPES
 
@@ -86,4 +86,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_compile_check(main)

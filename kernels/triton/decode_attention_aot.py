@@ -26,7 +26,7 @@ from kernels.triton.decode_attention import (
     _decode_attention_split_kernel,
     uses_libdevice_exp,
 )
-from kernels.triton.offline import compile_offline
+from kernels.triton.offline import compile_offline, run_compile_check
 from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted
 
 # (q heads, kv heads, head dim, window, dtype): the attention layers of shared/presets.md that the
@@ -144,6 +144,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    if interpreted():
-        sys.exit("unset TRITON_INTERPRET: the compile check builds real GPU code")
-    sys.exit(main())
+    run_compile_check(main)

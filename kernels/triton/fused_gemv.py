@@ -47,7 +47,6 @@ CUDA-graph safe: a call reads tensor metadata only and allocates only its output
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass
 
@@ -58,7 +57,7 @@ import triton.language as tl
 from kernels.reference import GatedActivation, NormSpec, NormWeight
 from kernels.triton.gated_act import _KINDS, _gated_product
 from kernels.triton.invariant_rmsnorm import _MODES, _row_inverse_rms
-from kernels.triton.offline import compile_offline, pointers_and_strides, storage_arg_type
+from kernels.triton.offline import compile_offline, pointers_and_strides, run_compile_check, storage_arg_type
 from kernels.triton.prep_kernel import WEIGHT_NONE, _normalise, _round_to_storage
 from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted, pdl_supported
 
@@ -445,6 +444,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-        sys.exit("unset TRITON_INTERPRET: the compile check builds real GPU code")
-    sys.exit(main())
+    run_compile_check(main)

@@ -39,7 +39,6 @@ CUDA-graph safe: a call reads tensor metadata only and allocates only its output
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass
 
@@ -51,7 +50,7 @@ from kernels.reference import GatedActivation, NormWeight
 from kernels.triton.fused_gemv import QWEN3, Fusion, check_fused_operands
 from kernels.triton.gated_act import _KINDS, _gated_product
 from kernels.triton.invariant_rmsnorm import _MODES, _inverse_rms_of_sum
-from kernels.triton.offline import compile_offline, pointers_and_strides, storage_arg_type
+from kernels.triton.offline import compile_offline, pointers_and_strides, run_compile_check, storage_arg_type
 from kernels.triton.prep_kernel import WEIGHT_NONE, _normalise, _round_to_storage
 from kernels.triton.skinny_gemm import _accumulate
 from kernels.triton.storage import STORAGE_TYPES, interpreted, pdl_supported
@@ -513,6 +512,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-        sys.exit("unset TRITON_INTERPRET: the compile check builds real GPU code")
-    sys.exit(main())
+    run_compile_check(main)

@@ -11,15 +11,12 @@ product rounded once, as ``F.silu(gate) * up`` rounds. One launch per call; grap
 
 from __future__ import annotations
 
-import os
-import sys
-
 import torch
 import triton
 import triton.language as tl
 
 from kernels.reference import GatedActivation
-from kernels.triton.offline import compile_offline, storage_arg_type
+from kernels.triton.offline import compile_offline, has_cubin, run_compile_check, storage_arg_type
 from kernels.triton.prep_kernel import _round_to_storage
 from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted
 
@@ -154,13 +151,11 @@ def main() -> int:
     for kind in GatedActivation:
         for dtype in POINTER_TYPES:
             kernel = compile_variant(kind, dtype)
-            if not getattr(kernel, "asm", {}).get("cubin"):
+            if not has_cubin(kernel):
                 raise RuntimeError(f"no cubin for {kind.value} {dtype}")
         print(f"compiled gated activation {kind.value}")
     return 0
 
 
 if __name__ == "__main__":
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-        sys.exit("unset TRITON_INTERPRET: the compile check builds real GPU code")
-    sys.exit(main())
+    run_compile_check(main)

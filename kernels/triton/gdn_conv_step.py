@@ -20,7 +20,6 @@ docs/kernels.md, "Gated DeltaNet", tells where it runs.
 
 from __future__ import annotations
 
-import os
 import sys
 
 import torch
@@ -29,7 +28,7 @@ import triton.language as tl
 
 from kernels.reference import SpecError
 from kernels.triton.gated_act import _silu
-from kernels.triton.offline import compile_offline, pointers_and_strides
+from kernels.triton.offline import compile_offline, has_cubin, pointers_and_strides, run_compile_check
 from kernels.triton.prep_kernel import _round_to_storage
 from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted
 
@@ -212,7 +211,7 @@ def main() -> int:
     for width in SERVING_WIDTHS:
         for dtype in POINTER_TYPES:
             kernel = compile_variant(width, dtype)
-            if not getattr(kernel, "asm", {}).get("cubin"):
+            if not has_cubin(kernel):
                 print(f"no cubin for width={width} {dtype}", file=sys.stderr)
                 return 1
         print(f"compiled gdn_conv_step W={width} for sm_90")
@@ -220,6 +219,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-        sys.exit("unset TRITON_INTERPRET: the compile check builds real GPU code")
-    sys.exit(main())
+    run_compile_check(main)

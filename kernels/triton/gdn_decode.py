@@ -27,7 +27,6 @@ nothing reads. One launch, no host synchronisation: graph-safe.
 
 from __future__ import annotations
 
-import os
 import sys
 
 import torch
@@ -35,7 +34,7 @@ import triton
 import triton.language as tl
 
 from kernels.reference import L2_NORM_EPS, SpecError
-from kernels.triton.offline import compile_offline, pointers_and_strides
+from kernels.triton.offline import compile_offline, has_cubin, pointers_and_strides, run_compile_check
 from kernels.triton.prep_kernel import _round_to_storage
 from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted
 
@@ -379,7 +378,7 @@ def main() -> int:
         for dtype in POINTER_TYPES:
             for raw_gates in (False, True):
                 kernel = compile_variant(group, key_dim, value_dim, dtype, raw_gates=raw_gates)
-                if not getattr(kernel, "asm", {}).get("cubin"):
+                if not has_cubin(kernel):
                     print(f"no cubin for group={group} {dtype} raw_gates={raw_gates}", file=sys.stderr)
                     return 1
         print(
@@ -389,6 +388,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-        sys.exit("unset TRITON_INTERPRET: the compile check builds real GPU code")
-    sys.exit(main())
+    run_compile_check(main)

@@ -15,15 +15,18 @@ value. Its definition is ``kernels.reference.add_rms_norm``; nothing else about 
 
 from __future__ import annotations
 
-import os
-import sys
-
 import torch
 import triton
 import triton.language as tl
 
 from kernels.reference import NormSpec, NormWeight
-from kernels.triton.offline import compile_offline, pointers_and_strides, storage_arg_type
+from kernels.triton.offline import (
+    compile_offline,
+    has_cubin,
+    pointers_and_strides,
+    run_compile_check,
+    storage_arg_type,
+)
 from kernels.triton.prep_kernel import (
     WEIGHT_NONE,
     WEIGHT_ONE_PLUS_W,
@@ -307,7 +310,7 @@ def main() -> int:
                             delta_norm=delta_norm,
                             has_scale=has_scale,
                         )
-                        if not getattr(kernel, "asm", {}).get("cubin"):
+                        if not has_cubin(kernel):
                             raise RuntimeError(f"no cubin for {spec} {dtype} hidden={hidden}")
                 kind = "add_rms_norm" if has_delta else "rms_norm"
                 print(
@@ -318,6 +321,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-        sys.exit("unset TRITON_INTERPRET: the compile check builds real GPU code")
-    sys.exit(main())
+    run_compile_check(main)

@@ -10,7 +10,9 @@ that the runtime JIT would specialise on. docs/kernels.md tells how the compile 
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Collection, Mapping
+from typing import NoReturn
 
 import torch
 import triton
@@ -76,3 +78,16 @@ def compile_offline(
         },
     )
     return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
+
+
+def has_cubin(kernel: object) -> bool:
+    """Whether a compiled kernel carries its cubin (ptxas ran to the end)."""
+    return bool(getattr(kernel, "asm", {}).get("cubin"))
+
+
+def run_compile_check(main: Callable[[], int]) -> NoReturn:
+    """A compile check's ``python -m kernels.triton.…`` entry: exits with ``main()``'s status, or
+    refuses under ``TRITON_INTERPRET``, whose jit functions are interpreter objects that never compile."""
+    if interpreted():
+        sys.exit("unset TRITON_INTERPRET: the compile check builds real GPU code")
+    sys.exit(main())

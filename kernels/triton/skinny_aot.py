@@ -20,14 +20,14 @@ import triton
 import triton.language as tl
 
 from kernels.gemm.skinny_candidates import candidate_settings
-from kernels.triton.offline import compile_offline
+from kernels.triton.offline import compile_offline, run_compile_check
 from kernels.triton.skinny_gemm import (
     REDUCE_BLOCK,
     SkinnySettings,
     _skinny_gemm_kernel,
     _split_k_reduce_kernel,
 )
-from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted
+from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES
 
 # The projection shapes of Qwen3-4B and Gemma 4 12B (shared/presets.md), [N, K].
 SERVING_SHAPES: tuple[tuple[int, int], ...] = (
@@ -161,6 +161,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    if interpreted():
-        sys.exit("unset TRITON_INTERPRET: the compile check builds real GPU code")
-    sys.exit(main())
+    run_compile_check(main)

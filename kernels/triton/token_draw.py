@@ -22,9 +22,6 @@ from the spec's in their last bits there (tests/kernels/test_token_draw.py measu
 
 from __future__ import annotations
 
-import os
-import sys
-
 import torch
 import triton
 import triton.language as tl
@@ -36,7 +33,7 @@ from kernels.reference import (
     UNIFORM_BELOW_ONE,
     DrawRows,
 )
-from kernels.triton.offline import compile_offline, pointers_and_strides
+from kernels.triton.offline import compile_offline, has_cubin, pointers_and_strides, run_compile_check
 from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted
 
 # Tokens per loop iteration: 4 warps × 32 lanes × 8 tokens.
@@ -393,13 +390,11 @@ def main() -> int:
         for has_keep in (False, True):
             for has_min_p in (False, True):
                 for kernel in compile_variants(dtype, has_keep=has_keep, has_min_p=has_min_p):
-                    if not getattr(kernel, "asm", {}).get("cubin"):
+                    if not has_cubin(kernel):
                         raise RuntimeError(f"no cubin for {dtype} keep={has_keep} min_p={has_min_p}")
                 print(f"compiled token draw {dtype} keep={has_keep} min_p={has_min_p}")
     return 0
 
 
 if __name__ == "__main__":
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-        sys.exit("unset TRITON_INTERPRET: the compile check builds real GPU code")
-    sys.exit(main())
+    run_compile_check(main)
