@@ -27,6 +27,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--save", required=True)
+    # A multimodal checkpoint (Qwen3.5's published form): every modality limit 0, so vLLM builds
+    # no vision tower and profiles no encoder; the decode measured is the language model's.
+    parser.add_argument("--language-model-only", action="store_true")
     args = parser.parse_args()
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
 
@@ -42,6 +45,7 @@ def main() -> None:
         gpu_memory_utilization=0.90,
         max_num_seqs=max(batch_sizes),
         max_num_batched_tokens=32768,
+        **({"language_model_only": True} if args.language_model_only else {}),
     )
     start_s = time.perf_counter() - started
     vocab = llm.get_tokenizer().vocab_size
@@ -82,6 +86,7 @@ def main() -> None:
                 "warmup": args.warmup,
                 "iters": args.iters,
                 "engine_start_s": start_s,
+                "language_model_only": args.language_model_only,
                 "rows": rows,
             },
             f,
