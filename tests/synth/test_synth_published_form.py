@@ -144,10 +144,14 @@ def test_transformers_loads_it_offline_with_the_text_form_s_logits(forms: dict[s
     batch = tokenizer.apply_chat_template(
         PROMPT, add_generation_prompt=True, return_tensors="pt", return_dict=True
     )
+    # AutoModelForCausalLM (what the gates' references load) takes the text tower alone.
+    tower_only = AutoModelForCausalLM.from_pretrained(forms["published"])
+    assert type(tower_only).__name__ == "Qwen3_5ForCausalLM"
     with torch.no_grad():
         logits = model(**batch).logits
         assert torch.isfinite(logits).all()
         assert torch.equal(logits, text_model(**batch).logits)
+        assert torch.equal(logits, tower_only(**batch).logits)
 
         # The image processor cuts the patches the tower's patch embedding takes, and the merger
         # hands the text tower its own width.
