@@ -48,9 +48,14 @@ def plan_tensors(checkpoint: Path, dtype: torch.dtype) -> list[TensorSpec]:
     hf_logger.setLevel(logging.ERROR)
     try:
         config = transformers.AutoConfig.from_pretrained(str(checkpoint))
-        model_class = getattr(transformers, config.architectures[0])
+        # The class config.json names (the published form's multimodal one); a config that names
+        # none (a GGUF conversion's) is read as a CausalLM.
+        named = getattr(config, "architectures", None) or ()
         with torch.device("meta"):
-            model = model_class._from_config(config)
+            if named:
+                model = getattr(transformers, named[0])._from_config(config)
+            else:
+                model = transformers.AutoModelForCausalLM.from_config(config)
     finally:
         hf_logger.setLevel(level)
     # Tied weights (Gemma's and the small Qwens' lm_head) are one Parameter under two names;
