@@ -45,9 +45,9 @@ def vision_config_body(form: MultimodalForm, preset: str, text_hidden_size: int)
 
 def write_processor_files(
     out: Path, form: MultimodalForm, vision: Mapping[str, Any], chat_template: str
-) -> tuple[str, ...]:
-    """The image and video processor configs and the chat template; the tokenizer files are the
-    text form's, already written. Returns the names written."""
+) -> None:
+    """`PROCESSOR_FILES`: the image and video processor configs and the chat template; the
+    tokenizer files are the text form's, already written."""
     geometry = {
         "patch_size": vision["patch_size"],
         "temporal_patch_size": vision["temporal_patch_size"],
@@ -61,4 +61,3 @@ def write_processor_files(
         if not (out / written).is_file():
             raise SynthError(f"{reference}.save_pretrained did not write {written} in {out}")
     (out / CHAT_TEMPLATE_FILE).write_text(chat_template)
-    return PROCESSOR_FILES

@@ -123,16 +123,20 @@ def _resolve_tokenizer(choice: TokenizerChoice, family: Family, preset: Preset) 
     return preset.default_tokenizer if family.real_vocab is not None else "trained"
 
 
-def _resolve_form(form: str, family: Family) -> MultimodalForm | None:
+def _resolve_form(form: str, family: Family, preset: Preset) -> MultimodalForm | None:
     if form not in family.forms():
         raise UnsupportedFormError(family.name, form, family.forms())
-    return family.multimodal if form == "published" else None
+    if form != "published" or family.multimodal is None:
+        return None
+    if preset.name not in family.multimodal.vision_fields:
+        raise SynthError(f"--form published: preset {preset.name} of {family.name} has no vision tower")
+    return family.multimodal
 
 
 def plan(request: SynthRequest) -> SynthPlan:
     family = get_family(request.family)
     preset = family.preset(request.preset)
-    multimodal = _resolve_form(request.form, family)
+    multimodal = _resolve_form(request.form, family, preset)
     dtype = request.dtype or preset.default_dtype
     if dtype not in DTYPES:
         raise SynthError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")

@@ -19,7 +19,7 @@ from gates.harness.hf_reference import hf_greedy
 from gates.harness.serving import drive, greedy, load_for_gate, random_prompt, score
 from infer_cli.main import app
 from models.synth.config_build import config_body, published_config_body
-from models.synth.families import get_family
+from models.synth.families import FAMILIES, get_family
 from models.synth.multimodal import transformers_class, vision_config_body
 from models.synth.tensors import plan_tensors
 from models.synth.tokenizer_build import BuiltTokenizer
@@ -300,3 +300,11 @@ def test_published_sizes_nest_the_published_text_tower(
         "<|im_start|>user\nhi<|im_end|>",
     ):
         assert loaded(sample)["input_ids"] == built.tokenizer.encode(sample).ids, sample
+
+
+def test_every_preset_of_a_family_with_the_form_has_its_vision_tower() -> None:
+    for family in FAMILIES.values():
+        form = family.multimodal
+        assert family.forms() == (("text", "published") if form is not None else ("text",))
+        if form is not None:
+            assert set(form.vision_fields) == set(family.presets), family.name
