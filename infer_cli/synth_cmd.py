@@ -34,12 +34,27 @@ class TokenizerOption(StrEnum):
     trained = "trained"
 
 
+class FormOption(StrEnum):
+    text = "text"
+    published = "published"
+
+
+def _forms_help() -> str:
+    with_published = [name for name, family in FAMILIES.items() if family.multimodal is not None]
+    return (
+        "text: the text tower alone (a *_text model type); published: the published multimodal "
+        f"layout, the same text tower beside a vision tower, with processor files ({', '.join(with_published)})."
+    )
+
+
 def _presets_help() -> str:
     return "; ".join(f"{name}: {', '.join(family.presets)}" for name, family in FAMILIES.items())
 
 
 def _summary(result: SynthResult) -> Table:
-    table = Table(title=f"infer synth {result.family} --preset {result.preset}", show_header=False)
+    table = Table(
+        title=f"infer synth {result.family} --preset {result.preset} --form {result.form}", show_header=False
+    )
     table.add_column(style="bold")
     table.add_column()
     rows = [
@@ -84,6 +99,7 @@ def synth_command(
         False, "--overwrite", help="Replace the checkpoint files in a non-empty --out."
     ),
     shard_gb: float = typer.Option(4.0, "--shard-gb", help="Largest safetensors shard, in GiB."),
+    form: FormOption = typer.Option(FormOption.text, "--form", help=_forms_help()),
 ) -> None:
     from models.synth.writer import SynthRequest, synthesize
 
@@ -98,6 +114,7 @@ def synth_command(
         tokenizer=tokenizer.value,
         overwrite=overwrite,
         shard_bytes=max(1, int(shard_gb * (1 << 30))),
+        form=form.value,
     )
     try:
         result = synthesize(request, RichProgress(console, in_bytes=True, keep=True))

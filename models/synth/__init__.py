@@ -1,8 +1,8 @@
 """`infer synth`: synthetic Hugging Face checkpoints with real tensor names and random weights.
 
-Families qwen3, gemma4 and qwen35 (model types qwen3, gemma4_text, qwen3_5_text); a `tiny`
-preset per family for CPU tests and the published dimensions for GPU benchmarks. See
-docs/synth.md. The writer (torch, transformers) is imported on first use, so listing families
+Families qwen3, gemma3, gemma4 and qwen35 (model types qwen3, gemma3_text, gemma4_text,
+qwen3_5_text; qwen35 also in its published multimodal form, qwen3_5); a `tiny` preset per family
+for CPU tests and the published dimensions for GPU benchmarks. See docs/synth.md. The writer (torch, transformers) is imported on first use, so listing families
 and presets stays cheap.
 """
 

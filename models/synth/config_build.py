@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from types import MappingProxyType
 from typing import Any
 
-from models.synth.family import Family, Preset
+from models.synth.family import Family, MultimodalForm, Preset
 from models.synth.tokenizer_build import BuiltTokenizer
 
 
@@ -100,6 +100,35 @@ def config_body(
     ):
         if content is not None:
             body[key] = tokenizer.id_of(content)
+    return dict(sorted(body.items()))
+
+
+# Fields of a config.json body that belong to the outer config alone in the published form.
+_OUTER_ONLY = ("architectures", "transformers_version")
+
+
+def published_config_body(
+    family: Family,
+    form: MultimodalForm,
+    text_body: dict[str, Any],
+    vision_body: dict[str, Any],
+    tokenizer: BuiltTokenizer,
+) -> dict[str, Any]:
+    """The published form's config.json: `text_body` (the text form's config.json) under
+    `text_config` less the outer-only fields, the vision tower under `vision_config`, and the
+    outer fields the published file has (architecture, model type, the multimodal token ids, the
+    tie and the dtype, which the published files state both outside and in `text_config`)."""
+    body: dict[str, Any] = {
+        "architectures": [form.architecture],
+        "model_type": form.model_type,
+        "text_config": {key: value for key, value in text_body.items() if key not in _OUTER_ONLY},
+        "vision_config": vision_body,
+        "tie_word_embeddings": text_body["tie_word_embeddings"],
+        family.dtype_key: text_body[family.dtype_key],
+        "transformers_version": text_body["transformers_version"],
+    }
+    for key, content in form.token_fields.items():
+        body[key] = tokenizer.id_of(content)
     return dict(sorted(body.items()))
 
 

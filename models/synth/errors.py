@@ -41,3 +41,12 @@ class InitRuleError(SynthError):
             "a newer transformers added a parameter that models/synth does not know yet"
         )
         self.tensor = tensor
+
+
+class UnsupportedFormError(SynthError):
+    """`--form` names a checkpoint form the family cannot write."""
+
+    def __init__(self, family: str, form: str, known: tuple[str, ...]) -> None:
+        super().__init__(f"--form {form}: family {family} cannot write it; its forms: {', '.join(known)}")
+        self.family = family
+        self.form = form

@@ -13,6 +13,10 @@ from typing import Any, Literal
 
 InitKind = Literal["normal", "centred", "uniform", "log_uniform", "head_scaled"]
 TokenizerKind = Literal["real", "trained"]
+# text: the text tower alone, flattened (`*_text` model type); published: the layout of the
+# published multimodal checkpoint, the same text tower nested beside a vision tower.
+CheckpointForm = Literal["text", "published"]
+FORMS: tuple[CheckpointForm, ...] = ("text", "published")
 
 
 @dataclass(slots=True, frozen=True)
@@ -120,6 +124,51 @@ class RealVocab:
 
 
 @dataclass(slots=True, frozen=True)
+class ProcessorClasses:
+    """The transformers classes whose defaults the published form's processor files come from,
+    as `module:Class` (each importable without torchvision, so a CPU box writes them too)."""
+
+    # What transformers' AutoProcessor builds for the outer model type (nothing is written for it:
+    # AutoProcessor finds it by model type).
+    processor: str
+    image_processor: str
+    video_processor: str
+
+
+@dataclass(slots=True, frozen=True)
+class MultimodalForm:
+    """A family's published multimodal layout (`--form published`, docs/synth.md "Forms").
+
+    Invariant: the text tower is the text form's, unchanged: its config.json body under
+    `text_config` and its tensors under `text_prefix` instead of `text_form_prefix`, drawn from
+    the text form's tensor names, so one seed gives both forms the same text weights bit for bit.
+    The vision tower is transformers' vision config with its defaults, except the fields a preset
+    sets in `vision_fields` and `out_hidden_size`, always the text hidden size.
+    """
+
+    model_type: str
+    architecture: str
+    text_prefix: str
+    text_form_prefix: str
+    vision_prefix: str
+    # `module:Class` of transformers' vision config.
+    vision_config_class: str
+    # Per preset name: the fields set over the vision config's defaults.
+    vision_fields: Mapping[str, Mapping[str, Any]]
+    # config.json keys naming special tokens → the token's content (its id comes from the tokenizer).
+    token_fields: Mapping[str, str]
+    # The vision tower's rules; text tensors keep the family's.
+    vision_init_rules: tuple[InitRule, ...]
+    processor: ProcessorClasses
+
+    def seed_name(self, tensor_name: str) -> str:
+        """The name a tensor's values are drawn by: a text tensor's name in the text form."""
+        if tensor_name.startswith(self.text_prefix):
+            return self.text_form_prefix + tensor_name[len(self.text_prefix) :]
+        return tensor_name
+
+
+@dataclass(slots=True, frozen=True)
 class Family:
     name: str
     model_type: str
@@ -138,6 +187,8 @@ class Family:
     init_rules: tuple[InitRule, ...]
     generation_defaults: Mapping[str, Any]
     real_vocab: RealVocab | None
+    # The published multimodal layout, where `--form published` can write it.
+    multimodal: MultimodalForm | None = None
 
     def preset(self, name: str) -> Preset:
         from models.synth.errors import UnknownPresetError
@@ -146,3 +197,6 @@ class Family:
             return self.presets[name]
         except KeyError:
             raise UnknownPresetError(self.name, name, tuple(self.presets)) from None
+
+    def forms(self) -> tuple[CheckpointForm, ...]:
+        return FORMS if self.multimodal is not None else ("text",)

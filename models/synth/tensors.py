@@ -1,10 +1,11 @@
 """Which tensors a checkpoint holds, and their random values.
 
-The tensor list comes from transformers itself: the family's CausalLM is instantiated from the
-written config.json on the meta device (no memory), so names and shapes are exactly what
-`from_pretrained` expects, tied weights included once. Values are drawn per tensor from a
-generator seeded by (seed, tensor name): independent of order and of which other tensors exist,
-so one tensor can be produced, written and freed at a time.
+The tensor list comes from transformers itself: the architecture the written config.json names
+(the family's CausalLM, or the multimodal class of the published form) is instantiated from it on
+the meta device (no memory), so names and shapes are exactly what `from_pretrained` expects, tied
+weights included once. Values are drawn per tensor from a generator seeded by (seed, tensor
+name): independent of order and of which other tensors exist, so one tensor can be produced,
+written and freed at a time.
 """
 
 from __future__ import annotations
@@ -47,8 +48,14 @@ def plan_tensors(checkpoint: Path, dtype: torch.dtype) -> list[TensorSpec]:
     hf_logger.setLevel(logging.ERROR)
     try:
         config = transformers.AutoConfig.from_pretrained(str(checkpoint))
+        # The class config.json names (the published form's multimodal one); a config that names
+        # none (a GGUF conversion's) is read as a CausalLM.
+        named = getattr(config, "architectures", None) or ()
         with torch.device("meta"):
-            model = transformers.AutoModelForCausalLM.from_config(config)
+            if named:
+                model = getattr(transformers, named[0])._from_config(config)
+            else:
+                model = transformers.AutoModelForCausalLM.from_config(config)
     finally:
         hf_logger.setLevel(level)
     # Tied weights (Gemma's and the small Qwens' lm_head) are one Parameter under two names;
@@ -76,11 +83,15 @@ def rule_for(spec: TensorSpec, rules: tuple[InitRule, ...], std: float) -> InitR
     raise InitRuleError(spec.name, spec.shape)
 
 
-def materialise(spec: TensorSpec, rule: InitRule, seed: int, device: torch.device) -> torch.Tensor:
+def materialise(
+    spec: TensorSpec, rule: InitRule, seed: int, device: torch.device, seed_name: str | None = None
+) -> torch.Tensor:
     """The tensor's values on the CPU, in its dtype; drawn on `device` (the same seed gives the
-    same bits on the same kind of device; CPU and CUDA generators differ)."""
+    same bits on the same kind of device; CPU and CUDA generators differ). `seed_name` (default:
+    the tensor's name) is the name the draw is seeded by: the published form draws its text tower
+    by the text form's names."""
     generator = torch.Generator(device=device)
-    generator.manual_seed(tensor_seed(seed, spec.name))
+    generator.manual_seed(tensor_seed(seed, spec.name if seed_name is None else seed_name))
     if rule.kind in ("normal", "centred", "head_scaled"):
         values = torch.randn(spec.shape, generator=generator, device=device, dtype=torch.float32)
         if rule.kind == "normal":

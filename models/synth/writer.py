@@ -1,8 +1,10 @@
 """Write a synthetic Hugging Face checkpoint directory.
 
 Order: tokenizer first (its ids go into the configs), then config.json and
-generation_config.json, then the tensor list read back from that config.json through
-transformers, then the weights streamed into safetensors shards.
+generation_config.json (and, in the published form, the processor files), then the tensor list
+read back from that config.json through transformers, then the weights streamed into safetensors
+shards. Both forms write the same tokenizer, the same text config and the same text weights for
+a seed; the published form nests them beside a vision tower (docs/synth.md, "Forms").
 """
 
 from __future__ import annotations
@@ -18,11 +20,12 @@ from typing import Any, Literal
 import torch
 
 from engine.progress import SILENT, ProgressSink, task
-from models.synth.config_build import config_body, generation_body
-from models.synth.errors import OutputDirError, SynthError
+from models.synth.config_build import config_body, generation_body, published_config_body
+from models.synth.errors import OutputDirError, SynthError, UnsupportedFormError
 from models.synth.families import get_family
-from models.synth.family import Family, Preset, TokenizerKind
+from models.synth.family import CheckpointForm, Family, InitRule, MultimodalForm, Preset, TokenizerKind
 from models.synth.hf import import_transformers
+from models.synth.multimodal import PROCESSOR_FILES, vision_config_body, write_processor_files
 from models.synth.safetensors_stream import plan_shards, write_safetensors
 from models.synth.tensors import DTYPES, TensorSpec, materialise, plan_tensors, rule_for
 from models.synth.tokenizer_build import build_tokenizer, real_vocab_size
@@ -37,6 +40,7 @@ _WRITTEN_NAMES = (
     "tokenizer.json",
     "tokenizer_config.json",
     INDEX_FILE,
+    *PROCESSOR_FILES,
 )
 
 DeviceChoice = Literal["auto", "cpu", "cuda"]
@@ -54,6 +58,7 @@ class SynthRequest:
     tokenizer: TokenizerChoice = "auto"
     overwrite: bool = False
     shard_bytes: int = DEFAULT_SHARD_BYTES
+    form: CheckpointForm = "text"
 
 
 @dataclass(slots=True, frozen=True)
@@ -66,6 +71,12 @@ class SynthPlan:
     device: torch.device
     tokenizer: TokenizerKind
     vocab_size: int
+    # Set exactly for the published form.
+    multimodal: MultimodalForm | None
+
+    @property
+    def model_type(self) -> str:
+        return self.family.model_type if self.multimodal is None else self.multimodal.model_type
 
 
 @dataclass(slots=True, frozen=True)
@@ -73,6 +84,7 @@ class SynthResult:
     out: Path
     family: str
     preset: str
+    form: CheckpointForm
     model_type: str
     dtype: str
     device: str
@@ -111,9 +123,20 @@ def _resolve_tokenizer(choice: TokenizerChoice, family: Family, preset: Preset) 
     return preset.default_tokenizer if family.real_vocab is not None else "trained"
 
 
+def _resolve_form(form: str, family: Family, preset: Preset) -> MultimodalForm | None:
+    if form not in family.forms():
+        raise UnsupportedFormError(family.name, form, family.forms())
+    if form != "published" or family.multimodal is None:
+        return None
+    if preset.name not in family.multimodal.vision_fields:
+        raise SynthError(f"--form published: preset {preset.name} of {family.name} has no vision tower")
+    return family.multimodal
+
+
 def plan(request: SynthRequest) -> SynthPlan:
     family = get_family(request.family)
     preset = family.preset(request.preset)
+    multimodal = _resolve_form(request.form, family, preset)
     dtype = request.dtype or preset.default_dtype
     if dtype not in DTYPES:
         raise SynthError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
@@ -122,7 +145,9 @@ def plan(request: SynthRequest) -> SynthPlan:
     if tokenizer == "real" and family.real_vocab is not None and real_vocab_size(family) > vocab_size:
         # A small preset with the real vocabulary: the embedding grows to the published size.
         vocab_size = family.real_vocab.padded_vocab_size
-    return SynthPlan(family, preset, dtype, _resolve_device(request.device, preset), tokenizer, vocab_size)
+    return SynthPlan(
+        family, preset, dtype, _resolve_device(request.device, preset), tokenizer, vocab_size, multimodal
+    )
 
 
 def _prepare_out(out: Path, overwrite: bool) -> None:
@@ -180,6 +205,13 @@ def _write_json(path: Path, body: dict[str, Any]) -> None:
     path.write_text(json.dumps(body, indent=2, ensure_ascii=False) + "\n")
 
 
+def _rules_of(name: str, family: Family, multimodal: MultimodalForm | None) -> tuple[InitRule, ...]:
+    """The vision tower draws by its own rules, the text tower by the family's."""
+    if multimodal is not None and name.startswith(multimodal.vision_prefix):
+        return multimodal.vision_init_rules
+    return family.init_rules
+
+
 def synthesize(request: SynthRequest, progress: ProgressSink = SILENT) -> SynthResult:
     """Write the checkpoint; `progress` hears one task whose units are bytes, one advance a tensor."""
     started = time.monotonic()
@@ -194,16 +226,23 @@ def synthesize(request: SynthRequest, progress: ProgressSink = SILENT) -> SynthR
     (out / "tokenizer.json").write_text(built.to_json())
     _write_json(out / "tokenizer_config.json", dict(built.config))
     version = str(transformers.__version__)
-    _write_json(
-        out / "config.json", config_body(family, preset, decided.vocab_size, built, decided.dtype, version)
-    )
+    config = config_body(family, preset, decided.vocab_size, built, decided.dtype, version)
+    multimodal = decided.multimodal
+    if multimodal is not None:
+        vision = vision_config_body(multimodal, preset.name, int(preset.fields["hidden_size"]))
+        config = published_config_body(family, multimodal, config, vision, built)
+        write_processor_files(out, multimodal, vision, family.chat_template)
+    _write_json(out / "config.json", config)
     _write_json(out / "generation_config.json", generation_body(family, built, version))
 
     dtype = DTYPES[decided.dtype]
     specs = plan_tensors(out, dtype)
     _check_resources(out, specs, decided.device)
     std = float(preset.fields["initializer_range"])
-    rules = {spec.name: rule_for(spec, family.init_rules, std) for spec in specs}
+    rules = {spec.name: rule_for(spec, _rules_of(spec.name, family, multimodal), std) for spec in specs}
+    seed_names = {
+        spec.name: spec.name if multimodal is None else multimodal.seed_name(spec.name) for spec in specs
+    }
     total = sum(spec.nbytes for spec in specs)
 
     shards = plan_shards(specs, request.shard_bytes)
@@ -217,7 +256,9 @@ def synthesize(request: SynthRequest, progress: ProgressSink = SILENT) -> SynthR
             write_safetensors(
                 out / name,
                 shard,
-                lambda spec: materialise(spec, rules[spec.name], request.seed, decided.device),
+                lambda spec: materialise(
+                    spec, rules[spec.name], request.seed, decided.device, seed_names[spec.name]
+                ),
                 lambda spec: progress.advance(spec.name, spec.nbytes),
             )
     if len(shards) > 1:
@@ -233,7 +274,8 @@ def synthesize(request: SynthRequest, progress: ProgressSink = SILENT) -> SynthR
         out=out,
         family=family.name,
         preset=preset.name,
-        model_type=family.model_type,
+        form=request.form,
+        model_type=decided.model_type,
         dtype=decided.dtype,
         device=str(decided.device),
         tokenizer=decided.tokenizer,

