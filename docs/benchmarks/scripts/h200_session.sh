@@ -39,9 +39,10 @@
 #   mkdir -p /tmp/parts && cp .whl-deps/vllm-gemma4/*.whl /tmp/parts/ && SYNTH_AHEAD=0 WAIT_S=3 \
 #   GATE_SELECT="--gate qwen3.graph_memory_is_reserved" PIPELINE="qwen35-9b-parity+decode-tests,attn-exp-probe \
 #   qwen3-decode-variants vllm-qwen3 gemma4-decode-variants vllm-gemma4 qwen3-gates-decode-path qwen35-decode-fused \
-#   host-profile" \
+#   host-profile vllm-qwen35" \
 #   STAGE=all bash docs/benchmarks/scripts/h200_session.sh
-# then the five .vllm/partN calls, then STAGE=wait calls back to back.
+# then the five .vllm/partN calls (the last as `VSTAGE_EXTRAS=1 bash .vllm/part5/stage.sh 5 last`: vLLM's
+# Qwen3.5 code needs the extras), then STAGE=wait calls back to back.
 # Back here, the runs.tgz reports make the pages' target tables, e.g. (from the unpacked folder)
 #   infer bench table default=qwen3-4b-latency-default.json fused=qwen3-4b-latency-fused.json \
 #     all=qwen3-4b-latency-all.json --vllm vllm-qwen3-4b.json --markdown
@@ -267,6 +268,19 @@ qwen3-gates-decode-path() {  # the qwen3 manifest with every opt-in decode path 
     --attention-backend triton --sampling-backend triton} \
     --json $work/qwen3-gates-decode-path.json --junit $work/qwen3-gates-decode-path.xml
 }
+q35p=/tmp/ckpt/q35-4b-published
+vllm-qwen35() {  # issue 19's vLLM row: vLLM 0.24 serves Qwen3.5 only in its published multimodal form
+  # (`infer synth qwen35 --form published`), here as a language model only; the Qwen3.5 code needs
+  # the staging extras (`VSTAGE_EXTRAS=1 bash .vllm/part5/stage.sh 5 last`). infer runs the same directory.
+  [ -d $q35p ] || infer synth qwen35 --preset 4b --form published --out $q35p --dtype bfloat16 --tokenizer trained --device cuda
+  infer bench latency --model $q35p --batch-sizes 1,8,64 --prefill-lens 1024 --breakdown \
+    --save-result $work/qwen35-4b-published-latency.json
+  [ -f /tmp/vsite/vllm/__init__.py ] || { echo "vLLM is not staged (.vllm/part1..5 not carried)"; return 1; }
+  PYTHONPATH=/tmp/vsite HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_DO_NOT_TRACK=1 \
+    DO_NOT_TRACK=1 VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 \
+    python3 docs/benchmarks/scripts/vllm_decode.py $q35p --language-model-only --batch-sizes 1,8,64 \
+    --save $work/vllm-qwen35-4b.json
+}
 kernels() {
   infer gates --manifest kernels --tier gpu --json $work/kernels-gates.json
   infer bench kernels --save-result $work/bench-kernels.json
@@ -423,7 +437,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-exp-probe | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused)
+  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-exp-probe | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
