@@ -2,8 +2,8 @@
 
 Families qwen3, gemma3, gemma4 and qwen35 (model types qwen3, gemma3_text, gemma4_text,
 qwen3_5_text; qwen35 also in its published multimodal form, qwen3_5); a `tiny` preset per family
-for CPU tests and the published dimensions for GPU benchmarks. See docs/synth.md. The writer (torch, transformers) is imported on first use, so listing families
-and presets stays cheap.
+for CPU tests and the published dimensions for GPU benchmarks. See docs/synth.md. The writer
+(torch, transformers) is imported on first use, so listing families and presets stays cheap.
 """
 
 from __future__ import annotations
