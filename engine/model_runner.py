@@ -151,18 +151,19 @@ class PagedModelRunner:
             self._inputs_queued = None
         slot, staging = self._staging.take()
         try:
-            fed = self._feeder(rows, feed, staging)
             graphs = self.graphs
             specs = self.model.kv.attention_specs
             if graphs is not None and graphs.accepts(rows):
                 bucket = graphs.bucket_for(len(rows))
                 assert bucket is not None
                 packed = pack_step(rows, specs, self.attention, bucket=bucket, table_cache=self._tables)
+                fed = self._feeder(rows, packed.cu_seqlens, feed, staging)
                 graphs.load(packed.pinned(staging), fed)
                 self._inputs_queued = _record_event(on_cuda)
                 logits: torch.Tensor | None = graphs.run(bucket, len(rows), replay=self.replay_graphs)
             else:
                 step = pack_step(rows, specs, self.attention, table_cache=self._tables)
+                fed = self._feeder(rows, step.cu_seqlens, feed, staging)
                 step = step.pinned(staging).to(device)
                 if fed is not None:
                     fed(step.input_ids)
@@ -189,30 +190,27 @@ class PagedModelRunner:
         return _LaunchedStep(self, rows, device_tokens, host, requested, finished)
 
     def _feeder(
-        self, rows: Sequence[BatchRow], feed: StepHandle | None, staging: HostStaging
+        self,
+        rows: Sequence[BatchRow],
+        cu_seqlens: tuple[int, ...] | None,
+        feed: StepHandle | None,
+        staging: HostStaging,
     ) -> Callable[[torch.Tensor], None] | None:
-        """What rewrites the packed token ids of rows fed from `feed` on the device, or None."""
-        # Every fed row's one token: its offset in the packed step, and the row of `feed` it is fed from.
-        fed: list[BatchRow] = []
-        targets: list[int] = []
-        feed_from: list[int] = []
-        offset = 0
-        for row in rows:
-            if row.feed_from is not None:
-                fed.append(row)
-                targets.append(offset)
-                feed_from.append(row.feed_from)
-            offset += len(row.token_ids)
+        """What rewrites the packed token ids of rows fed from `feed` on the device, or None.
+        `cu_seqlens`: the packed step's row boundaries (None: every row is one token, row i's at i)."""
+        fed = [i for i, row in enumerate(rows) if row.feed_from is not None]
         if not fed:
             return None
         if not isinstance(feed, _LaunchedStep) or feed.runner is not self:
             raise FeedError(
-                f"row of {fed[0].request_id!r} is fed from {type(feed).__name__}, not from a step "
+                f"row of {rows[fed[0]].request_id!r} is fed from {type(feed).__name__}, not from a step "
                 "this runner launched"
             )
-        sources = feed.sampled_indices(feed_from)
+        # A fed row is one token: it is rewritten at its row's offset in the packed step.
+        targets = fed if cu_seqlens is None else [cu_seqlens[i] for i in fed]
+        sources = feed.sampled_indices([row.feed_from for row in rows if row.feed_from is not None])
         if -1 in sources:
-            row = fed[sources.index(-1)]
+            row = rows[fed[sources.index(-1)]]
             raise FeedError(
                 f"row of {row.request_id!r}: feed_from={row.feed_from} names a row that sampled nothing"
             )
@@ -307,11 +305,13 @@ class _LaunchedStep:
         self.device_tokens = device_tokens
         self._samples = [r.sample for r in rows]
         # Row index -> index among the sampling rows (the sampler's row); -1 for a row that sampled
-        # nothing.
-        self._sampled_at = [
-            sampled - 1 if samples else -1
-            for samples, sampled in zip(self._samples, accumulate(self._samples), strict=True)
-        ]
+        # nothing. None when every row samples (a decode step): row i is the sampler's row i.
+        self._sampled_at: list[int] | None = None
+        if not all(self._samples):
+            self._sampled_at = [
+                sampled - 1 if samples else -1
+                for samples, sampled in zip(self._samples, accumulate(self._samples), strict=True)
+            ]
         self._host = host
         self._requested = logprobs_requested
         self._finished = finished
@@ -320,7 +320,10 @@ class _LaunchedStep:
         """The sampler's row of each of these rows of the step; -1 for a row that sampled nothing
         or is not in the step."""
         at = self._sampled_at
-        return [at[row] if 0 <= row < len(at) else -1 for row in rows]
+        n = len(self._samples)
+        if at is None:
+            return [row if 0 <= row < n else -1 for row in rows]
+        return [at[row] if 0 <= row < n else -1 for row in rows]
 
     def done(self) -> bool:
         return self._finished is None or bool(self._finished.query())
