@@ -120,9 +120,10 @@ class SamplingTensors:
     step: Tensor
 
     @classmethod
-    def from_packed(cls, floats: Tensor, ints: Tensor, num_rows: int) -> SamplingTensors:
-        temperature, top_p, min_p = floats[:, :num_rows].unbind(0)
-        top_k, greedy, seed, step = ints[:, :num_rows].unbind(0)
+    def from_packed(cls, floats: Tensor, ints: Tensor) -> SamplingTensors:
+        """The views of `SamplingBatch`'s two packed tensors (float32 [3, rows], int64 [4, rows])."""
+        temperature, top_p, min_p = floats.unbind(0)
+        top_k, greedy, seed, step = ints.unbind(0)
         return cls(temperature, top_p, min_p, top_k, greedy, seed, step)
 
     @property
@@ -220,4 +221,4 @@ class SamplingBatch:
             floats, ints = staging.stage("sampling_floats", floats), staging.stage("sampling_ints", ints)
         floats = floats.to(device, non_blocking=True)
         ints = ints.to(device, non_blocking=True)
-        return SamplingTensors.from_packed(floats, ints, self.num_rows)
+        return SamplingTensors.from_packed(floats, ints)
