@@ -615,12 +615,14 @@ class BatchScheduler:
     def _take_free_pages(self, seq: _Seq, want: int) -> bool:
         """Release what a sliding window no longer sees, then give a running request pages for
         `want` more tokens if they are there or free; False (nothing taken) when they are not."""
+        kv = self.kv
         rid = seq.request.request_id
-        frontier = (
-            seq.num_computed if seq.inflight_start is None else min(seq.num_computed, seq.inflight_start)
-        )
-        self.kv.release_window(rid, frontier)
-        return self.kv.allocate(rid, seq.num_computed + want)
+        if kv.has_sliding_window:
+            frontier = (
+                seq.num_computed if seq.inflight_start is None else min(seq.num_computed, seq.inflight_start)
+            )
+            kv.release_window(rid, frontier)
+        return kv.allocate(rid, seq.num_computed + want)
 
     def _reserve(self, seq: _Seq, want: int, scheduled: set[int], may_preempt_self: bool) -> tuple[int, bool]:
         """Pages for up to `want` tokens of a running request whose pages `_take_free_pages` could
