@@ -37,18 +37,24 @@ from engine.runner import (
     StepHandle,
 )
 from engine.sampling import SamplerOutput, sample
-from engine.sampling_batch import SamplingBatch, SeedSource
+from engine.sampling_batch import SamplingBatch, SamplingColumnsCache, SeedSource
 from engine.step_packer import PageTableCache, pack_step
 from kernels.attention.base import AttentionBackend
 
 
 def sample_rows(
-    rows: Sequence[BatchRow], logits: torch.Tensor | None, seeds: SeedSource, *, triton_draw: bool = False
+    rows: Sequence[BatchRow],
+    logits: torch.Tensor | None,
+    seeds: SeedSource,
+    *,
+    triton_draw: bool = False,
+    columns: SamplingColumnsCache | None = None,
 ) -> list[SampledToken | None]:
-    """Sample the rows with `sample` from `logits` (one row each, in order); None for the others."""
+    """Sample the rows with `sample` from `logits` (one row each, in order); None for the others.
+    `columns`: the sampling batch is packed through it (`SamplingBatch.of_step`)."""
     if logits is None:
         return [None] * len(rows)
-    params = SamplingBatch.of_step(rows, seeds)
+    params = SamplingBatch.of_step(rows, seeds, columns)
     picked = sample(logits, params.to(logits.device), params.plan, triton_draw=triton_draw)
     return _in_rows(picked.to_sampled_tokens(params.logprobs_requested), [row.sample for row in rows])
 
@@ -95,10 +101,18 @@ class PagedModelRunner:
         # The main stream's steps (eager, graphed, launched) pack their page tables from the last
         # one's; overlapped prefill's side forwards pack theirs whole.
         self._tables = PageTableCache()
+        # Likewise their sampling batches, from the last one's columns.
+        self._sampling_columns = SamplingColumnsCache()
 
     @torch.inference_mode()
     def execute(self, batch: StepBatch) -> list[SampledToken | None]:
-        return sample_rows(batch.rows, self.forward(batch), self.seeds, triton_draw=self.triton_draw)
+        return sample_rows(
+            batch.rows,
+            self.forward(batch),
+            self.seeds,
+            triton_draw=self.triton_draw,
+            columns=self._sampling_columns,
+        )
 
     @torch.inference_mode()
     def forward(self, batch: StepBatch) -> torch.Tensor | None:
@@ -174,7 +188,7 @@ class PagedModelRunner:
             device_tokens: torch.Tensor | None = None
             requested: tuple[int | None, ...] = ()
             if logits is not None:
-                params = SamplingBatch.of_step(rows, self.seeds)
+                params = SamplingBatch.of_step(rows, self.seeds, self._sampling_columns)
                 picked = sample(logits, params.to(device, staging), params.plan, triton_draw=self.triton_draw)
                 device_tokens = picked.token_ids
                 host = picked.to_host(staging)
