@@ -540,7 +540,8 @@ class BatchScheduler:
         feed = previous.handle if previous is not None else None
         running_before = feed is not None and not feed.done()
         # If the launch raises, nothing it started is running (the runner's contract).
-        handle = launch_step(self._runner, StepBatch(tuple(rows)), feed)
+        batch = StepBatch(tuple(rows))
+        handle = launch_step(self._runner, batch, feed)
         fed_rows = 0
         for i, (seq, row) in enumerate(zip(seqs, rows, strict=True)):
             seq.launched_rows += 1
@@ -553,7 +554,7 @@ class BatchScheduler:
             if row.feed_from is not None:
                 fed_rows += 1
         self.async_stats.fed_rows += fed_rows
-        self._pending = _Launched(handle, seqs, tuple(rows))
+        self._pending = _Launched(handle, seqs, batch.rows)
         self.async_stats.launches += 1
         self.async_stats.launched_while_running += running_before
 
