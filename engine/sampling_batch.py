@@ -242,7 +242,7 @@ class SamplingColumnsCache:
     and its seed (its own, or drawn from its id under `SeedSource`'s key). So a step whose sampling
     rows are the same request ids with equal parameters, in the same order, under the same
     `SeedSource` (a decode step's common case: the last step's rows again) copies the kept arrays
-    and writes only the step column, instead of a dozen passes over the rows (about 0.4 µs a row,
+    and writes only the step column, instead of a dozen passes over the rows (0.3–0.45 µs a row,
     docs/benchmarks/host-cpu.md). The result is always `SamplingBatch.of_step` without the cache.
     The cache holds its own copies and every call returns new tensors, so no batch handed out
     shares memory with another."""
