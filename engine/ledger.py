@@ -4,6 +4,11 @@ It enforces the lifecycle — admit or reject once, before anything else; tokens
 after admission; exactly one terminal; nothing after it — and folds the facts of one step into at
 most one `RequestUpdate` per request. A violation raises `LifecycleError`: it is a bug in the
 scheduler, not a state to carry on from. Token counts in terminals come from the ledger's tally.
+
+A step's update for a request is built in place as its facts arrive (the first fact creates it)
+and handed out as it is by `drain`, which starts the next step's set: a decode step's token is one
+`RequestUpdate` and nothing more per row (docs/benchmarks/host-cpu.md). Updates come out in the
+order of each request's first fact of the step.
 """
 
 from __future__ import annotations
@@ -54,19 +59,11 @@ class _Entry:
     completion_tokens: int = 0
 
 
-@dataclass(slots=True)
-class _Pending:
-    tokens: list[int]
-    admission: Admission | None = None
-    logprobs: list[TokenLogprob] | None = None
-    cached_tokens: int | None = None
-    terminal: Terminal | None = None
-
-
 class RequestLedger:
     def __init__(self) -> None:
         self._open: dict[str, _Entry] = {}
-        self._pending: dict[str, _Pending] = {}
+        # This step's update of each request with a fact since the last drain, in first-fact order.
+        self._pending: dict[str, RequestUpdate] = {}
         # id -> "finished"/"rejected"/"failed"/"aborted"
         self._retired: OrderedDict[str, str] = OrderedDict()
 
@@ -137,17 +134,19 @@ class RequestLedger:
             raise LifecycleError(request_id, "commit", entry.phase.value)
         if logprobs is not None and len(logprobs) != len(token_ids):
             raise ValueError(f"request {request_id!r}: {len(token_ids)} tokens but {len(logprobs)} logprobs")
-        # The step's first fact about a decoding request is usually its token.
-        pending = self._pending.get(request_id)
-        if pending is None:
-            pending = self._pending[request_id] = _Pending(list(token_ids))
+        # The step's first fact about a decoding request is usually its token: the update is made
+        # with it (positional: a dataclass's keyword call costs 2.5× that).
+        tokens = tuple(token_ids)
+        update = self._pending.get(request_id)
+        if update is None:
+            self._pending[request_id] = RequestUpdate(
+                request_id, None, tokens, None if logprobs is None else tuple(logprobs)
+            )
         else:
-            pending.tokens.extend(token_ids)
-        if logprobs is not None:
-            if pending.logprobs is None:
-                pending.logprobs = []
-            pending.logprobs.extend(logprobs)
-        entry.completion_tokens += len(token_ids)
+            update.new_token_ids += tokens
+            if logprobs is not None:
+                update.logprobs = (update.logprobs or ()) + tuple(logprobs)
+        entry.completion_tokens += len(tokens)
 
     def finish(self, request_id: str, reason: FinishReason) -> None:
         entry = self._live(request_id, "finish")
@@ -174,20 +173,7 @@ class RequestLedger:
 
     def drain(self) -> StepOutputs:
         """Everything recorded since the last drain, one update per request."""
-        # Positional: one per request per step, and a dataclass's keyword call costs 2.5× that.
-        updates = tuple(
-            [
-                RequestUpdate(
-                    rid,
-                    p.admission,
-                    tuple(p.tokens),  # new_token_ids
-                    tuple(p.logprobs) if p.logprobs is not None else None,
-                    p.cached_tokens,
-                    p.terminal,
-                )
-                for rid, p in self._pending.items()
-            ]
-        )
+        updates = tuple(self._pending.values())
         self._pending = {}
         return StepOutputs(updates)
 
@@ -210,11 +196,11 @@ class RequestLedger:
             return None
         return self._entry(request_id, transition)
 
-    def _pend(self, request_id: str) -> _Pending:
-        pending = self._pending.get(request_id)
-        if pending is None:
-            pending = self._pending[request_id] = _Pending([])
-        return pending
+    def _pend(self, request_id: str) -> RequestUpdate:
+        update = self._pending.get(request_id)
+        if update is None:
+            update = self._pending[request_id] = RequestUpdate(request_id)
+        return update
 
     def _close(self, request_id: str, terminal: Terminal, how: str) -> None:
         self._pend(request_id).terminal = terminal

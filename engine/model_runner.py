@@ -37,18 +37,24 @@ from engine.runner import (
     StepHandle,
 )
 from engine.sampling import SamplerOutput, sample
-from engine.sampling_batch import SamplingBatch, SeedSource
+from engine.sampling_batch import SamplingBatch, SamplingColumnsCache, SeedSource
 from engine.step_packer import PageTableCache, pack_step
 from kernels.attention.base import AttentionBackend
 
 
 def sample_rows(
-    rows: Sequence[BatchRow], logits: torch.Tensor | None, seeds: SeedSource, *, triton_draw: bool = False
+    rows: Sequence[BatchRow],
+    logits: torch.Tensor | None,
+    seeds: SeedSource,
+    *,
+    triton_draw: bool = False,
+    columns: SamplingColumnsCache | None = None,
 ) -> list[SampledToken | None]:
-    """Sample the rows with `sample` from `logits` (one row each, in order); None for the others."""
+    """Sample the rows with `sample` from `logits` (one row each, in order); None for the others.
+    `columns`: the sampling batch is packed through it (`SamplingBatch.of_step`)."""
     if logits is None:
         return [None] * len(rows)
-    params = SamplingBatch.of_step(rows, seeds)
+    params = SamplingBatch.of_step(rows, seeds, columns)
     picked = sample(logits, params.to(logits.device), params.plan, triton_draw=triton_draw)
     return _in_rows(picked.to_sampled_tokens(params.logprobs_requested), [row.sample for row in rows])
 
@@ -95,10 +101,18 @@ class PagedModelRunner:
         # The main stream's steps (eager, graphed, launched) pack their page tables from the last
         # one's; overlapped prefill's side forwards pack theirs whole.
         self._tables = PageTableCache()
+        # Likewise their sampling batches, from the last one's columns.
+        self._sampling_columns = SamplingColumnsCache()
 
     @torch.inference_mode()
     def execute(self, batch: StepBatch) -> list[SampledToken | None]:
-        return sample_rows(batch.rows, self.forward(batch), self.seeds, triton_draw=self.triton_draw)
+        return sample_rows(
+            batch.rows,
+            self.forward(batch),
+            self.seeds,
+            triton_draw=self.triton_draw,
+            columns=self._sampling_columns,
+        )
 
     @torch.inference_mode()
     def forward(self, batch: StepBatch) -> torch.Tensor | None:
@@ -151,18 +165,19 @@ class PagedModelRunner:
             self._inputs_queued = None
         slot, staging = self._staging.take()
         try:
-            fed = self._feeder(rows, feed, staging)
             graphs = self.graphs
             specs = self.model.kv.attention_specs
             if graphs is not None and graphs.accepts(rows):
                 bucket = graphs.bucket_for(len(rows))
                 assert bucket is not None
                 packed = pack_step(rows, specs, self.attention, bucket=bucket, table_cache=self._tables)
+                fed = self._feeder(rows, packed.cu_seqlens, feed, staging)
                 graphs.load(packed.pinned(staging), fed)
                 self._inputs_queued = _record_event(on_cuda)
                 logits: torch.Tensor | None = graphs.run(bucket, len(rows), replay=self.replay_graphs)
             else:
                 step = pack_step(rows, specs, self.attention, table_cache=self._tables)
+                fed = self._feeder(rows, step.cu_seqlens, feed, staging)
                 step = step.pinned(staging).to(device)
                 if fed is not None:
                     fed(step.input_ids)
@@ -173,7 +188,7 @@ class PagedModelRunner:
             device_tokens: torch.Tensor | None = None
             requested: tuple[int | None, ...] = ()
             if logits is not None:
-                params = SamplingBatch.of_step(rows, self.seeds)
+                params = SamplingBatch.of_step(rows, self.seeds, self._sampling_columns)
                 picked = sample(logits, params.to(device, staging), params.plan, triton_draw=self.triton_draw)
                 device_tokens = picked.token_ids
                 host = picked.to_host(staging)
@@ -189,40 +204,46 @@ class PagedModelRunner:
         return _LaunchedStep(self, rows, device_tokens, host, requested, finished)
 
     def _feeder(
-        self, rows: Sequence[BatchRow], feed: StepHandle | None, staging: HostStaging
+        self,
+        rows: Sequence[BatchRow],
+        cu_seqlens: tuple[int, ...] | None,
+        feed: StepHandle | None,
+        staging: HostStaging,
     ) -> Callable[[torch.Tensor], None] | None:
-        """What rewrites the packed token ids of rows fed from `feed` on the device, or None."""
-        # Every fed row's one token: its offset in the packed step, and the row of `feed` it is fed from.
-        fed: list[BatchRow] = []
-        targets: list[int] = []
-        feed_from: list[int] = []
-        offset = 0
-        for row in rows:
-            if row.feed_from is not None:
-                fed.append(row)
-                targets.append(offset)
-                feed_from.append(row.feed_from)
-            offset += len(row.token_ids)
+        """What rewrites the packed token ids of rows fed from `feed` on the device, or None.
+        `cu_seqlens`: the packed step's row boundaries (None: every row is one token, row i's at i)."""
+        fed = [i for i, row in enumerate(rows) if row.feed_from is not None]
         if not fed:
             return None
         if not isinstance(feed, _LaunchedStep) or feed.runner is not self:
             raise FeedError(
-                f"row of {fed[0].request_id!r} is fed from {type(feed).__name__}, not from a step "
+                f"row of {rows[fed[0]].request_id!r} is fed from {type(feed).__name__}, not from a step "
                 "this runner launched"
             )
-        sources = feed.sampled_indices(feed_from)
+        # A fed row is one token: it is rewritten at its row's offset in the packed step.
+        targets = fed if cu_seqlens is None else [cu_seqlens[i] for i in fed]
+        sources = feed.sampled_indices([row.feed_from for row in rows if row.feed_from is not None])
         if -1 in sources:
-            row = fed[sources.index(-1)]
+            row = rows[fed[sources.index(-1)]]
             raise FeedError(
                 f"row of {row.request_id!r}: feed_from={row.feed_from} names a row that sampled nothing"
             )
         assert feed.device_tokens is not None
         tokens = feed.device_tokens
+        count = len(targets)
+        if targets == sources and targets[-1] == count - 1:
+            # Rows 0..count-1 each fed from the same row of `feed` (a decode step whose rows are the
+            # last step's, in order: the common case): one slice copy, no index to stage and send.
+
+            def rewrite_leading(input_ids: torch.Tensor) -> None:
+                input_ids[:count].copy_(tokens[:count])
+
+            return rewrite_leading
         index = staging.stage("feed", torch.from_numpy(np.array([targets, sources], dtype=np.int64)))
-        index = index.to(self.model.device, non_blocking=True)
+        target_index, source_index = index.to(self.model.device, non_blocking=True).unbind(0)
 
         def rewrite(input_ids: torch.Tensor) -> None:
-            input_ids.index_copy_(0, index[0], tokens.index_select(0, index[1]))
+            input_ids.index_copy_(0, target_index, tokens.index_select(0, source_index))
 
         return rewrite
 
@@ -307,11 +328,13 @@ class _LaunchedStep:
         self.device_tokens = device_tokens
         self._samples = [r.sample for r in rows]
         # Row index -> index among the sampling rows (the sampler's row); -1 for a row that sampled
-        # nothing.
-        self._sampled_at = [
-            sampled - 1 if samples else -1
-            for samples, sampled in zip(self._samples, accumulate(self._samples), strict=True)
-        ]
+        # nothing. None when every row samples (a decode step): row i is the sampler's row i.
+        self._sampled_at: list[int] | None = None
+        if not all(self._samples):
+            self._sampled_at = [
+                sampled - 1 if samples else -1
+                for samples, sampled in zip(self._samples, accumulate(self._samples), strict=True)
+            ]
         self._host = host
         self._requested = logprobs_requested
         self._finished = finished
@@ -320,7 +343,10 @@ class _LaunchedStep:
         """The sampler's row of each of these rows of the step; -1 for a row that sampled nothing
         or is not in the step."""
         at = self._sampled_at
-        return [at[row] if 0 <= row < len(at) else -1 for row in rows]
+        n = len(self._samples)
+        if at is None:
+            return [row if 0 <= row < n else -1 for row in rows]
+        return [at[row] if 0 <= row < n else -1 for row in rows]
 
     def done(self) -> bool:
         return self._finished is None or bool(self._finished.query())

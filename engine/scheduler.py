@@ -86,6 +86,9 @@ class _Seq:
     # Prompt plus committed generated tokens; the last one is not yet computed while decoding.
     tokens: list[int]
     num_prompt: int
+    # The token count (prompt plus generated) that finishes it by length: the prompt plus
+    # max_tokens, or the model's context length if that comes first.
+    length_limit: int
     where: _Where = _Where.WAITING
     # Positions whose KV is written.
     num_computed: int = 0
@@ -279,7 +282,9 @@ class BatchScheduler:
 
     def submit(self, request: Request) -> None:
         self._ledger.open(request)
-        seq = _Seq(request, list(request.prompt_token_ids), len(request.prompt_token_ids))
+        num_prompt = len(request.prompt_token_ids)
+        length_limit = min(num_prompt + request.sampling.max_tokens, self._max_model_len)
+        seq = _Seq(request, list(request.prompt_token_ids), num_prompt, length_limit)
         self._seqs[request.request_id] = seq
         self._waiting.append(seq)
 
@@ -381,7 +386,7 @@ class BatchScheduler:
             # Scheduled first: the prefill pass then skips the step's decode rows at one lookup each.
             if id(seq) in scheduled or seq.decoding != decodes:
                 continue
-            if decodes and seq.pending and self._finishes_by_length(seq):
+            if decodes and seq.pending and len(seq.tokens) + seq.pending >= seq.length_limit:
                 continue  # the token in flight is its last: it finishes when that step is collected
             # A decode needs its one token and may preempt itself (it is then the newest). A
             # prefill chunk shrinks to what fits, and one that finds no page waits instead of
@@ -531,21 +536,12 @@ class BatchScheduler:
         if previous is not None:
             self._collect(previous)
 
-    def _finishes_by_length(self, seq: _Seq) -> bool:
-        """Whether the tokens in flight end the request on max_tokens or the context length."""
-        if not seq.pending:
-            return False
-        num_tokens = len(seq.tokens) + seq.pending
-        return (
-            num_tokens - seq.num_prompt >= seq.request.sampling.max_tokens
-            or num_tokens >= self._max_model_len
-        )
-
     def _launch_step(self, rows: list[BatchRow], seqs: list[_Seq], previous: _Launched | None) -> None:
         feed = previous.handle if previous is not None else None
         running_before = feed is not None and not feed.done()
         # If the launch raises, nothing it started is running (the runner's contract).
-        handle = launch_step(self._runner, StepBatch(tuple(rows)), feed)
+        batch = StepBatch(tuple(rows))
+        handle = launch_step(self._runner, batch, feed)
         fed_rows = 0
         for i, (seq, row) in enumerate(zip(seqs, rows, strict=True)):
             seq.launched_rows += 1
@@ -558,7 +554,7 @@ class BatchScheduler:
             if row.feed_from is not None:
                 fed_rows += 1
         self.async_stats.fed_rows += fed_rows
-        self._pending = _Launched(handle, seqs, tuple(rows))
+        self._pending = _Launched(handle, seqs, batch.rows)
         self.async_stats.launches += 1
         self.async_stats.launched_while_running += running_before
 
@@ -620,12 +616,14 @@ class BatchScheduler:
     def _take_free_pages(self, seq: _Seq, want: int) -> bool:
         """Release what a sliding window no longer sees, then give a running request pages for
         `want` more tokens if they are there or free; False (nothing taken) when they are not."""
+        kv = self.kv
         rid = seq.request.request_id
-        frontier = (
-            seq.num_computed if seq.inflight_start is None else min(seq.num_computed, seq.inflight_start)
-        )
-        self.kv.release_window(rid, frontier)
-        return self.kv.allocate(rid, seq.num_computed + want)
+        if kv.has_sliding_window:
+            frontier = (
+                seq.num_computed if seq.inflight_start is None else min(seq.num_computed, seq.inflight_start)
+            )
+            kv.release_window(rid, frontier)
+        return kv.allocate(rid, seq.num_computed + want)
 
     def _reserve(self, seq: _Seq, want: int, scheduled: set[int], may_preempt_self: bool) -> tuple[int, bool]:
         """Pages for up to `want` tokens of a running request whose pages `_take_free_pages` could
@@ -827,15 +825,14 @@ class BatchScheduler:
         if token in self._eos and not sampling.ignore_eos:
             self._finish(seq, FinishReason.STOP)
             return True
-        logprobs: list[TokenLogprob] | None = None
+        logprobs: tuple[TokenLogprob, ...] | None = None
         if sampling.logprobs is not None and sampled.logprob is not None:
-            logprobs = [sampled.logprob]
+            logprobs = (sampled.logprob,)
         self._ledger.commit(seq.request.request_id, (token,), logprobs)
         tokens = seq.tokens
         tokens.append(token)
         # Committed tokens only: under async scheduling a later step's token may be in flight.
-        num_tokens = len(tokens)
-        if num_tokens - seq.num_prompt >= sampling.max_tokens or num_tokens >= self._max_model_len:
+        if len(tokens) >= seq.length_limit:
             self._finish(seq, FinishReason.LENGTH)
             return True
         return False

@@ -81,6 +81,8 @@ class KVManager:
         self._hasher = PageHasher(model_id)
         self._requests: dict[str, _RequestKV] = {}
         self._sliding = [i for i, s in enumerate(specs) if s.sliding_window is not None]
+        # Whether `release_window` can release anything: a caller skips it per row when not.
+        self.has_sliding_window = bool(self._sliding)
 
     # -- facts ---------------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NoReturn
 
 import torch
 
@@ -41,6 +42,14 @@ class GroupBatch:
             raise ValueError(
                 f"GroupBatch: {n} q_lens, {len(self.kv_lens)} kv_lens, {len(self.page_tables)} tables"
             )
+        # Built once per KV group per step: the rows are checked in one plain pass (one chained
+        # comparison a row), and only a batch that fails is walked again to name its first bad row.
+        page_size = self.page_size
+        for q, kv, table in zip(self.q_lens, self.kv_lens, self.page_tables, strict=True):
+            if not 1 <= q <= kv <= len(table) * page_size:
+                self._refuse_first_bad_row()
+
+    def _refuse_first_bad_row(self) -> NoReturn:
         for i, (q, kv, table) in enumerate(zip(self.q_lens, self.kv_lens, self.page_tables, strict=True)):
             if not (1 <= q <= kv):
                 raise ValueError(f"GroupBatch: sequence {i} has q_len {q} and kv_len {kv}")
@@ -48,6 +57,7 @@ class GroupBatch:
                 raise ValueError(
                     f"GroupBatch: sequence {i} needs {kv} slots but its table has {len(table)} pages"
                 )
+        raise AssertionError("GroupBatch: a row failed the check, yet no row is named")
 
     @property
     def num_tokens(self) -> int:

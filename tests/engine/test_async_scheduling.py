@@ -543,3 +543,47 @@ def test_a_paged_runner_refuses_a_row_fed_from_a_step_it_did_not_launch(tiny_qwe
     with pytest.raises(FeedError, match="row of 'fed': feed_from=0 names a row that sampled nothing"):
         runner.launch_step(StepBatch((fed,)), mixed)
     assert runner.launch_step(StepBatch((replace(fed, feed_from=1),)), mixed).collect()[0] is not None
+
+
+def test_a_paged_runner_feeds_each_row_the_token_its_feed_row_sampled(tiny_qwen3: Path) -> None:
+    """Fed rows get exactly `feed`'s sampled token of row `feed_from`, at their offset in the packed
+    step: the leading rows fed from the same rows in order (one slice copy), and every other layout
+    (reordered, a subset, after a prefill chunk) through the index, are held to that definition."""
+    loaded = load_model(str(tiny_qwen3), ModelOptions(engine=EngineConfig(num_kv_pages=8), device="cpu"))
+    runner = loaded.scheduler.runner  # type: ignore[attr-defined]
+    pages = ((1,),) * len(runner.model.kv.attention_specs)
+    seen: list[list[int]] = []
+    forward = runner.model.forward
+
+    def recording_forward(step):  # type: ignore[no-untyped-def]
+        seen.append(step.input_ids.tolist())
+        return forward(step)
+
+    runner.model.forward = recording_forward
+    # Seeded random draws, so the three rows sample three different tokens.
+    first = tuple(
+        BatchRow(f"r{i}", (5 + i,), 0, pages, True, SamplingParams(temperature=1.0, seed=i), (5 + i,), 0)
+        for i in range(3)
+    )
+    launched = runner.launch_step(StepBatch(first), None)
+    sampled = [token.token_id for token in launched.collect()]
+    assert len(set(sampled)) == 3, sampled
+
+    def fed(i: int, feed_from: int) -> BatchRow:
+        return BatchRow(
+            f"r{i}", (FED_TOKEN,), 1, pages, True, SamplingParams(), (5 + i,), 1, feed_from=feed_from
+        )
+
+    prefill = BatchRow("p", (9, 10, 11), 0, pages, True, SamplingParams(), (9, 10, 11), 0)
+    layouts = {
+        "in order": ((fed(0, 0), fed(1, 1), fed(2, 2)), [sampled[0], sampled[1], sampled[2]]),
+        "leading subset": ((fed(0, 0), fed(1, 1)), [sampled[0], sampled[1]]),
+        "reordered": ((fed(0, 2), fed(1, 0), fed(2, 1)), [sampled[2], sampled[0], sampled[1]]),
+        "shifted": ((fed(1, 1), fed(2, 2)), [sampled[1], sampled[2]]),
+        "after a prefill chunk": ((prefill, fed(0, 0), fed(1, 1)), [9, 10, 11, sampled[0], sampled[1]]),
+        "beside a plain row": ((fed(0, 0), replace(first[1], start_pos=1)), [sampled[0], 6]),
+    }
+    for name, (rows, expected) in layouts.items():
+        seen.clear()
+        runner.launch_step(StepBatch(rows), launched).collect()
+        assert seen == [expected], name

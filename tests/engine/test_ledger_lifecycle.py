@@ -11,6 +11,7 @@ from engine.contract import (
     Rejected,
     RejectReason,
     Request,
+    RequestUpdate,
     TokenLogprob,
 )
 from engine.ledger import LifecycleError, RequestLedger
@@ -134,3 +135,28 @@ def test_reject_and_fail_terminals_are_emitted_once() -> None:
     terminals = {u.request_id: u.terminal for u in ledger.drain().updates}
     assert terminals == {"r": Rejected(RejectReason.CONTEXT_LENGTH, "too long"), "f": Failed("broken")}
     assert len(ledger) == 0
+
+
+def test_updates_come_in_first_fact_order_and_a_drained_update_never_changes() -> None:
+    ledger = _opened("a", "b", "c")
+    for rid in ("a", "b", "c"):
+        ledger.admit(rid, scheduled_time=1.0)
+    ledger.drain()
+    lp = TokenLogprob(2, -1.0)
+    ledger.commit("b", (1,))
+    ledger.commit("a", (2,), [lp])
+    ledger.finish("b", FinishReason.STOP)
+    ledger.record_cached("c", 16)
+    first = ledger.drain().updates
+    assert first == (
+        RequestUpdate("b", new_token_ids=(1,), terminal=Finished(FinishReason.STOP, 3, 1)),
+        RequestUpdate("a", new_token_ids=(2,), logprobs=(lp,)),
+        RequestUpdate("c", cached_tokens=16),
+    )
+    # The next step's facts start new updates: what was handed out stays as it was.
+    ledger.commit("a", (3,))
+    ledger.commit("a", (4,), [TokenLogprob(4, -2.0)])
+    (second,) = ledger.drain().updates
+    assert first[1] == RequestUpdate("a", new_token_ids=(2,), logprobs=(lp,))
+    # Log-probs cover the tokens committed with them (the first commit of this step had none).
+    assert second == RequestUpdate("a", new_token_ids=(3, 4), logprobs=(TokenLogprob(4, -2.0),))

@@ -10,7 +10,13 @@ import torch
 from engine.contract import SamplingParams
 from engine.runner import BatchRow
 from engine.sampling import sample
-from engine.sampling_batch import RowSampling, SamplingBatch, SamplingPlan, SeedSource
+from engine.sampling_batch import (
+    RowSampling,
+    SamplingBatch,
+    SamplingColumnsCache,
+    SamplingPlan,
+    SeedSource,
+)
 
 
 def test_pack_lays_out_rows_and_plans_the_cheapest_pass() -> None:
@@ -110,3 +116,52 @@ def test_of_step_refuses_a_step_with_no_sampling_row_or_a_negative_step() -> Non
     negative = replace(rows[0], num_generated=-1)
     with pytest.raises(ValueError, match="step=-1"):
         SamplingBatch.of_step([negative], SeedSource())
+
+
+def _assert_same_batch(got: SamplingBatch, want: SamplingBatch) -> None:
+    assert torch.equal(got.floats, want.floats) and got.floats.dtype == want.floats.dtype
+    assert torch.equal(got.ints, want.ints) and got.ints.dtype == want.ints.dtype
+    assert got.logprobs_requested == want.logprobs_requested
+    assert got.plan == want.plan
+
+
+def test_of_step_through_a_columns_cache_is_of_step_without_it() -> None:
+    """Step after step through one cache, each batch equals the uncached one: the same rows again
+    (reused, new step column), and every change a reuse must notice."""
+    seeds = SeedSource()
+    rows = _step_rows()
+    later = [replace(r, num_generated=r.num_generated + 1) for r in rows]
+    # A request replaced by another id with the same (unseeded, random) parameters: another seed.
+    renamed = [replace(r, request_id="other") if i == 8 else r for i, r in enumerate(later)]
+    # Equal parameters in new objects (as a tensor-parallel worker unpickles them): reusable.
+    copied = [replace(r, sampling=replace(r.sampling)) for r in later]
+    retuned = [
+        replace(r, sampling=replace(r.sampling, temperature=0.3)) if i == 1 else r
+        for i, r in enumerate(later)
+    ]
+    steps = {
+        "first": (rows, seeds),
+        "same rows, one more token": (later, seeds),
+        "same rows again": (later, seeds),
+        "another request id": (renamed, seeds),
+        "reordered": (later[::-1], seeds),
+        "a row left": (later[1:], seeds),
+        "a row that no longer samples": ([replace(later[0], sample=False), *later[1:]], seeds),
+        "equal parameters, new objects": (copied, seeds),
+        "changed parameters": (retuned, seeds),
+        "another seed source": (retuned, SeedSource()),
+    }
+    columns = SamplingColumnsCache()
+    handed_out = []
+    for name, (step_rows, step_seeds) in steps.items():
+        got = SamplingBatch.of_step(step_rows, step_seeds, columns)
+        want = SamplingBatch.of_step(step_rows, step_seeds)
+        try:
+            _assert_same_batch(got, want)
+        except AssertionError as error:
+            raise AssertionError(name) from error
+        handed_out.append((got, want))
+        # A batch handed out is the caller's: writing into it changes no later batch.
+        got.floats.fill_(-1.0)
+        got.ints.fill_(-1)
+    assert len({id(got.ints) for got, _ in handed_out}) == len(steps)

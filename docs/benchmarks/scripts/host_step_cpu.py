@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python3 docs/benchmarks/scripts/host_step_cpu.py CKPT [--batch-sizes 1,8,64,256]
         [--runs 5] [--steps 20] [--context 512] [--profile-batch 64] [--top 25]
+        [--phases 64,256]
 
 CKPT is a Qwen3 checkpoint (`infer synth qwen3 --preset tiny --out DIR`). For each batch size B and
 each mode (synchronous, `--async-scheduling`) it loads the model on the CPU, replaces the model's
@@ -11,6 +12,11 @@ EOS), prefills B requests of `--context` random tokens, warms 3 steps, and times
 accounting, packing the step's tensors, the torch attention backend's plan, packing the sampling
 batch, sampling zero logits, the ledger. It reports the median over runs of each run's mean µs per
 step, then cProfile's top functions (by self time) over `steps` steps at `--profile-batch`.
+
+`--phases B,...` instead times the phases of a step at each batch size B, both modes: timers
+wrapped around the engine's functions by name (each adds about 1 µs a call, so the per-call phases
+of a step's loop are not wrapped), mean µs per step over 3 × 60 steps, the set with the least
+total. Phases nest (see `_PHASES`).
 
 CPU figures only: they rank host costs against each other and before/after a change; the GPU's
 host gaps (docs/benchmarks/qwen3.md) are measured with docs/benchmarks/scripts/host_profile.py.
@@ -23,6 +29,7 @@ import cProfile
 import pstats
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -67,6 +74,62 @@ def _time_steps(scheduler: BatchScheduler, steps: int) -> float:
     return (time.perf_counter() - start) / steps * 1e6
 
 
+# (owner module, attribute path, label): the phases `--phases` times. Under async scheduling the
+# launch contains packing, the sampling batch and sampling, and the collect contains the sampled
+# tokens and the landing; in a synchronous step they run inside the runner's `execute`.
+_PHASES = (
+    ("engine.scheduler", "BatchScheduler._schedule", "scheduling"),
+    ("engine.scheduler", "BatchScheduler._launch_step", "launch (async)"),
+    ("engine.model_runner", "pack_step", "packing and attention plan"),
+    ("engine.sampling_batch", "SamplingBatch.of_step", "sampling batch"),
+    ("engine.model_runner", "sample", "sampling (argmax of zeros, mostly)"),
+    ("engine.scheduler", "BatchScheduler._collect", "collect (async)"),
+    ("engine.model_runner", "_LaunchedStep.collect", "sampled tokens (async)"),
+    ("engine.scheduler", "BatchScheduler._land", "landing (async)"),
+    ("engine.scheduler", "BatchScheduler._apply", "applying the tokens (sync)"),
+    ("engine.ledger", "RequestLedger.drain", "ledger drain"),
+)
+
+
+def _time_phases(scheduler: BatchScheduler, steps: int) -> dict[str, float]:
+    """Mean µs per step of each phase, with timers wrapped around the functions `_PHASES` names."""
+    import importlib
+
+    spent: dict[str, float] = {}
+    undo = []
+    for module_name, path, label in _PHASES:
+        owner: object = importlib.import_module(module_name)
+        *outer, name = path.split(".")
+        for part in outer:
+            owner = getattr(owner, part)
+        original = getattr(owner, name, None)
+        if original is None:
+            continue
+
+        def timed(
+            *args: object, _original: Callable[..., object] = original, _label: str = label, **kwargs: object
+        ) -> object:
+            start = time.perf_counter()
+            try:
+                return _original(*args, **kwargs)
+            finally:
+                spent[_label] = spent.get(_label, 0.0) + time.perf_counter() - start
+
+        setattr(owner, name, timed)
+        undo.append((owner, name, original))
+    best: dict[str, float] = {}
+    try:
+        for _ in range(3):
+            spent.clear()
+            total = _time_steps(scheduler, steps)
+            if not best or total < best["step"]:
+                best = {"step": total, **{k: v / steps * 1e6 for k, v in spent.items()}}
+    finally:
+        for owner, name, original in undo:
+            setattr(owner, name, original)
+    return best
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -78,6 +141,7 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--profile-batch", type=int, default=64)
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--phases", default=None, help="batch sizes whose step phases are timed instead")
     args = parser.parse_args()
     batches = [int(b) for b in args.batch_sizes.split(",")]
     # Every timed step must be a decode step of every request: none may finish meanwhile.
@@ -87,6 +151,20 @@ def main() -> None:
             f"--context {args.context} is too short for {total_steps} decode steps (max_tokens=context)"
         )
     torch.set_grad_enabled(False)
+
+    if args.phases is not None:
+        phase_steps = 60
+        for batch in [int(b) for b in args.phases.split(",")]:
+            for asynchronous in (False, True):
+                # 3 timed sets of `phase_steps` after the warm steps: room for them in the context.
+                scheduler = _scheduler(args.checkpoint, batch, args.context, 4 * phase_steps, asynchronous)
+                phases = _time_phases(scheduler, phase_steps)
+                mode = "async" if asynchronous else "sync"
+                print(f"\nbatch {batch}, {mode}: µs per step (timers included) {phases.pop('step'):.0f}")
+                for _, _, label in _PHASES:
+                    if label in phases:
+                        print(f"  {label:<40} {phases[label]:>8.0f}")
+        return
 
     print(f"host µs per decode step (forward stubbed), median of {args.runs} runs x {args.steps} steps")
     print(f"{'batch':>6} {'sync':>10} {'async':>10}")
