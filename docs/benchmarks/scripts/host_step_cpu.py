@@ -51,6 +51,8 @@ def _scheduler(ckpt: str, batch: int, context: int, steps: int, asynchronous: bo
     )
     loaded = load_model(ckpt, ModelOptions(engine=config, device="cpu"))
     scheduler = loaded.scheduler
+    if not isinstance(scheduler, BatchScheduler):
+        raise SystemExit(f"{ckpt}: {type(scheduler).__name__} is not a paged model's scheduler")
     model = scheduler.runner.model  # type: ignore[attr-defined]
     hidden, vocab = model.config.hidden_size, model.config.vocab_size
     model.forward = lambda step: torch.zeros(step.sample_index.shape[0], hidden)
