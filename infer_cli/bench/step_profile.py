@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -72,6 +73,19 @@ class StepBreakdown:
 
     def category_ms(self, category: str) -> float:
         return dict(self.by_category).get(category, 0.0)
+
+    @classmethod
+    def from_saved(cls, saved: Mapping[str, Any]) -> StepBreakdown:
+        """The breakdown as `infer bench latency --save-result` wrote it (`asdict`, plus the gap).
+        A missing field raises KeyError, a malformed one TypeError or ValueError."""
+        return cls(
+            steps=int(saved["steps"]),
+            host_ms=float(saved["host_ms"]),
+            busy_ms=float(saved["busy_ms"]),
+            kernels_per_step=float(saved["kernels_per_step"]),
+            by_category=tuple((str(name), float(ms)) for name, ms in saved["by_category"]),
+            top=tuple((str(name), float(ms)) for name, ms in saved["top"]),
+        )
 
 
 def union_us(kernels: Iterable[Kernel]) -> float:

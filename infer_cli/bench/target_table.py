@@ -15,6 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from infer_cli.bench.step_profile import StepBreakdown
+
 # Issue #18's targets (docs/benchmarks/qwen3.md, gemma4.md): % of floor per decode batch, and of the
 # matmul floor per prefill length; the same for Qwen3-4B and Gemma 4 12B.
 DECODE_TARGETS = {1: 85.0, 8: 80.0, 64: 70.0}
@@ -26,20 +28,13 @@ class ResultFileError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class Breakdown:
-    busy_ms: float
-    host_gap_ms: float
-    kernels_per_step: float
-
-
-@dataclass(frozen=True, slots=True)
 class Cell:
     """One measurement: the whole step's ms, its floor and, for decode, the stream-rate floor."""
 
     ms: float
     floor_ms: float
     stream_floor_ms: float | None
-    breakdown: Breakdown | None
+    breakdown: StepBreakdown | None
     allocator: Mapping[str, int] | None
 
     @property
@@ -90,13 +85,14 @@ def _number(data: Mapping[str, object], key: str, path: Path) -> float:
     return float(value)
 
 
-def _breakdown(row: Mapping[str, object], path: Path) -> Breakdown | None:
-    b = row.get("breakdown")
-    if not isinstance(b, dict):
+def _breakdown(row: Mapping[str, object], path: Path) -> StepBreakdown | None:
+    saved = row.get("breakdown")
+    if not isinstance(saved, dict):
         return None
-    return Breakdown(
-        _number(b, "busy_ms", path), _number(b, "host_gap_ms", path), _number(b, "kernels_per_step", path)
-    )
+    try:
+        return StepBreakdown.from_saved(saved)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ResultFileError(f"{path}: a breakdown that cannot be read ({exc!r})") from None
 
 
 def load_latency_run(path: Path, label: str | None = None, policy: str = "tuned") -> LatencyRun:

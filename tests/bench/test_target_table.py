@@ -29,6 +29,13 @@ def test_each_cell_is_the_bench_own_percent_of_floor() -> None:
         assert run.cells[Column("decode", row["batch"])].pct == pytest.approx(row["pct_of_floor"])
     for row in saved["prefill"]:
         assert run.cells[Column("prefill", row["tokens"])].pct == pytest.approx(row["pct_of_floor"])
+    # The breakdown read back is the one the bench wrote (its saved host gap included).
+    for row in saved["decode"] + saved["prefill"]:
+        key = Column("decode", row["batch"]) if "batch" in row else Column("prefill", row["tokens"])
+        breakdown = run.cells[key].breakdown
+        assert breakdown is not None
+        assert breakdown.host_gap_ms == pytest.approx(row["breakdown"]["host_gap_ms"])
+        assert dict(breakdown.by_category) == dict(map(tuple, row["breakdown"]["by_category"]))
 
 
 def test_table_rows_targets_vllm_ratio_and_met(tmp_path: Path) -> None:
@@ -58,6 +65,12 @@ def test_refuses_files_it_cannot_read_by_name(tmp_path: Path) -> None:
         load_latency_run(F348, policy="invariant")
     with pytest.raises(ResultFileError, match=r"other\.json: no 'rows' list"):
         load_vllm_decode(not_latency)
+    saved = json.loads(F348.read_text())
+    del saved["decode"][0]["breakdown"]["busy_ms"]
+    damaged = tmp_path / "damaged.json"
+    damaged.write_text(json.dumps(saved))
+    with pytest.raises(ResultFileError, match=r"damaged\.json: a breakdown that cannot be read .*busy_ms"):
+        load_latency_run(damaged)
 
 
 def test_command_prints_markdown_with_labels(tmp_path: Path) -> None:
