@@ -40,10 +40,16 @@ def pick_dtype(options: ModelOptions, device: torch.device) -> torch.dtype:
     return _DTYPES[options.dtype]
 
 
+# FlashInfer builds its attention kernels for these storage dtypes only (its JIT has no fp32 variant).
+FLASHINFER_DTYPES = (torch.bfloat16, torch.float16)
+
+
 def pick_attention(
     options: ModelOptions, device: torch.device, dtype: torch.dtype, max_pages_per_seq: int
 ) -> AttentionBackend:
-    name = options.attention_backend or ("flashinfer" if device.type == "cuda" else "torch")
+    """`--attention-backend`, or by default FlashInfer on CUDA in bf16/fp16 and torch otherwise."""
+    flashinfer_default = device.type == "cuda" and dtype in FLASHINFER_DTYPES
+    name = options.attention_backend or ("flashinfer" if flashinfer_default else "torch")
     if name == "torch":
         return TorchAttention()
     if name == "flashinfer":
@@ -58,6 +64,11 @@ def pick_attention(
 def _flashinfer(
     options: ModelOptions, device: torch.device, dtype: torch.dtype, max_pages_per_seq: int
 ) -> AttentionBackend:
+    if dtype not in FLASHINFER_DTYPES:
+        raise ModelLoadError(
+            f"--attention-backend flashinfer with dtype {dtype}: FlashInfer's kernels take bfloat16 and "
+            "float16 only (torch or triton attention run float32)"
+        )
     try:
         from kernels.attention.flashinfer_backend import FlashInferAttention
     except ImportError as exc:
@@ -74,8 +85,8 @@ def _flashinfer(
 def _triton(
     options: ModelOptions, device: torch.device, dtype: torch.dtype, max_pages_per_seq: int
 ) -> AttentionBackend:
-    """The split-KV Triton decode kernel, prefill steps by FlashInfer on CUDA (the torch backend
-    where FlashInfer is not installed, or on a CPU under the Triton interpreter)."""
+    """The split-KV Triton decode kernel, prefill steps by FlashInfer on CUDA in bf16/fp16 (the torch
+    backend in fp32, where FlashInfer is not installed, or on a CPU under the Triton interpreter)."""
     from kernels.attention.triton_decode_backend import TritonDecodeAttention
     from kernels.triton.storage import interpreted
 
@@ -84,7 +95,11 @@ def _triton(
             f"--attention-backend triton on {device}: the Triton kernel needs a CUDA device "
             "(or TRITON_INTERPRET=1, the interpreter, for tests)"
         )
-    with_flashinfer = device.type == "cuda" and importlib.util.find_spec("flashinfer") is not None
+    with_flashinfer = (
+        device.type == "cuda"
+        and dtype in FLASHINFER_DTYPES
+        and importlib.util.find_spec("flashinfer") is not None
+    )
     inner = _flashinfer(options, device, dtype, max_pages_per_seq) if with_flashinfer else TorchAttention()
     return TritonDecodeAttention(
         inner, device, dtype, max_pages_per_seq, max_rows=options.engine.max_num_seqs

@@ -174,3 +174,27 @@ def test_one_group_planned_at_two_head_dims_uses_a_wrapper_per_head_dim(
         backend.plan(0, decode, layer)
         backend.plan(0, decode, layer, graph_bucket=2)
     assert [kind for kind, _ in plans if "run" not in kind].count("graph-decode") == 3
+
+
+def test_float32_on_cuda_takes_torch_attention_and_refuses_flashinfer_by_name() -> None:
+    """FlashInfer has no fp32 kernels (its JIT raised a bare KeyError on the H100, 2026-12-05): an
+    fp32 model on CUDA gets the torch backend by default, and asking for FlashInfer names why not."""
+    from kernels.attention.torch_backend import TorchAttention
+    from models import device_choice
+    from models.registry import ModelLoadError
+
+    class _CudaLike:
+        type = "cuda"
+
+    cuda = _CudaLike()
+    backend = device_choice.pick_attention(ModelOptions(), cuda, torch.float32, 8)  # type: ignore[arg-type]
+    assert isinstance(backend, TorchAttention)
+    with pytest.raises(
+        ModelLoadError, match=r"flashinfer with dtype torch\.float32: .*bfloat16 and float16 only"
+    ):
+        device_choice.pick_attention(
+            ModelOptions(attention_backend="flashinfer"),
+            cuda,  # type: ignore[arg-type]
+            torch.float32,
+            8,
+        )

@@ -213,10 +213,12 @@ qwen3-decode-variants() {
       --save-result $work/qwen3-4b-latency-$name.json
   done
 }
+# NAME|FLAGS words, as DECODE_VARIANTS (unquoted where they are used, so the words split).
+GEMMA4_VARIANTS=${GEMMA4_VARIANTS:-"default| fused|--decode-fusion all|--decode-fusion,--async-scheduling"}
 gemma4-decode-variants() {  # the same for Gemma 4 12B (fused steps where its line takes the seam)
   synth_g4
   local variant
-  for variant in ${GEMMA4_VARIANTS:-"default| fused|--decode-fusion all|--decode-fusion,--async-scheduling"}; do
+  for variant in $GEMMA4_VARIANTS; do
     local name=${variant%%|*} flags=${variant#*|}
     echo "== $name: ${flags//,/ }"
     infer bench latency --model $g4 ${flags//,/ } --batch-sizes 1,8,64 --prefill-lens 1024 --breakdown \
@@ -250,11 +252,14 @@ vllm-gemma4() {  # vLLM 0.24's decode step on the synthetic Gemma 4 12B. The ima
   # (5.15+) moves `global_head_dim` into `per_layer_config`, whose `head_dim` vLLM 0.24 cannot read;
   # 5.14 keeps the published spelling. Stage it once on the CPU machine (vLLM's process only):
   #   pip download --no-deps transformers==5.14.0 -d .whl-deps/vllm-gemma4
-  # and copy it to /tmp/parts in the call that carries .whl-deps (`cp .whl-deps/vllm-gemma4/*.whl /tmp/parts/`).
+  # with the tokenizers it accepts (<= 0.23.0; the image has 0.23.2, refused at import on 2026-12-05):
+  #   pip download --no-deps --only-binary=:all: --platform manylinux_2_17_x86_64 --python-version 3.12 \
+  #     tokenizers==0.22.2 -d .whl-deps/vllm-gemma4
+  # and copy them to /tmp/parts in the call that carries .whl-deps (`cp .whl-deps/vllm-gemma4/*.whl /tmp/parts/`).
   synth_g4
-  local tf=$parts/transformers-5.14.0-py3-none-any.whl
-  [ -f $tf ] || { echo "transformers 5.14 not staged at $tf"; return 1; }
-  [ -d /tmp/vsite-tf ] || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/vsite-tf $tf
+  local tf=$parts/transformers-5.14.0-py3-none-any.whl tok=$(ls $parts/tokenizers-0.22.*.whl 2>/dev/null | head -1)
+  [ -f $tf ] && [ -n "$tok" ] || { echo "transformers 5.14 or tokenizers 0.22 not staged in $parts"; return 1; }
+  [ -d /tmp/vsite-tf ] || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/vsite-tf $tf $tok
   [ -f /tmp/vsite/vllm/__init__.py ] || { echo "vLLM is not staged (.vllm/part1..5 not carried)"; return 1; }
   PYTHONPATH=/tmp/vsite-tf:/tmp/vsite HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_DO_NOT_TRACK=1 \
     DO_NOT_TRACK=1 VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 \
@@ -278,7 +283,8 @@ vllm-qwen35() {  # issue 19's vLLM row: vLLM 0.24 serves Qwen3.5 only in its pub
   [ -f /tmp/vsite/vllm/__init__.py ] || { echo "vLLM is not staged (.vllm/part1..5 not carried)"; return 1; }
   PYTHONPATH=/tmp/vsite HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_DO_NOT_TRACK=1 \
     DO_NOT_TRACK=1 VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 \
-    python3 docs/benchmarks/scripts/vllm_decode.py $q35p --language-model-only --batch-sizes 1,8,64 \
+    python3 docs/benchmarks/scripts/vllm_decode.py $q35p --language-model-only --gdn-prefill-backend triton \
+    --batch-sizes 1,8,64 \
     --save $work/vllm-qwen35-4b.json
 }
 kernels() {

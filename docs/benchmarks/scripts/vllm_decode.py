@@ -30,6 +30,9 @@ def main() -> None:
     # A multimodal checkpoint (Qwen3.5's published form): every modality limit 0, so vLLM builds
     # no vision tower and profiles no encoder; the decode measured is the language model's.
     parser.add_argument("--language-model-only", action="store_true")
+    # Qwen3.5: vLLM 0.24 takes FlashInfer's GDN prefill on sm_90 unless told otherwise, and the
+    # staging carries no FlashInfer for vLLM (it failed there on 2026-12-05); "triton" is its own.
+    parser.add_argument("--gdn-prefill-backend", choices=("auto", "triton", "flashinfer"))
     args = parser.parse_args()
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
 
@@ -46,6 +49,11 @@ def main() -> None:
         max_num_seqs=max(batch_sizes),
         max_num_batched_tokens=32768,
         **({"language_model_only": True} if args.language_model_only else {}),
+        **(
+            {"additional_config": {"gdn_prefill_backend": args.gdn_prefill_backend}}
+            if args.gdn_prefill_backend
+            else {}
+        ),
     )
     start_s = time.perf_counter() - started
     vocab = llm.get_tokenizer().vocab_size
@@ -87,6 +95,7 @@ def main() -> None:
                 "iters": args.iters,
                 "engine_start_s": start_s,
                 "language_model_only": args.language_model_only,
+                "gdn_prefill_backend": args.gdn_prefill_backend,
                 "rows": rows,
             },
             f,
