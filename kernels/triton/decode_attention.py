@@ -70,7 +70,6 @@ import triton.language as tl
 
 from kernels.attention.base import AttentionLayerSpec
 from kernels.kv_layout import PAGE_SIZE, check_pool_layer
-from kernels.triton.gated_act import _exp
 from kernels.triton.prep_kernel import _round_to_storage
 from kernels.triton.storage import STORAGE_TYPES, interpreted, pdl_supported
 
@@ -200,7 +199,6 @@ def _decode_attention_split_kernel(
     PAGE: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
     PDL: tl.constexpr,
-    LIBDEVICE_EXP: tl.constexpr,
 ):
     row = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -245,8 +243,8 @@ def _decode_attention_split_kernel(
                 scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
                 scores = tl.where(ok[None, :], scores, float("-inf"))
                 m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-                alpha = _exp(m_i - m_new, LIBDEVICE_EXP)
-                p = _exp(scores - m_new[:, None], LIBDEVICE_EXP)
+                alpha = tl.exp(m_i - m_new)
+                p = tl.exp(scores - m_new[:, None])
                 l_i = l_i * alpha + tl.sum(p, axis=1)
                 acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
                 m_i = m_new
@@ -274,7 +272,6 @@ def _decode_attention_merge_kernel(
     HAS_WINDOW: tl.constexpr,
     STORAGE: tl.constexpr,
     PDL: tl.constexpr,
-    LIBDEVICE_EXP: tl.constexpr,
 ):
     row = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -306,7 +303,7 @@ def _decode_attention_merge_kernel(
         a_j = tl.load(
             acc_ptr + (part * GROUP + g)[:, None] * HEAD_DIM + d[None, :], mask=g_ok[:, None], other=0.0
         )
-        w = _exp(m_j - big_m, LIBDEVICE_EXP)
+        w = tl.exp(m_j - big_m)
         total = total + w * l_j
         acc = acc + w[:, None] * a_j
     total = tl.where(g_ok, total, 1.0)
@@ -316,15 +313,6 @@ def _decode_attention_merge_kernel(
 
 
 # ---------------------------------------------------------------------------------------- launcher
-
-
-def uses_libdevice_exp(dtype: torch.dtype) -> bool:
-    """Whether a GPU launch over `dtype` storage takes libdevice's `exp` (CUDA's `expf`, within 2 ulp
-    over its whole range) rather than `tl.exp` (`ex2.approx` of `x·log2(e)`, whose error grows with
-    |x|). fp32 storage: its error bound is a few fp32 ulps of the spec's own, which the hardware
-    exponential can exceed (docs/kernels.md, "Split-KV decode attention"); bf16 and fp16: the one
-    rounding to storage dominates either exponential, and `tl.exp` is the cheaper."""
-    return dtype == torch.float32
 
 
 def check_decode(
@@ -393,7 +381,6 @@ def decode_attention(
     *,
     scratch: DecodeScratch | None = None,
     out: torch.Tensor | None = None,
-    libdevice_exp: bool | None = None,
 ) -> torch.Tensor:
     """Attention of q `[rows, num_heads, head_dim]` (row i: one query at position `kv_lens[i] - 1`)
     over the row's `kv_lens[i]` positions on pages `page_table[i]` of `pool_layer`. Returns
@@ -401,8 +388,7 @@ def decode_attention(
 
     `page_table` int32 `[≥ rows, pages]` and `kv_lens` int32 `[≥ rows]` live on q's device; only
     their first `rows` rows are read. Host work is metadata only: no synchronisation, and with
-    `scratch` and `out` given no allocation (CUDA-graph safe). `libdevice_exp`: which exponential a
-    GPU runs (`uses_libdevice_exp` when None); the interpreter's is always numpy's."""
+    `scratch` and `out` given no allocation (CUDA-graph safe)."""
     check_decode(q, pool_layer, page_table, kv_lens, layer, scratch)
     geometry = DecodeGeometry.of(layer)
     rows = q.shape[0]
@@ -427,8 +413,6 @@ def decode_attention(
         PROGRAMS=PROGRAMS_PER_HEAD,
         HAS_WINDOW=layer.window is not None,
         PDL=pdl,
-        LIBDEVICE_EXP=(uses_libdevice_exp(q.dtype) if libdevice_exp is None else libdevice_exp)
-        and not interpreted(),
     )
     # No FMA contraction: the spec multiplies and adds separately (as in every kernel here).
     launch: dict[str, object] = {"num_warps": NUM_WARPS, "enable_fp_fusion": False}

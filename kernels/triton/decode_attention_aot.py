@@ -24,7 +24,6 @@ from kernels.triton.decode_attention import (
     DecodeGeometry,
     _decode_attention_merge_kernel,
     _decode_attention_split_kernel,
-    uses_libdevice_exp,
 )
 from kernels.triton.offline import compile_offline, run_compile_check
 from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted
@@ -90,7 +89,6 @@ def compile_variant(
         "PROGRAMS": PROGRAMS_PER_HEAD,
         "HAS_WINDOW": layer.window is not None,
         "PDL": pdl,
-        "LIBDEVICE_EXP": uses_libdevice_exp(dtype),
     }
     # Pool strides are multiples of 16 elements at every serving geometry; q's row and head
     # strides too (q is dense, or a view of a fused QKV projection whose widths are).

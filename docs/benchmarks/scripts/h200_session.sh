@@ -37,7 +37,7 @@
 # beside them; the one qwen3 gate the decode-path run did not finish; Gemma 4 with vLLM given
 # transformers 5.14): after the .whl-fi call, the .whl-deps call runs
 #   mkdir -p /tmp/parts && cp .whl-deps/vllm-gemma4/*.whl /tmp/parts/ && SYNTH_AHEAD=0 WAIT_S=3 \
-#   GATE_SELECT="--gate qwen3.graph_memory_is_reserved" PIPELINE="qwen35-9b-parity+decode-tests,attn-exp-probe \
+#   GATE_SELECT="--gate qwen3.graph_memory_is_reserved" PIPELINE="qwen35-9b-parity+decode-tests \
 #   qwen3-decode-variants vllm-qwen3 gemma4-decode-variants vllm-gemma4 qwen3-gates-decode-path qwen35-decode-fused \
 #   host-profile vllm-qwen35" \
 #   STAGE=all bash docs/benchmarks/scripts/h200_session.sh
@@ -178,9 +178,6 @@ decode-paths() {  # where a served decode parts from a teacher-forced prefill, p
 attn-triton() { attn-triton-tests; attn-triton-latency; }  # the split-KV Triton decode attention
 attn-triton-tests() {
   python3 -m pytest -q -s --tb=short tests/kernels/test_decode_attention.py tests/kernels/test_triton_decode_backend.py
-}
-attn-exp-probe() {  # the fp32 split-KV case over its bound at 9c95829: error with tl.exp and libdevice exp
-  python3 docs/benchmarks/scripts/decode_attention_exp.py --save $work/decode-attention-exp.json
 }
 attn-triton-latency() {  # Qwen3-4B with it, beside qwen3-latency (FlashInfer) at the same commit
   synth_q3
@@ -443,7 +440,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-exp-probe | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused)
+  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
