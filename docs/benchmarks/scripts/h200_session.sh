@@ -33,19 +33,20 @@
 #   PIPELINE="decode-tests sampler-timing gemm-qwen3 qwen3-decode-variants host-profile-async gemma4-decode-variants
 #             qwen3-gates vllm-qwen3" STAGE=all ...
 # then the qwen3 and gemma4 manifests with the flags the variants showed best, before flipping a default.
-# The next stretch, as prepared (the 9B parity gate closes issue 19; the Qwen3 decode paths timed, vLLM
-# beside them; the one qwen3 gate the decode-path run did not finish; Gemma 4 with vLLM given
-# transformers 5.14): after the .whl-fi call, the .whl-deps call runs
+# The next stretch, as prepared (2026-12-05, after the H100 run at 51e18f3): the default kernels with
+# async scheduling against vLLM in one session (the likely first "faster than vLLM"), Gemma 4 with
+# vLLM given transformers 5.14 + tokenizers 0.22, Qwen3.5 beside vLLM (published form, Triton GDN
+# prefill), the host profile, and the 9B parity gate (closes issue 19; ~4 min, alone, an H200: its
+# fp32 and bf16 references and the served model may not fit 78 GiB). After the .whl-fi call, the
+# .whl-deps call runs
 #   mkdir -p /tmp/parts && cp .whl-deps/vllm-gemma4/*.whl /tmp/parts/ && SYNTH_AHEAD=0 WAIT_S=3 \
-#   GATE_SELECT="--gate qwen3.graph_memory_is_reserved" PIPELINE="qwen35-9b-parity+decode-tests \
-#   qwen3-decode-variants vllm-qwen3 gemma4-decode-variants vllm-gemma4 qwen3-gates-decode-path qwen35-decode-fused \
-#   host-profile vllm-qwen35" \
-#   STAGE=all bash docs/benchmarks/scripts/h200_session.sh
+#   PIPELINE="qwen3-decode-variants vllm-qwen3 gemma4-decode-variants vllm-gemma4 vllm-qwen35 \
+#   host-profile-async qwen35-9b-parity" STAGE=all bash docs/benchmarks/scripts/h200_session.sh
 # then the five .vllm/partN calls (the last as `VSTAGE_EXTRAS=1 bash .vllm/part5/stage.sh 5 last`: vLLM's
 # Qwen3.5 code needs the extras), then STAGE=wait calls back to back.
 # Back here, the runs.tgz reports make the pages' target tables, e.g. (from the unpacked folder)
-#   infer bench table default=qwen3-4b-latency-default.json fused=qwen3-4b-latency-fused.json \
-#     all=qwen3-4b-latency-all.json --vllm vllm-qwen3-4b.json --markdown
+#   infer bench table default=qwen3-4b-latency-default.json async=qwen3-4b-latency-async.json \
+#     --vllm vllm-qwen3-4b.json --markdown
 # A step that fails does not stop the ones after it. Single steps can still be run by name
 # (STAGE=gemma4-gates, STAGE=buckets, ...), in the foreground.
 set -uo pipefail
@@ -197,9 +198,12 @@ gemm-qwen3() {  # cuBLAS / skinny / fused GEMV / fused MMA per Qwen3-4B projecti
     --save-result $work/gemm-qwen3-4b.json --save-dispatch $work/skinny-dispatch-qwen3-4b.json
 }
 # Qwen3-4B decode per path, one model load each (issue 18). NAME|FLAGS; the first is the default.
-DECODE_VARIANTS=${DECODE_VARIANTS:-"default| fused|--decode-fusion fused-triton|--decode-fusion,--attention-backend=triton
-  all|--decode-fusion,--attention-backend=triton,--async-scheduling
-  all-sampled|--decode-fusion,--attention-backend=triton,--async-scheduling,--sampling-backend=triton,--temperature=1.0"}
+# On an H100 at 51e18f3 the fused kernels and the Triton attention were slower than the default and
+# async scheduling hid the whole host gap, so the default kernels with async scheduling come second.
+DECODE_VARIANTS=${DECODE_VARIANTS:-"default| async|--async-scheduling
+  async-sampled|--async-scheduling,--sampling-backend=triton,--temperature=1.0 fused|--decode-fusion
+  fused-triton|--decode-fusion,--attention-backend=triton
+  all|--decode-fusion,--attention-backend=triton,--async-scheduling"}
 qwen3-decode-variants() {
   synth_q3
   local variant
@@ -211,7 +215,7 @@ qwen3-decode-variants() {
   done
 }
 # NAME|FLAGS words, as DECODE_VARIANTS (unquoted where they are used, so the words split).
-GEMMA4_VARIANTS=${GEMMA4_VARIANTS:-"default| fused|--decode-fusion all|--decode-fusion,--async-scheduling"}
+GEMMA4_VARIANTS=${GEMMA4_VARIANTS:-"default| async|--async-scheduling fused|--decode-fusion"}
 gemma4-decode-variants() {  # the same for Gemma 4 12B (fused steps where its line takes the seam)
   synth_g4
   local variant
