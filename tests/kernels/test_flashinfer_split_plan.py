@@ -40,7 +40,7 @@ class _RecordingWrapper:
             self.resolved = ("fa3" if head_dim <= 256 else "fa2") if asked == "auto" else asked
         if self.resolved == "fa3" and head_dim > 256:
             raise RuntimeError(f"static_assert: fa3 has no head dim {head_dim} kernel")
-        self.log.append((self.kind, {**kwargs, "constructed_with": self.options}))
+        self.log.append((self.kind, {**kwargs, "constructed_with": self.options, "args": args}))
 
     def run(self, q: torch.Tensor, _pool: torch.Tensor) -> torch.Tensor:
         self.log.append((f"{self.kind} run", {"rows": q.shape[0]}))
@@ -92,6 +92,21 @@ def test_default_plans_leave_the_split_to_flashinfer(plans: list[tuple[str, dict
     assert [kind for kind, _ in plans] == ["prefill", "decode", "graph-decode"]
     for kind, kwargs in plans:
         assert not set(SPLIT_ARGUMENTS) & set(kwargs), f"{kind} plan: {kwargs}"
+
+
+def test_decode_plans_take_each_rows_first_pages_in_order(plans: list[tuple[str, dict[str, Any]]]) -> None:
+    """The paged arguments against their definition: row i holds ceil(kv_i / page) pages, the first
+    ones of its table (a table may run longer), concatenated in row order; the last page holds the rest."""
+    from kernels.attention.flashinfer_backend import FlashInferAttention
+
+    backend = FlashInferAttention(torch.device("cpu"), torch.bfloat16, 8)
+    tables = ((7, 8, 9), (1,), (4, 5, 6, 2), (3, 11))
+    kv_lens = (33, 16, 48, 1)
+    backend.plan(0, GroupBatch((1, 1, 1, 1), kv_lens, tables, 16), LAYER)
+    indptr, indices, last_page_len = plans[-1][1]["args"][:3]
+    assert indptr.tolist() == [0, 3, 4, 7, 8]
+    assert indices.tolist() == [7, 8, 9, 1, 4, 5, 6, 3]
+    assert last_page_len.tolist() == [1, 16, 16, 1]
 
 
 @pytest.mark.parametrize("policy", POLICY_NAMES)
