@@ -9,8 +9,7 @@ split-K where N alone gives too few programs (the O and down projections, N = 25
 
 from __future__ import annotations
 
-import triton
-
+from kernels.kv_layout import ceil_div
 from kernels.triton.skinny_gemm import SkinnySettings
 
 # Elements of weight one program requests at once (16 KB of bf16; perf-notes section 7, run 2).
@@ -32,7 +31,7 @@ def whole_slice(k: int, *, pdl: bool = True) -> SkinnySettings:
     once, the slice a power of two ≤ 512 dividing K where one does; split_k = K / slice."""
     width = _slice_width(k, 512)
     return SkinnySettings(
-        block_n=max(16, SLICE_ELEMENTS // width), block_k=None, split_k=triton.cdiv(k, width), pdl=pdl
+        block_n=max(16, SLICE_ELEMENTS // width), block_k=None, split_k=ceil_div(k, width), pdl=pdl
     )
 
 
@@ -43,10 +42,10 @@ def k_loop(n: int, k: int, *, block_n: int = 16, block_k: int = 512, stages: int
     memory (cp.async), without the registers a whole slice costs; the loads start after
     ``gdc_wait``, so PDL only lets the next kernel launch early. Fewer splits than whole-slice mode:
     fewer fp32 partials to write and add at larger M."""
-    tiles = triton.cdiv(k, block_k)
-    split = max(1, min(tiles, triton.cdiv(TARGET_PROGRAMS, triton.cdiv(n, block_n))))
+    tiles = ceil_div(k, block_k)
+    split = max(1, min(tiles, ceil_div(TARGET_PROGRAMS, ceil_div(n, block_n))))
     # No split may be empty: shrink until the last one starts inside K.
-    while split > 1 and (split - 1) * triton.cdiv(tiles, split) >= tiles:
+    while split > 1 and (split - 1) * ceil_div(tiles, split) >= tiles:
         split -= 1
     return SkinnySettings(block_n=block_n, block_k=block_k, split_k=split, num_stages=stages)
 

@@ -9,10 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import triton
 import triton.language as tl
 
-from kernels.kv_layout import PAGE_SIZE, check_pool_layer
+from kernels.kv_layout import PAGE_SIZE, ceil_div, check_pool_layer
 from kernels.reference import NormWeight, PagedRows, PrepSpec, VSource, check_prep_inputs
 from kernels.triton.prep_kernel import (
     V_NORMED_PROJECTION,
@@ -23,7 +22,7 @@ from kernels.triton.prep_kernel import (
     WEIGHT_W,
     attention_prep_kernel,
 )
-from kernels.triton.storage import STORAGE_TYPES, pdl_supported
+from kernels.triton.storage import STORAGE_TYPES, next_power_of_2, pdl_supported
 
 
 class PrepLaunchError(ValueError):
@@ -51,7 +50,7 @@ class PrepLaunchConfig:
 
     def block_heads(self, heads: int, head_dim: int) -> int:
         per_tile = max(1, self.tile_elements // head_dim)
-        return min(triton.next_power_of_2(heads), triton.next_power_of_2(per_tile))
+        return min(next_power_of_2(heads), next_power_of_2(per_tile))
 
 
 DEFAULT_LAUNCH = PrepLaunchConfig()
@@ -61,8 +60,8 @@ def blocks_per_row(
     spec: PrepSpec, q_heads: int, kv_heads: int, launch: PrepLaunchConfig = DEFAULT_LAUNCH
 ) -> tuple[int, int]:
     """Programs per token row: (Q head blocks, KV head blocks)."""
-    q_blocks = triton.cdiv(q_heads, launch.block_heads(q_heads, spec.head_dim))
-    return q_blocks, triton.cdiv(kv_heads, launch.block_heads(kv_heads, spec.head_dim))
+    q_blocks = ceil_div(q_heads, launch.block_heads(q_heads, spec.head_dim))
+    return q_blocks, ceil_div(kv_heads, launch.block_heads(kv_heads, spec.head_dim))
 
 
 def prep_constexprs(

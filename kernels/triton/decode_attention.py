@@ -71,7 +71,7 @@ import triton.language as tl
 from kernels.attention.base import AttentionLayerSpec
 from kernels.kv_layout import PAGE_SIZE, check_pool_layer
 from kernels.triton.prep_kernel import _round_to_storage
-from kernels.triton.storage import STORAGE_TYPES, interpreted, pdl_supported
+from kernels.triton.storage import STORAGE_TYPES, interpreted, next_power_of_2, pdl_supported
 
 # Tokens per split, at absolute positions. A constant, never derived from the batch: that is the
 # batch invariance. 64 tokens (4 pages) spreads a 512-token KV over 8 programs per KV head.
@@ -120,7 +120,7 @@ class DecodeGeometry:
 
     @property
     def group_pad(self) -> int:
-        return max(16, triton.next_power_of_2(self.group))
+        return max(16, next_power_of_2(self.group))
 
     @property
     def block_n(self) -> int:

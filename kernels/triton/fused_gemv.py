@@ -54,12 +54,13 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.kv_layout import ceil_div
 from kernels.reference import GatedActivation, NormSpec, NormWeight
 from kernels.triton.gated_act import _KINDS, _gated_product
 from kernels.triton.invariant_rmsnorm import _MODES, _row_inverse_rms
 from kernels.triton.offline import compile_offline, pointers_and_strides, run_compile_check, storage_arg_type
 from kernels.triton.prep_kernel import WEIGHT_NONE, _normalise, _round_to_storage
-from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted, pdl_supported
+from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted, next_power_of_2, pdl_supported
 
 MAX_ROWS = 4
 # A program's weight slice: the probe's rule (8192 elements, 16 KB of bf16, 64 values per thread at
@@ -99,7 +100,7 @@ class GemvSettings:
 
     def slice_elements(self, k: int, *, gated: bool = False) -> int:
         """Weight elements one program loads before it waits."""
-        return (2 if gated else 1) * self.rows_per_program * triton.next_power_of_2(k)
+        return (2 if gated else 1) * self.rows_per_program * next_power_of_2(k)
 
     @property
     def label(self) -> str:
@@ -109,7 +110,7 @@ class GemvSettings:
 def gemv_settings(n: int, k: int, *, gated: bool = False) -> GemvSettings:
     """The settings for an [n, k] weight (a fused [2I, k] gate/up weight when ``gated``): as many
     rows as keep the slice at ``TARGET_SLICE_ELEMENTS`` (2 rows at K = 2560 or 4096, 1 at 9728)."""
-    width = (2 if gated else 1) * triton.next_power_of_2(max(k, 1))
+    width = (2 if gated else 1) * next_power_of_2(max(k, 1))
     return GemvSettings(rows_per_program=max(1, TARGET_SLICE_ELEMENTS // width))
 
 
@@ -338,7 +339,7 @@ def fused_gemv(
     if pdl:
         launch["launch_pdl"] = True
     spec = fusion.norm
-    _fused_gemv_kernel[(triton.cdiv(n_out, chosen.rows_per_program),)](
+    _fused_gemv_kernel[(ceil_div(n_out, chosen.rows_per_program),)](
         x,
         x if norm_weight is None else norm_weight,  # unread without a norm weight
         weight,
@@ -352,7 +353,7 @@ def fused_gemv(
         y.stride(0),
         spec.eps if spec is not None else 0.0,
         ROWS=chosen.rows_per_program,
-        BLOCK_K=triton.next_power_of_2(k),
+        BLOCK_K=next_power_of_2(k),
         NORM=spec is not None,
         WEIGHT_MODE=_MODES[spec.weight if spec is not None else NormWeight.NONE],
         ROUND_BEFORE_WEIGHT=spec.round_before_weight if spec is not None else False,
@@ -399,7 +400,7 @@ def compile_variant(
     spec = fusion.norm
     constexprs = {
         "ROWS": settings.rows_per_program,
-        "BLOCK_K": triton.next_power_of_2(k),
+        "BLOCK_K": next_power_of_2(k),
         "NORM": spec is not None,
         "WEIGHT_MODE": _MODES[spec.weight if spec is not None else NormWeight.NONE].value,
         "ROUND_BEFORE_WEIGHT": spec.round_before_weight if spec is not None else False,

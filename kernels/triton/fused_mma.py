@@ -46,6 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.kv_layout import ceil_div
 from kernels.reference import GatedActivation, NormWeight
 from kernels.triton.fused_gemv import QWEN3, Fusion, check_fused_operands
 from kernels.triton.gated_act import _KINDS, _gated_product
@@ -121,7 +122,7 @@ def mma_settings(n: int, k: int, block_m: int, *, gated: bool = False, element: 
     fourfold); ``block_n`` the widest of 64, 32, 16 (32 gated: two weight tiles per stage) that still
     gives ``TARGET_PROGRAMS``; 4 stages, fewer where they would pass ``MAX_PIPELINE_BYTES`` (fp32)."""
     widths = (32, 16) if gated else (64, 32, 16)
-    block_n = next((w for w in widths if triton.cdiv(n, w) >= TARGET_PROGRAMS), 16)
+    block_n = next((w for w in widths if ceil_div(n, w) >= TARGET_PROGRAMS), 16)
     block_k = 256 if block_m <= ROW_BLOCKS[0] else 128
     stage = MmaSettings(block_n=block_n, block_k=block_k, num_stages=1).pipeline_bytes(
         block_m, element, gated=gated
@@ -353,7 +354,7 @@ def fused_mma(
     if pdl:
         launch["launch_pdl"] = True
     spec = fusion.norm
-    _fused_mma_kernel[(triton.cdiv(n_out, chosen.block_n),)](
+    _fused_mma_kernel[(ceil_div(n_out, chosen.block_n),)](
         x,
         x if norm_weight is None else norm_weight,  # unread without a norm weight
         weight,
@@ -369,7 +370,7 @@ def fused_mma(
         BLOCK_M=row_block(m),
         BLOCK_N=chosen.block_n,
         BLOCK_K=chosen.block_k,
-        K_TILES=triton.cdiv(k, chosen.block_k),
+        K_TILES=ceil_div(k, chosen.block_k),
         NORM=spec is not None,
         WEIGHT_MODE=_MODES[spec.weight if spec is not None else NormWeight.NONE],
         ROUND_BEFORE_WEIGHT=spec.round_before_weight if spec is not None else False,
@@ -420,7 +421,7 @@ def compile_variant(
         "BLOCK_M": block_m,
         "BLOCK_N": chosen.block_n,
         "BLOCK_K": chosen.block_k,
-        "K_TILES": triton.cdiv(k, chosen.block_k),
+        "K_TILES": ceil_div(k, chosen.block_k),
         "NORM": spec is not None,
         "WEIGHT_MODE": _MODES[spec.weight if spec is not None else NormWeight.NONE].value,
         "ROUND_BEFORE_WEIGHT": spec.round_before_weight if spec is not None else False,

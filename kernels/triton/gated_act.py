@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.kv_layout import ceil_div
 from kernels.reference import GatedActivation
 from kernels.triton.offline import compile_offline, has_cubin, run_compile_check, storage_arg_type
 from kernels.triton.prep_kernel import _round_to_storage
@@ -108,7 +109,7 @@ def gated_act(gate_up: torch.Tensor, kind: GatedActivation) -> torch.Tensor:
         rows = rows.contiguous()
     out = torch.empty(rows.shape[0], intermediate, dtype=gate_up.dtype, device=gate_up.device)
     if rows.shape[0]:
-        _gated_act_kernel[(rows.shape[0], triton.cdiv(intermediate, BLOCK))](
+        _gated_act_kernel[(rows.shape[0], ceil_div(intermediate, BLOCK))](
             rows,
             out,
             intermediate,

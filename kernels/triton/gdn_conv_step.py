@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.kv_layout import ceil_div
 from kernels.reference import SpecError
 from kernels.triton.gated_act import _silu
 from kernels.triton.offline import compile_offline, has_cubin, pointers_and_strides, run_compile_check
@@ -150,7 +151,7 @@ def gdn_conv_step(
     out = torch.empty((sequences, channels), dtype=x.dtype, device=device)
     if sequences == 0:
         return out
-    _gdn_conv_step_kernel[(sequences, triton.cdiv(channels, BLOCK_D))](
+    _gdn_conv_step_kernel[(sequences, ceil_div(channels, BLOCK_D))](
         x,
         weight,
         slots,

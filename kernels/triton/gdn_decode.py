@@ -33,10 +33,11 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.kv_layout import ceil_div
 from kernels.reference import L2_NORM_EPS, SpecError
 from kernels.triton.offline import compile_offline, has_cubin, pointers_and_strides, run_compile_check
 from kernels.triton.prep_kernel import _round_to_storage
-from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted
+from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted, next_power_of_2
 
 # Value rows per program. 32 × 128 fp32 is 16 KiB of state per program at K = 128: small enough
 # that a batch-1 step still has Hv · V / 32 programs (128 at the 4B geometry) to spread over SMs.
@@ -281,7 +282,7 @@ def _launch(
     if sequences == 0:
         return out
     scale = key_dim**-0.5 if scale is None else scale
-    grid = (sequences, heads, triton.cdiv(value_dim, BLOCK_V))
+    grid = (sequences, heads, ceil_div(value_dim, BLOCK_V))
     _gdn_decode_kernel[grid](
         q,
         k,
@@ -321,8 +322,8 @@ def _constexprs(
         "GROUP": group,
         "K": key_dim,
         "V": value_dim,
-        "BLOCK_K": triton.next_power_of_2(key_dim),
-        "BLOCK_V": min(BLOCK_V, triton.next_power_of_2(value_dim)),
+        "BLOCK_K": next_power_of_2(key_dim),
+        "BLOCK_V": min(BLOCK_V, next_power_of_2(value_dim)),
         "LIBDEVICE": not interpreted(),
         "RAW_GATES": raw_gates,
         "BETA_STORAGE": STORAGE_TYPES.get(beta_dtype, tl.float32),

@@ -24,7 +24,7 @@ from kernels.triton.gated_act import _silu
 from kernels.triton.invariant_rmsnorm import _row_inverse_rms
 from kernels.triton.offline import compile_offline, has_cubin, pointers_and_strides, run_compile_check
 from kernels.triton.prep_kernel import _round_to_storage
-from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted
+from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted, next_power_of_2
 
 # The widest head a program holds in one tile (fp32 registers: V values of x and z each).
 MAX_VALUE_DIM = 1024
@@ -125,7 +125,7 @@ def gdn_gated_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
 
 def _constexprs(value_dim: int, dtype: torch.dtype) -> dict[str, object]:
     return {
-        "BLOCK_V": triton.next_power_of_2(value_dim),
+        "BLOCK_V": next_power_of_2(value_dim),
         "STORAGE": STORAGE_TYPES[dtype],
         "LIBDEVICE": not interpreted(),
     }

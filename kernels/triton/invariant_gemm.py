@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.kv_layout import ceil_div
 from kernels.triton.storage import interpreted
 
 
@@ -146,7 +147,7 @@ def invariant_gemm(x: torch.Tensor, weight: torch.Tensor, tiles: GemmTiles) -> t
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return y.reshape(*lead, n)
-    grid = (triton.cdiv(m, tiles.block_m), triton.cdiv(n, tiles.block_n))
+    grid = (ceil_div(m, tiles.block_m), ceil_div(n, tiles.block_n))
     _invariant_gemm_kernel[grid](
         x2,
         weight,

@@ -34,7 +34,7 @@ from kernels.triton.prep_kernel import (
     _normalise,
     _round_to_storage,
 )
-from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted
+from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted, next_power_of_2
 
 _MODES = {NormWeight.NONE: WEIGHT_NONE, NormWeight.W: WEIGHT_W, NormWeight.ONE_PLUS_W: WEIGHT_ONE_PLUS_W}
 
@@ -176,7 +176,7 @@ def _launch(
         y.stride(0),
         y.stride(0) if summed is None else summed.stride(0),
         spec.eps,
-        BLOCK_H=triton.next_power_of_2(h),
+        BLOCK_H=next_power_of_2(h),
         WEIGHT_MODE=_MODES[spec.weight],
         ROUND_BEFORE_WEIGHT=spec.round_before_weight,
         STORAGE=STORAGE_TYPES[rows.dtype],
@@ -271,7 +271,7 @@ def compile_variant(
 ) -> object:
     """The compiled kernel (cubin included) for one variant on ``sm_{arch}``, without a GPU."""
     constexprs = {
-        "BLOCK_H": triton.next_power_of_2(hidden),
+        "BLOCK_H": next_power_of_2(hidden),
         "WEIGHT_MODE": _MODES[spec.weight].value,
         "ROUND_BEFORE_WEIGHT": spec.round_before_weight,
         "STORAGE": STORAGE_TYPES[dtype],

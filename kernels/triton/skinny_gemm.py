@@ -58,8 +58,9 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.kv_layout import ceil_div
 from kernels.triton.prep_kernel import _round_to_storage
-from kernels.triton.storage import STORAGE_TYPES, interpreted, pdl_supported
+from kernels.triton.storage import STORAGE_TYPES, interpreted, next_power_of_2, pdl_supported
 
 MAX_ROWS = 64
 # Elements of one program's weight tile: 16384 bf16 values are 32 KB, 64 registers per thread at
@@ -139,11 +140,11 @@ class SkinnySettings:
     def partition(self, k: int) -> KPartition:
         """The K partition for a weight with ``k`` columns (no checks; see ``problem``)."""
         if self.block_k is None:
-            block_k = triton.next_power_of_2(triton.cdiv(k, self.split_k))
+            block_k = next_power_of_2(ceil_div(k, self.split_k))
             tiles = 1
         else:
             block_k = self.block_k
-            tiles = triton.cdiv(triton.cdiv(k, block_k), self.split_k)
+            tiles = ceil_div(ceil_div(k, block_k), self.split_k)
         return KPartition(block_k, tiles, self.split_k)
 
     def problem(self, n: int, k: int) -> str | None:
@@ -386,7 +387,7 @@ def skinny_gemm(
     # Scratch [M, split_k, N]: its strides (split_k·N per row, N per split) do not depend on M, so
     # Triton specialises the kernel the same way at every row count.
     target = torch.empty(m, part.split_k, n, dtype=torch.float32, device=x.device) if split else y
-    grid = (triton.cdiv(m, settings.block_m), triton.cdiv(n, settings.block_n), part.split_k)
+    grid = (ceil_div(m, settings.block_m), ceil_div(n, settings.block_n), part.split_k)
     _skinny_gemm_kernel[grid](
         x,
         weight,
@@ -412,7 +413,7 @@ def skinny_gemm(
         reduce_launch: dict[str, object] = {"num_warps": 4, "enable_fp_fusion": False}
         if pdl:
             reduce_launch["launch_pdl"] = True
-        _split_k_reduce_kernel[(m, triton.cdiv(n, REDUCE_BLOCK))](
+        _split_k_reduce_kernel[(m, ceil_div(n, REDUCE_BLOCK))](
             target,
             y,
             m,

@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.kv_layout import ceil_div
 from kernels.reference import (
     NOISE_KEY_DOMAINS,
     NOISE_MIX_MULTIPLIERS,
@@ -34,7 +35,7 @@ from kernels.reference import (
     DrawRows,
 )
 from kernels.triton.offline import compile_offline, has_cubin, pointers_and_strides, run_compile_check
-from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted
+from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted, next_power_of_2
 
 # Tokens per loop iteration: 4 warps × 32 lanes × 8 tokens.
 BLOCK = 1024
@@ -294,7 +295,7 @@ def token_draw(
         return out
     # The raw row maximum: exact in any reduction order, so batch-invariant.
     row_max = logits.amax(dim=-1).float() if min_p else None
-    chunks = triton.cdiv(vocab, chunk)
+    chunks = ceil_div(vocab, chunk)
     best_score = torch.empty(num_rows, chunks, dtype=torch.float32, device=logits.device)
     best_token = torch.empty(num_rows, chunks, dtype=torch.int32, device=logits.device)
     _token_draw_kernel[(num_rows, chunks)](
@@ -325,7 +326,7 @@ def token_draw(
         enable_reflect_ftz=False,  # libdevice keeps subnormals, as torch's CUDA kernels do
     )
     _token_draw_finish_kernel[(num_rows,)](
-        best_score, best_token, out, chunks, CHUNKS_BLOCK=triton.next_power_of_2(chunks), num_warps=1
+        best_score, best_token, out, chunks, CHUNKS_BLOCK=next_power_of_2(chunks), num_warps=1
     )
     return out
 
