@@ -83,8 +83,7 @@ class EngineConfig:
     sampling_backend: str = field(
         default="torch",
         metadata={
-            "help": "torch (the spec's ops) or triton (the token draw in one Triton launch, CUDA; "
-            "opt-in until measured on a GPU)."
+            "help": "torch (the spec's ops) or triton (the token draw in one Triton launch, CUDA; opt-in)."
         },
     )
 
