@@ -18,6 +18,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from infer_cli.bench.options import parse_counts
+from infer_cli.bench.target_table import run_flags
 from infer_cli.engine_options import Knobs, knob_options
 from infer_cli.progress import RichProgress
 from kernels.gemm.names import UnknownPolicyError, parse_policies
@@ -110,14 +111,19 @@ def bench_latency_command(
         gc.collect()
         torch.cuda.empty_cache()
 
+    settings = {
+        "graphs": not knobs["enforce_eager"],
+        "async_scheduling": knobs["async_scheduling"],
+        "attention_backend": knobs["attention_backend"],
+        "decode_fusion": knobs["decode_fusion"],
+        "temperature": temperature,
+        "sampling_backend": knobs["sampling_backend"],
+        "tensor_parallel_size": knobs["tensor_parallel_size"],
+    }
     title = (
         f"{model.name} · {torch.cuda.get_device_name()} · copy {ceilings.copy_gb_per_s:,.0f} GB/s · "
         f"stream {ceilings.stream_gb_per_s:,.0f} GB/s · bf16 matmul {ceilings.matmul_tflops:,.0f} TFLOP/s"
-        + (" · async scheduling" if knobs["async_scheduling"] else "")
-        + (f" · attention {knobs['attention_backend']}" if knobs["attention_backend"] else "")
-        + (" · decode fusion" if knobs["decode_fusion"] else "")
-        + (f" · temperature {temperature:g}, {knobs['sampling_backend']} draw" if temperature > 0 else "")
-        + (f" · TP {knobs['tensor_parallel_size']}" if knobs["tensor_parallel_size"] > 1 else "")
+        + "".join(f" · {flag}" for flag in run_flags(settings))
     )
     if gdn is not None:
         title += f" · GDN {gdn}"
@@ -125,19 +131,16 @@ def bench_latency_command(
     if breakdown:
         console.print(_breakdown_table(runs))
     if save_result is not None and facts is not None:
-        payload = results_json(runs, ceilings, facts) | {
-            "model": str(model),
-            "device": torch.cuda.get_device_name(),
-            "context": context,
-            "graphs": not knobs["enforce_eager"],
-            "async_scheduling": knobs["async_scheduling"],
-            "gdn_backend": None if gdn is None else {"asked": knobs["gdn_backend"], "ran": gdn},
-            "attention_backend": knobs["attention_backend"],
-            "decode_fusion": knobs["decode_fusion"],
-            "temperature": temperature,
-            "sampling_backend": knobs["sampling_backend"],
-            "tensor_parallel_size": knobs["tensor_parallel_size"],
-        }
+        payload = (
+            results_json(runs, ceilings, facts)
+            | {
+                "model": str(model),
+                "device": torch.cuda.get_device_name(),
+                "context": context,
+                "gdn_backend": None if gdn is None else {"asked": knobs["gdn_backend"], "ran": gdn},
+            }
+            | settings
+        )
         save_result.write_text(json.dumps(payload, indent=2))
         console.print(f"saved {save_result}")
 

@@ -121,19 +121,28 @@ def load_latency_run(path: Path, label: str | None = None, policy: str = "tuned"
             )
     if not cells:
         raise ResultFileError(f"{path}: no decode or prefill row under policy {policy!r}")
-    flags = tuple(
-        flag
-        for flag, on in (
-            ("async scheduling", data.get("async_scheduling")),
-            (f"attention {data.get('attention_backend')}", data.get("attention_backend")),
-            ("decode fusion", data.get("decode_fusion")),
-            (f"temperature {data.get('temperature')}", data.get("temperature")),
-            (f"{data.get('sampling_backend')} draw", data.get("sampling_backend") not in (None, "torch")),
-            ("eager", data.get("graphs") is False),
-        )
-        if on
-    )
-    return LatencyRun(label or path.stem, str(data.get("device", "?")), cells, flags)
+    return LatencyRun(label or path.stem, str(data.get("device", "?")), cells, run_flags(data))
+
+
+def run_flags(settings: Mapping[str, object]) -> tuple[str, ...]:
+    """What a run set apart from the defaults, from the settings `infer bench latency` saves with
+    its results (the same words its table title prints)."""
+    flags: list[str] = []
+    if settings.get("async_scheduling"):
+        flags.append("async scheduling")
+    if settings.get("attention_backend"):
+        flags.append(f"attention {settings['attention_backend']}")
+    if settings.get("decode_fusion"):
+        flags.append("decode fusion")
+    temperature = settings.get("temperature")
+    if isinstance(temperature, int | float) and temperature > 0:
+        flags.append(f"temperature {temperature:g}, {settings.get('sampling_backend')} draw")
+    tp = settings.get("tensor_parallel_size")
+    if isinstance(tp, int) and tp > 1:
+        flags.append(f"TP {tp}")
+    if settings.get("graphs") is False:
+        flags.append("eager")
+    return tuple(flags)
 
 
 def load_vllm_decode(path: Path) -> dict[int, float]:

@@ -32,9 +32,8 @@ def transformers_class(reference: str) -> Any:
 
 
 def vision_config_body(form: MultimodalForm, preset: str, text_hidden_size: int) -> dict[str, Any]:
-    """The `vision_config` of config.json: transformers' defaults, the preset's fields over them."""
-    if preset not in form.vision_fields:
-        raise SynthError(f"the {form.model_type} form has no vision tower for preset {preset!r}")
+    """The `vision_config` of config.json: transformers' defaults, the preset's fields over them (a
+    preset the form has; `writer.plan` refuses the others before anything is written)."""
     config_class = transformers_class(form.vision_config_class)
     config = config_class(**form.vision_fields[preset], out_hidden_size=text_hidden_size)
     body: dict[str, Any] = config.to_diff_dict()
