@@ -262,10 +262,11 @@ vllm-gemma4() {  # vLLM 0.24's decode step on the synthetic Gemma 4 12B. The ima
   [ -f $tf ] && [ -n "$tok" ] || { echo "transformers 5.14 or tokenizers 0.22 not staged in $parts"; return 1; }
   [ -d /tmp/vsite-tf ] || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/vsite-tf $tf $tok
   [ -f /tmp/vsite/vllm/__init__.py ] || { echo "vLLM is not staged (.vllm/part1..5 not carried)"; return 1; }
+  # TRITON_ATTN: unset, vLLM runs every Gemma 4 layer on FA4 (CuTe: needs cutlass, not staged; 2026-12-05).
   PYTHONPATH=/tmp/vsite-tf:/tmp/vsite HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_DO_NOT_TRACK=1 \
     DO_NOT_TRACK=1 VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 \
     python3 docs/benchmarks/scripts/vllm_decode.py $g4 --batch-sizes ${VLLM_GEMMA4_BATCHES:-1,8,64} \
-    --save $work/vllm-gemma4-12b.json
+    --attention-backend TRITON_ATTN --save $work/vllm-gemma4-12b.json
 }
 qwen3-gates-decode-path() {  # the qwen3 manifest with every opt-in decode path on (before a default flips);
   # GATE_SELECT="--gate qwen3.X ..." runs only those gates (the report then says it is a subset)

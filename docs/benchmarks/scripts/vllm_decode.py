@@ -33,6 +33,12 @@ def main() -> None:
     # Qwen3.5: vLLM 0.24 takes FlashInfer's GDN prefill on sm_90 unless told otherwise, and the
     # staging carries no FlashInfer for vLLM (it failed there on 2026-12-05); "triton" is its own.
     parser.add_argument("--gdn-prefill-backend", choices=("auto", "triton", "flashinfer"))
+    # vLLM 0.24's attention backend for every layer (its AttentionConfig.backend; the names are its
+    # sm_90 candidates, vllm/platforms/cuda.py). Unset, vLLM picks per layer, and for Gemma 4 forces
+    # FlashAttention 4 (CuTe, needs nvidia-cutlass-dsl) on every layer.
+    parser.add_argument(
+        "--attention-backend", choices=("FLASH_ATTN", "FLASHINFER", "TRITON_ATTN", "FLEX_ATTENTION")
+    )
     args = parser.parse_args()
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
 
@@ -54,6 +60,7 @@ def main() -> None:
             if args.gdn_prefill_backend
             else {}
         ),
+        **({"attention_config": {"backend": args.attention_backend}} if args.attention_backend else {}),
     )
     start_s = time.perf_counter() - started
     vocab = llm.get_tokenizer().vocab_size
@@ -96,6 +103,7 @@ def main() -> None:
                 "engine_start_s": start_s,
                 "language_model_only": args.language_model_only,
                 "gdn_prefill_backend": args.gdn_prefill_backend,
+                "attention_backend": args.attention_backend,
                 "rows": rows,
             },
             f,
