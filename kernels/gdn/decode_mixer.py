@@ -1,4 +1,4 @@
-"""A GDN layer's decode step between in_proj and out_proj in three Triton launches (`--decode-fusion`).
+"""A GDN layer's decode step between in_proj and out_proj in three Triton launches.
 
 ``kernels.reference.gdn_mixer`` with one token per sequence, as the model composes it on every other
 step (the backend's conv, ``reference.gdn_gates``, the backend's delta rule, ``reference.gated_rms_norm``):
@@ -120,7 +120,7 @@ class DecodeMixer:
     def _log_once(self, message: str) -> None:
         if message not in self._logged:
             self._logged.add(message)
-            log.info("--decode-fusion: %s", message)
+            log.info("GDN decode mixer: %s", message)
 
     def mix(
         self,

@@ -18,11 +18,13 @@ Decode fusion (`--decode-fusion`, docs/kernels.md "The fused decode GEMV"): on a
 fuse (`Projections.fuses`: at most 64 rows, `tuned`, CUDA) a layer runs as Qwen3's does: the input norm
 in the prologue of the mixer's input projection (GDN's in_proj or attention's QKV), the mixer's
 output projection (out_proj or O) with the residual add in its epilogue, norm + gate/up + SiLU·mul,
-down + residual; the LM head as the plain fused GEMV. On such a step where every row decodes one
-token, a GDN layer's mixer between in_proj and out_proj runs as three Triton launches
-(`kernels.gdn.decode_mixer`: conv step with the state shift, gates + recurrent step, gated norm)
-instead of the backend's conv, the torch gates and the torch gated norm; other steps compose it.
-Attention runs as on every step.
+down + residual; the LM head as the plain fused GEMV. Attention runs as on every step.
+
+The GDN decode mixer: on a step where every row decodes one token, a GDN layer's mixer between
+in_proj and out_proj runs as three Triton launches (`kernels.gdn.decode_mixer`: conv step with the
+state shift, gates + recurrent step, gated norm) instead of the backend's conv, the torch gates and
+the torch gated norm; other steps compose it. It runs on CUDA with either projection path unless
+`--gdn-backend torch` (the spec's own form) was asked for, and with `--decode-fusion`.
 
 Under tensor parallelism (`plan` over `group`'s ranks; docs/tensor-parallel.md) the weights are
 this rank's slices. Gated attention splits as the dense lines (its query and gate heads, its KV
@@ -55,6 +57,7 @@ from kernels.gemm.dispatch import Linear
 from kernels.gemm.projections import as_projections
 from kernels.prep_dispatch import run_attention_prep
 from kernels.reference import GatedActivation, NormSpec, NormWeight
+from kernels.triton.storage import interpreted
 from models.qwen35.config import FULL, LINEAR, GDNGeometry, Qwen35Config
 from models.qwen35.sharding import shard_plan
 from models.qwen35.weights import LM_HEAD, text_prefix
@@ -161,12 +164,14 @@ class Qwen35Model:
             self.embed.dtype,
             device,
         )
-        # The fused decode mixer goes with the fused projections (`--decode-fusion`) and runs only
-        # inside `_fused_layers`; the Triton modules load only then. Its weights per GDN layer, in
+        # The fused GDN decode step runs where its Triton kernels do (CUDA, or the interpreter in
+        # tests) with any GDN backend but torch (the spec's own form), and with the fused
+        # projections (`--decode-fusion`) whatever the backend. Its weights per GDN layer, in
         # state-index order.
         self.decode_mixer: DecodeMixer | None = None
         self._mixer_weights: list[MixerWeights] = []
-        if self.projections.fuses(1, device):
+        kernels_run = device.type == "cuda" or interpreted()
+        if self.projections.fuses(1, device) or (kernels_run and not isinstance(self.gdn, TorchGDN)):
             from kernels.gdn.decode_mixer import DecodeMixer, MixerWeights
 
             self.decode_mixer = DecodeMixer(g.kernel_geometry(), g.conv_kernel, self.embed.dtype)
@@ -243,9 +248,10 @@ class Qwen35Model:
         """Every layer as separate projections, each residual add fused with the norm after it; the
         final norm's output of every token."""
         x = layer_ops.rms_norm(hidden, self.norm, self.layers[0].input_norm)
+        fused_gdn = self._fused_gdn(rows, hidden.device)
         for index, layer in enumerate(self.layers):
             into, out = _mixer_projections(layer.mixer)
-            mixed = self.linear(self._mix(layer.mixer, self.linear(x, into), batch, rows), out)
+            mixed = self.linear(self._mix(layer.mixer, self.linear(x, into), batch, rows, fused_gdn), out)
             mixed = self.group.all_reduce(mixed)
             hidden, x = layer_ops.add_rms_norm(hidden, mixed, self.norm, layer.post_attention_norm)
             activated = layer_ops.gated_activation(self.linear(x, layer.gate_up), GatedActivation.SILU)
@@ -261,8 +267,7 @@ class Qwen35Model:
         that reads it, each residual add in the epilogue of the projection that makes it."""
         p = self.projections
         reduce = self.group.all_reduce if self.group.size > 1 else None
-        # Decided once per step (host facts only): every GDN layer takes the same path.
-        fused_gdn = self.decode_mixer is not None and self.decode_mixer.runs(rows, hidden.device)
+        fused_gdn = self._fused_gdn(rows, hidden.device)
         for layer in self.layers:
             into, out = _mixer_projections(layer.mixer)
             projected = p.norm_linear(hidden, self.norm, layer.input_norm, into)
@@ -273,6 +278,11 @@ class Qwen35Model:
             )
             hidden = p.linear_residual(activated, layer.down, hidden, reduce)
         return layer_ops.rms_norm(hidden, self.norm, self.final_norm)
+
+    def _fused_gdn(self, rows: StateRows, device: torch.device) -> bool:
+        """Whether this step's GDN layers run the fused decode mixer; decided once per step from host
+        facts only, so every GDN layer takes the same path."""
+        return self.decode_mixer is not None and self.decode_mixer.runs(rows, device)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits of the sampling rows; at more than one rank, on rank 0 only (the others get

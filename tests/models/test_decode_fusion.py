@@ -33,9 +33,11 @@ import kernels.gdn.decode_mixer as mixer_module
 import kernels.triton.fused_gemv as fused_module
 import kernels.triton.fused_mma as mma_module
 import models.paged_line
+import models.qwen35
 from engine.config import EngineConfig
 from engine.contract import Request, SamplingParams
 from engine.scheduler import BatchScheduler
+from kernels.gdn import GDNBackend, StateRows, TorchGDN
 from kernels.gemm.projections import FusedDecodeProjections
 from kernels.triton.fused_gemv import Fusion
 from models.registry import ModelOptions, load_model
@@ -249,3 +251,34 @@ def test_a_batch_of_eight_decodes_through_the_fused_mma(
     assert rows_seen.count(len(BATCH_8)) >= 9, sorted(set(rows_seen))
     assert all(fused_module.MAX_ROWS < m <= mma_module.MAX_ROWS for m in rows_seen), sorted(set(rows_seen))
     _check_against_composed(line, checkpoint, monkeypatch, composed, fused, BATCH_8)
+
+
+class _NotTheSpecGDN(GDNBackend):
+    """The torch backend's conv and delta rule under another name: any GDN backend but the spec's own
+    takes the fused decode mixer where its kernels run, without ``--decode-fusion``."""
+
+    name = "torch-delegate"
+
+    def __init__(self) -> None:
+        self._spec = TorchGDN()
+
+    def conv(
+        self, x: torch.Tensor, weight: torch.Tensor, rows: StateRows, pool: torch.Tensor
+    ) -> torch.Tensor:
+        return self._spec.conv(x, weight, rows, pool)
+
+    def delta_rule(self, *args: Any) -> torch.Tensor:
+        return self._spec.delta_rule(*args)
+
+
+def test_qwen35_decodes_through_the_mixer_with_composed_projections(
+    tiny_qwen35: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    composed, _ = _decode(tiny_qwen35, fusion=False)
+    with monkeypatch.context() as patch:
+        patch.setattr(models.qwen35, "pick_gdn_backend", lambda *_: _NotTheSpecGDN())
+        mixer_launched = _spy_mixer(patch)
+        mixed, model = _decode(tiny_qwen35, fusion=False)
+    assert model.decode_mixer is not None
+    _check_mixer_launches("tiny_qwen35", model, mixer_launched, rows=len(SMALL))
+    _check_against_composed("tiny_qwen35", tiny_qwen35, monkeypatch, composed, mixed, SMALL)
