@@ -44,6 +44,13 @@
 #   host-profile-async qwen35-9b-parity" STAGE=all bash docs/benchmarks/scripts/h200_session.sh
 # then the five .vllm/partN calls (the last as `VSTAGE_EXTRAS=1 bash .vllm/part5/stage.sh 5 last`: vLLM's
 # Qwen3.5 code needs the extras), then STAGE=wait calls back to back.
+# The stretch after that (prepared 2026-12-05 after the H100 run at df50211, which found FlashInfer's
+# graph planner blocking each async step; fixed at 43388bc): the same .whl-fi / .whl-deps / .vllm calls,
+#   PIPELINE="qwen3-decode-variants plan-async-tests vllm-qwen3 gemma4-decode-variants vllm-gemma4
+#   qwen35-published-latency qwen35-9b-parity vllm-qwen35" DECODE_VARIANTS="default| async|--async-scheduling"
+#   GEMMA4_VARIANTS="default| async|--async-scheduling" SYNTH_AHEAD=0 WAIT_S=3 STAGE=all ...
+# (~20 min before vllm-qwen35, which takes ~9). If async scheduling is then faster than vLLM, the
+# qwen3 and gemma4 manifests with --async-scheduling (GATE_DECODE_PATH) come before it is made the default.
 # Back here, the runs.tgz reports make the pages' target tables, e.g. (from the unpacked folder)
 #   infer bench table default=qwen3-4b-latency-default.json async=qwen3-4b-latency-async.json \
 #     --vllm vllm-qwen3-4b.json --markdown
@@ -268,6 +275,10 @@ vllm-gemma4() {  # vLLM 0.24's decode step on the synthetic Gemma 4 12B. The ima
     python3 docs/benchmarks/scripts/vllm_decode.py $g4 --batch-sizes ${VLLM_GEMMA4_BATCHES:-1,8,64} \
     --attention-backend TRITON_ATTN --save $work/vllm-gemma4-12b.json
 }
+plan-async-tests() {  # FlashInfer planning never waits for the stream; Qwen3.5 through the GDN decode mixer
+  python3 -m pytest -q -s --tb=short tests/kernels/test_flashinfer_plan_async.py tests/kernels/test_gdn_decode_mixer.py \
+    tests/models/test_decode_fusion.py -k "plan or mixer or qwen35"
+}
 qwen3-gates-decode-path() {  # the qwen3 manifest with every opt-in decode path on (before a default flips);
   # GATE_SELECT="--gate qwen3.X ..." runs only those gates (the report then says it is a subset)
   synth_q3
@@ -276,12 +287,17 @@ qwen3-gates-decode-path() {  # the qwen3 manifest with every opt-in decode path 
     --json $work/qwen3-gates-decode-path.json --junit $work/qwen3-gates-decode-path.xml
 }
 q35p=/tmp/ckpt/q35-4b-published
-vllm-qwen35() {  # issue 19's vLLM row: vLLM 0.24 serves Qwen3.5 only in its published multimodal form
-  # (`infer synth qwen35 --form published`), here as a language model only; the Qwen3.5 code needs
-  # the staging extras (`VSTAGE_EXTRAS=1 bash .vllm/part5/stage.sh 5 last`). infer runs the same directory.
-  [ -d $q35p ] || infer synth qwen35 --preset 4b --form published --out $q35p --dtype bfloat16 --tokenizer trained --device cuda
+synth_q35p() { [ -d $q35p ] || infer synth qwen35 --preset 4b --form published --out $q35p --dtype bfloat16 --tokenizer trained --device cuda; }
+qwen35-published-latency() {  # infer's side of the vLLM row, on the directory vLLM reads
+  synth_q35p
   infer bench latency --model $q35p --batch-sizes 1,8,64 --prefill-lens 1024 --breakdown \
     --save-result $work/qwen35-4b-published-latency.json
+}
+vllm-qwen35() {  # issue 19's vLLM row: vLLM 0.24 serves Qwen3.5 only in its published multimodal form
+  # (`infer synth qwen35 --form published`), here as a language model only; the Qwen3.5 code needs
+  # the staging extras (`VSTAGE_EXTRAS=1 bash .vllm/part5/stage.sh 5 last`). infer's side of the row
+  # is qwen35-published-latency.
+  synth_q35p
   [ -f /tmp/vsite/vllm/__init__.py ] || { echo "vLLM is not staged (.vllm/part1..5 not carried)"; return 1; }
   PYTHONPATH=/tmp/vsite HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_DO_NOT_TRACK=1 \
     DO_NOT_TRACK=1 VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 \
