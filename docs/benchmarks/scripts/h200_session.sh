@@ -275,9 +275,11 @@ vllm-gemma4() {  # vLLM 0.24's decode step on the synthetic Gemma 4 12B. The ima
     python3 docs/benchmarks/scripts/vllm_decode.py $g4 --batch-sizes ${VLLM_GEMMA4_BATCHES:-1,8,64} \
     --attention-backend TRITON_ATTN --save $work/vllm-gemma4-12b.json
 }
-plan-async-tests() {  # FlashInfer planning never waits for the stream; Qwen3.5 through the GDN decode mixer
+plan-async-tests() {  # FlashInfer planning never waits for the stream; Qwen3.5 through the GDN decode mixer;
+  # the split-KV attention's spec bounds against the host's spec
   python3 -m pytest -q -s --tb=short tests/kernels/test_flashinfer_plan_async.py tests/kernels/test_gdn_decode_mixer.py \
     tests/models/test_decode_fusion.py -k "plan or mixer or qwen35"
+  python3 -m pytest -q --tb=short tests/kernels/test_decode_attention.py -k "spec"
 }
 qwen3-gates-decode-path() {  # the qwen3 manifest with every opt-in decode path on (before a default flips);
   # GATE_SELECT="--gate qwen3.X ..." runs only those gates (the report then says it is a subset)
