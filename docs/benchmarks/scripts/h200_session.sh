@@ -47,7 +47,7 @@
 # The stretch after that (prepared 2026-12-05 after the H100 run at df50211, which found FlashInfer's
 # graph planner blocking each async step; fixed at 43388bc): the same .whl-fi / .whl-deps / .vllm calls,
 #   PIPELINE="qwen3-decode-variants plan-async-tests vllm-qwen3 gemma4-decode-variants vllm-gemma4
-#   qwen35-published-latency qwen35-9b-parity vllm-qwen35" DECODE_VARIANTS="default| async|--async-scheduling"
+#   decode-attention-backends qwen35-published-latency qwen35-9b-parity vllm-qwen35" DECODE_VARIANTS="default| async|--async-scheduling"
 #   GEMMA4_VARIANTS="default| async|--async-scheduling" SYNTH_AHEAD=0 WAIT_S=3 STAGE=all ...
 # (~20 min before vllm-qwen35, which takes ~9). If async scheduling is then faster than vLLM, the
 # qwen3 and gemma4 manifests with --async-scheduling (GATE_DECODE_PATH) come before it is made the default.
@@ -274,6 +274,9 @@ vllm-gemma4() {  # vLLM 0.24's decode step on the synthetic Gemma 4 12B. The ima
     DO_NOT_TRACK=1 VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 \
     python3 docs/benchmarks/scripts/vllm_decode.py $g4 --batch-sizes ${VLLM_GEMMA4_BATCHES:-1,8,64} \
     --attention-backend TRITON_ATTN --save $work/vllm-gemma4-12b.json
+}
+decode-attention-backends() {  # FlashInfer's decode kernel per backend (fa2, fa3) at the serving geometries
+  python3 docs/benchmarks/scripts/decode_attention_backends.py --save $work/decode-attention-backends.json
 }
 plan-async-tests() {  # FlashInfer planning never waits for the stream; Qwen3.5 through the GDN decode mixer;
   # the split-KV attention's spec bounds against the host's spec
