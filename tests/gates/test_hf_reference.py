@@ -80,7 +80,7 @@ def test_a_reference_parks_the_other_only_when_the_device_is_short(bf16_checkpoi
     assert not is_parked(narrow) and not is_parked(wide)
 
     short = FixedBudget(both + headroom - 1, [narrow, wide])
-    want_wide = hf_logprobs(wide, tokens, ROOMY)
+    want_wide, want_narrow = hf_logprobs(wide, tokens, ROOMY), hf_logprobs(narrow, tokens, ROOMY)
     got_wide = hf_logprobs(wide, tokens, short)
     assert is_parked(narrow) and not is_parked(wide)
     assert torch.equal(got_wide, want_wide)
@@ -88,7 +88,7 @@ def test_a_reference_parks_the_other_only_when_the_device_is_short(bf16_checkpoi
     # Coming back, the parked one needs its own bytes too: the fp32 one now makes way for it.
     got_narrow = hf_logprobs(narrow, tokens, short)
     assert is_parked(wide) and not is_parked(narrow)
-    assert torch.equal(got_narrow, hf_logprobs(narrow, tokens, ROOMY))
+    assert torch.equal(got_narrow, want_narrow)
     assert torch.equal(hf_logprobs(wide, tokens, short), want_wide)
     assert is_parked(narrow) and not is_parked(wide)
     assert all(b.dtype == torch.float32 for name, b in narrow.named_buffers() if name.endswith("inv_freq"))
