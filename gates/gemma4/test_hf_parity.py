@@ -9,7 +9,7 @@ import torch
 from engine.contract import Request
 from gates.gemma4.conftest import NEW_TOKENS, prompt, prompt_lengths
 from gates.harness.compare import assert_full_forward_parity, first_divergence
-from gates.harness.hf_reference import hf_greedy, hf_logprobs
+from gates.harness.hf_reference import forward_headroom, hf_greedy, hf_logprobs, make_resident
 from gates.harness.serving import drive, greedy, paged_runner, score
 from gates.harness.tolerances import Tolerance
 from models.gemma4.config import GLOBAL, SLIDING, Gemma4Config
@@ -36,7 +36,9 @@ def _probe_layers(config: Gemma4Config) -> list[int]:
 
 @torch.inference_mode()
 def _hf_hidden(model: Any, tokens: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
-    device = next(model.parameters()).device
+    text = model.config.get_text_config()
+    hidden_states = (text.num_hidden_layers + 1) * len(tokens) * text.hidden_size * 4
+    device = make_resident(model, forward_headroom(model, len(tokens)) + hidden_states)
     out = model(torch.tensor([list(tokens)], device=device), output_hidden_states=True)
     return tuple(h[0].float().cpu() for h in out.hidden_states)
 
