@@ -241,3 +241,39 @@ def test_backend_conv_runs_the_torch_form_for_a_width_the_kernels_refuse(
 
 def test_every_variant_compiles_for_sm90() -> None:
     assert len(compiled_variants("kernels.triton.gdn_conv_varlen")) == len(SERVING_WIDTHS)
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@needs_cuda
+def test_serving_width_on_the_gpu_is_the_torch_form_and_row_invariant() -> None:
+    """Qwen3.5-4B's conv (8192 channels, W = 4, bf16) over a 1,200-token varlen batch whose rows
+    straddle the 32-token blocks: slot states the torch form's bit for bit (the in-place write
+    behind the barrier), outputs within the GPU's exp flips, a row alone equal to it in the batch."""
+    device = torch.device("cuda")
+    gen = torch.Generator(device=device).manual_seed(0)
+    channels, width = 8192, 4
+    lengths = (1, 2, 31, 32, 33, 63, 64, 65, 900, 0, 9)
+    cu = _bounds(lengths)
+    x = torch.randn(cu[-1], channels, generator=gen, device=device).bfloat16()
+    weight = (0.5 * torch.randn(channels, width, generator=gen, device=device)).bfloat16()
+    pool = torch.randn(len(lengths) + 4, width - 1, channels, generator=gen, device=device).bfloat16()
+    slots = tuple(range(2, len(lengths) + 2))
+    fresh = tuple(n % 3 == 0 for n in range(len(lengths)))
+    rows = StateRows(torch.tensor(slots, device=device), torch.tensor(fresh, device=device), cu)
+    torch_pool, triton_pool = pool.clone(), pool.clone()
+    want = TorchGDN().conv(x, weight, rows, torch_pool)
+    got = TritonConv().conv(x, weight, rows, triton_pool)
+    assert torch.equal(triton_pool, torch_pool)
+    assert int((got != want).sum()) <= GPU_FLIP_SHARE * got.numel()
+    row = 8  # the 900-token row, not fresh
+    alone_pool = pool.clone()
+    alone = TritonConv().conv(
+        x[cu[row] : cu[row + 1]],
+        weight,
+        StateRows(rows.slots[row : row + 1], rows.fresh[row : row + 1], (0, lengths[row])),
+        alone_pool,
+    )
+    assert torch.equal(alone, got[cu[row] : cu[row + 1]])
+    assert torch.equal(alone_pool[slots[row]], triton_pool[slots[row]])
