@@ -54,7 +54,7 @@ RECORDED: dict[tuple[str, GDNGeometry], RecordedChoice] = {
 
 class AutoGDN(GDNBackend):
     """Routes prefill batches (host boundaries given) and decode steps to the backend chosen for
-    each phase; the conv runs on the prefill backend's (every backend's conv is torch's today)."""
+    each phase; the conv runs on the chosen backend's (the GPU backends share kernels/gdn/triton_conv.py)."""
 
     name = "auto"
 

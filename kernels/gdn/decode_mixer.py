@@ -28,7 +28,7 @@ import torch
 
 from kernels.gdn.base import GDNGeometry, StateRows
 from kernels.reference import SpecError
-from kernels.triton.gdn_conv_step import check_conv_step, gdn_conv_step
+from kernels.triton.gdn_conv_step import check_conv_kernels, gdn_conv_step
 from kernels.triton.gdn_decode import gdn_decode_step_with_gates
 from kernels.triton.gdn_gated_norm import check_gated_norm, gdn_gated_norm
 from kernels.triton.storage import interpreted
@@ -62,7 +62,7 @@ def check_decode_mixer(geometry: GDNGeometry, conv_width: int, dtype: torch.dtyp
             f"key head dim {geometry.key_dim}: the fused decode step takes up to {MAX_KEY_DIM}"
         )
     channels = 2 * geometry.key_heads * geometry.key_dim + geometry.value_heads * geometry.value_dim
-    check_conv_step(channels, conv_width, dtype)
+    check_conv_kernels(channels, conv_width, dtype)
     check_gated_norm(geometry.value_dim, dtype)
 
 

@@ -14,8 +14,8 @@ later fla-core 0.6 runs the block merges of its fused triangular solve in TF32
 backend declares ``fp32_dots = "tf32"`` there; the agreement gate measures what each costs
 (kernels/gdn/agreement.py).
 
-The causal conv runs the torch backend's form (it reads and writes the conv pool by slot, which
-fla's ``causal_conv1d`` does not).
+The causal conv runs infer's slot-indexed Triton conv kernels (kernels/gdn/triton_conv.py: they read
+and write the conv pool by slot, which fla's ``causal_conv1d`` does not).
 
 fla-core is an optional dependency (``pip install 'infer[gdn]'``), imported on first use.
 fla-core routes SM90 bf16 K = V = 128 calls silently to Qwen's `flash-qla` kernels when that
@@ -40,7 +40,7 @@ from kernels.gdn.base import (
     initial_states,
     warm_up_both_phases,
 )
-from kernels.gdn.torch_backend import TorchGDN
+from kernels.gdn.triton_conv import TritonConv
 from kernels.triton.gdn_decode import gdn_decode_step
 from kernels.triton.storage import interpreted
 
@@ -78,7 +78,7 @@ class FlaGDN(GDNBackend):
                 "--gdn-backend 'fla' is not available on CPU: fla-core's Triton kernels need CUDA"
             )
         self._chunk = load_fla_chunk()
-        self._conv = TorchGDN()
+        self._conv = TritonConv()
         if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 8:
             self.fp32_dots = "tf32"
 

@@ -19,8 +19,8 @@ What the call relies on, as that source states it:
 
 FlashInfer's own decode ops fuse the gate math from the raw ``a``, ``b`` projections, which this
 seam does not pass (it takes ``g`` and ``β``, as the model computes them once for every backend),
-so decode steps run kernels/triton/gdn_decode.py as in the `fla` backend. The conv is the torch
-backend's.
+so decode steps run kernels/triton/gdn_decode.py as in the `fla` backend. The conv runs infer's
+Triton conv kernels, as in the `fla` backend (kernels/gdn/triton_conv.py).
 
 Needs on the machine: flashinfer-python and nvidia-cutlass-dsl (its libs wheels), an sm_90 GPU.
 Imported on first use; whatever is missing is refused by name.
@@ -44,7 +44,7 @@ from kernels.gdn.base import (
     initial_states,
     warm_up_both_phases,
 )
-from kernels.gdn.torch_backend import TorchGDN
+from kernels.gdn.triton_conv import TritonConv
 from kernels.reference import SpecError
 from kernels.triton.gdn_decode import gdn_decode_step
 
@@ -91,7 +91,7 @@ class FlashInferGDN(GDNBackend):
 
     def __init__(self, device: torch.device) -> None:
         self._prefill = load_flashinfer_prefill(device)
-        self._conv = TorchGDN()
+        self._conv = TritonConv()
 
     def describe(self) -> str:
         return "flashinfer (prefill: FlashInfer SM90 chunk_gated_delta_rule; decode: infer's slot-indexed Triton step)"

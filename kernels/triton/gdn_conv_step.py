@@ -41,8 +41,9 @@ NUM_WARPS = 2
 WIDTHS = (2, 3, 4)
 
 
-class GDNConvStepError(SpecError):
-    """An input the conv step kernel cannot take; the message names the tensor and its value."""
+class GDNConvError(SpecError):
+    """An input the GDN conv kernels (the step here, the varlen prefill in gdn_conv_varlen.py) cannot
+    take; the message names the tensor and its value."""
 
 
 @triton.jit
@@ -94,19 +95,53 @@ def _gdn_conv_step_kernel(
 
 def _check_device(name: str, t: torch.Tensor, device: torch.device) -> None:
     if t.device != device:
-        raise GDNConvStepError(f"{name} is on {t.device}, the conv state pool on {device}")
+        raise GDNConvError(f"{name} is on {t.device}, the conv state pool on {device}")
 
 
-def check_conv_step(channels: int, width: int, dtype: torch.dtype) -> None:
-    """Refuse, naming the value, a conv the kernel does not take: its width or storage dtype."""
+def check_conv_kernels(channels: int, width: int, dtype: torch.dtype) -> None:
+    """Refuse, naming the value, a conv the Triton conv kernels do not take: its width or storage dtype."""
     if width not in WIDTHS:
-        raise GDNConvStepError(
-            f"conv width {width}: the conv step kernel takes {', '.join(map(str, WIDTHS))}"
-        )
+        raise GDNConvError(f"conv width {width}: the Triton conv kernels take {', '.join(map(str, WIDTHS))}")
     if dtype not in STORAGE_TYPES:
-        raise GDNConvStepError(f"conv dtype {dtype}: the conv step kernel takes bf16, fp16 or fp32")
+        raise GDNConvError(f"conv dtype {dtype}: the Triton conv kernels take bf16, fp16 or fp32")
     if channels < 1:
-        raise GDNConvStepError(f"conv channels {channels}: must be positive")
+        raise GDNConvError(f"conv channels {channels}: must be positive")
+
+
+def check_conv_inputs(
+    x: torch.Tensor, weight: torch.Tensor, slots: torch.Tensor, fresh: torch.Tensor, conv_pool: torch.Tensor
+) -> tuple[int, int]:
+    """What both conv kernels ask of their operands, refused by name: ``x [T, D]``, ``weight [D, W]``
+    contiguous, ``slots [N]`` int64, ``fresh [N]`` bool, ``conv_pool [slots, W − 1, D]`` in x's
+    dtype with contiguous channels, all on the pool's device, which is CUDA (or the interpreter runs).
+    Returns ``(D, W)``."""
+    if x.dim() != 2 or weight.dim() != 2 or weight.shape[0] != x.shape[1]:
+        raise GDNConvError(
+            f"x [T, D] and weight [D, W] must share D, got {list(x.shape)}, {list(weight.shape)}"
+        )
+    channels, width = weight.shape
+    check_conv_kernels(channels, width, x.dtype)
+    device = conv_pool.device
+    if conv_pool.dim() != 3 or tuple(conv_pool.shape[1:]) != (width - 1, channels):
+        raise GDNConvError(f"conv_pool must be [slots, {width - 1}, {channels}], got {list(conv_pool.shape)}")
+    if conv_pool.dtype != x.dtype:
+        raise GDNConvError(f"conv_pool is {conv_pool.dtype}, x {x.dtype}: they must match")
+    if weight.dtype not in STORAGE_TYPES:
+        raise GDNConvError(f"weight dtype {weight.dtype}: must be bf16, fp16 or fp32")
+    if conv_pool.stride(-1) != 1 or weight.stride(0) != width or weight.stride(1) != 1:
+        raise GDNConvError(
+            f"conv_pool's channels and weight [D, W] must be contiguous, got strides "
+            f"{conv_pool.stride()} and {weight.stride()}"
+        )
+    if slots.dim() != 1 or tuple(fresh.shape) != tuple(slots.shape):
+        raise GDNConvError(f"slots and fresh must be [N], got {list(slots.shape)}, {list(fresh.shape)}")
+    if slots.dtype != torch.int64 or fresh.dtype != torch.bool:
+        raise GDNConvError(f"slots must be int64 and fresh bool, got {slots.dtype}, {fresh.dtype}")
+    for name, t in (("x", x), ("weight", weight), ("slots", slots), ("fresh", fresh)):
+        _check_device(name, t, device)
+    if device.type != "cuda" and not interpreted():
+        raise GDNConvError(f"device {device}: the Triton conv kernels need CUDA (or TRITON_INTERPRET=1)")
+    return channels, width
 
 
 def gdn_conv_step(
@@ -115,37 +150,13 @@ def gdn_conv_step(
     """One token per sequence: ``x [N, D]`` (a strided row view is fine), ``weight [D, W]``,
     ``slots [N]`` int64, ``fresh [N]`` bool, ``conv_pool [slots, W − 1, D]`` in x's dtype, shifted
     in place. Returns ``y [N, D]`` in x's dtype, contiguous."""
-    if x.dim() != 2 or weight.dim() != 2 or weight.shape[0] != x.shape[1]:
-        raise GDNConvStepError(
-            f"x [N, D] and weight [D, W] must share D, got {list(x.shape)}, {list(weight.shape)}"
+    channels, width = check_conv_inputs(x, weight, slots, fresh, conv_pool)
+    sequences = x.shape[0]
+    if tuple(slots.shape) != (sequences,):
+        raise GDNConvError(
+            f"slots and fresh must be [{sequences}], one per token of x, got {list(slots.shape)}"
         )
-    sequences, channels = x.shape
-    width = weight.shape[1]
-    check_conv_step(channels, width, x.dtype)
     device = conv_pool.device
-    if conv_pool.dim() != 3 or tuple(conv_pool.shape[1:]) != (width - 1, channels):
-        raise GDNConvStepError(
-            f"conv_pool must be [slots, {width - 1}, {channels}], got {list(conv_pool.shape)}"
-        )
-    if conv_pool.dtype != x.dtype:
-        raise GDNConvStepError(f"conv_pool is {conv_pool.dtype}, x {x.dtype}: they must match")
-    if weight.dtype not in STORAGE_TYPES:
-        raise GDNConvStepError(f"weight dtype {weight.dtype}: must be bf16, fp16 or fp32")
-    if conv_pool.stride(-1) != 1 or weight.stride(0) != width or weight.stride(1) != 1:
-        raise GDNConvStepError(
-            f"conv_pool's channels and weight [D, W] must be contiguous, got strides "
-            f"{conv_pool.stride()} and {weight.stride()}"
-        )
-    if tuple(slots.shape) != (sequences,) or tuple(fresh.shape) != (sequences,):
-        raise GDNConvStepError(
-            f"slots and fresh must be [{sequences}], got {list(slots.shape)}, {list(fresh.shape)}"
-        )
-    if slots.dtype != torch.int64 or fresh.dtype != torch.bool:
-        raise GDNConvStepError(f"slots must be int64 and fresh bool, got {slots.dtype}, {fresh.dtype}")
-    for name, t in (("x", x), ("weight", weight), ("slots", slots), ("fresh", fresh)):
-        _check_device(name, t, device)
-    if device.type != "cuda" and not interpreted():
-        raise GDNConvStepError(f"device {device}: the Triton conv step needs CUDA (or TRITON_INTERPRET=1)")
     if x.stride(-1) != 1:
         x = x.contiguous()
     out = torch.empty((sequences, channels), dtype=x.dtype, device=device)

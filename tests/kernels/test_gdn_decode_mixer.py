@@ -35,7 +35,7 @@ from kernels.gdn.decode_mixer import (
     check_decode_mixer,
     gdn_decode_mixer,
 )
-from kernels.triton.gdn_conv_step import SERVING_WIDTHS, GDNConvStepError, gdn_conv_step
+from kernels.triton.gdn_conv_step import SERVING_WIDTHS, GDNConvError, gdn_conv_step
 from kernels.triton.gdn_decode import GDNDecodeError, gdn_decode_step, gdn_decode_step_with_gates
 from kernels.triton.gdn_gated_norm import (
     MAX_VALUE_DIM,
@@ -428,11 +428,11 @@ def test_dispatch_runs_decode_steps_and_logs_each_reason_to_compose_once(
 
 
 def test_refusals_name_the_value() -> None:
-    with pytest.raises(GDNConvStepError, match="conv width 5"):
+    with pytest.raises(GDNConvError, match="conv width 5"):
         check_decode_mixer(GEOMETRY, 5, torch.bfloat16)
-    with pytest.raises(GDNConvStepError, match="conv width 1"):
+    with pytest.raises(GDNConvError, match="conv width 1"):
         check_decode_mixer(GEOMETRY, 1, torch.bfloat16)
-    with pytest.raises(GDNConvStepError, match=r"conv dtype torch\.float64"):
+    with pytest.raises(GDNConvError, match=r"conv dtype torch\.float64"):
         check_decode_mixer(GEOMETRY, WIDTH, torch.float64)
     with pytest.raises(GDNGatedNormError, match=f"value head dim {2 * MAX_VALUE_DIM}"):
         check_decode_mixer(GDNGeometry(2, 2, 16, 2 * MAX_VALUE_DIM), WIDTH, torch.bfloat16)
@@ -456,11 +456,11 @@ def test_refusals_name_the_value() -> None:
             conv_pool,
             recurrent_pool,
         )
-    with pytest.raises(GDNConvStepError, match=r"conv_pool is torch\.float32, x torch\.bfloat16"):
+    with pytest.raises(GDNConvError, match=r"conv_pool is torch\.float32, x torch\.bfloat16"):
         gdn_conv_step(qkv, weights.conv, rows.slots, rows.fresh, conv_pool.float())
-    with pytest.raises(GDNConvStepError, match=r"conv_pool must be \[slots, 3, 288\]"):
+    with pytest.raises(GDNConvError, match=r"conv_pool must be \[slots, 3, 288\]"):
         gdn_conv_step(qkv, weights.conv, rows.slots, rows.fresh, conv_pool[:, :2])
-    with pytest.raises(GDNConvStepError, match="slots must be int64"):
+    with pytest.raises(GDNConvError, match="slots must be int64"):
         gdn_conv_step(qkv, weights.conv, rows.slots.int(), rows.fresh, conv_pool)
     q = qkv[:, : KEY_HEADS * KEY_DIM].reshape(2, KEY_HEADS, KEY_DIM)
     v = qkv[:, 2 * KEY_HEADS * KEY_DIM :].reshape(2, VALUE_HEADS, VALUE_DIM)
