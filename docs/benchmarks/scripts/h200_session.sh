@@ -278,10 +278,10 @@ vllm-gemma4() {  # vLLM 0.24's decode step on the synthetic Gemma 4 12B. The ima
 decode-attention-backends() {  # FlashInfer's decode kernel per backend (fa2, fa3) at the serving geometries
   python3 docs/benchmarks/scripts/decode_attention_backends.py --save $work/decode-attention-backends.json
 }
-plan-async-tests() {  # FlashInfer planning never waits for the stream; Qwen3.5 through the GDN decode mixer;
-  # the split-KV attention's spec bounds against the host's spec
+plan-async-tests() {  # FlashInfer planning never waits for the stream; Qwen3.5 through the GDN decode mixer
+  # and the Triton conv kernels; the split-KV attention's spec bounds against the host's spec
   python3 -m pytest -q -s --tb=short tests/kernels/test_flashinfer_plan_async.py tests/kernels/test_gdn_decode_mixer.py \
-    tests/models/test_decode_fusion.py -k "plan or mixer or qwen35"
+    tests/kernels/test_gdn_conv_varlen.py tests/models/test_decode_fusion.py -k "plan or mixer or conv or qwen35"
   python3 -m pytest -q --tb=short tests/kernels/test_decode_attention.py -k "spec"
 }
 qwen3-gates-decode-path() {  # the qwen3 manifest with every opt-in decode path on (before a default flips);
