@@ -15,8 +15,9 @@ CUDA-graph filler rows share), and needs nothing from the host: the step capture
 grids the bucket's row count fixes. docs/kernels.md, "Gated DeltaNet", tells the story.
 
 ``DecodeMixer`` decides per step: steps where every row decodes one token (``StateRows.cu_seqlens``
-is None) on CUDA or under the Triton interpreter run fused; any other step, and every step of a layer
-whose geometry or dtype a kernel refuses, composes, each reason logged once by name.
+is None) on CUDA or under the Triton interpreter run fused; any other step composes, its gated norm
+still through the third kernel (``DecodeMixer.gated_norm``); every step of a layer whose geometry or
+dtype a kernel refuses composes whole, each reason logged once by name.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels.gdn.base import GDNGeometry, StateRows
-from kernels.reference import SpecError
+from kernels.reference import SpecError, gated_rms_norm
 from kernels.triton.gdn_conv_step import check_conv_kernels, gdn_conv_step
 from kernels.triton.gdn_decode import gdn_decode_step_with_gates
 from kernels.triton.gdn_gated_norm import check_gated_norm, gdn_gated_norm
@@ -135,6 +136,15 @@ class DecodeMixer:
     ) -> torch.Tensor:
         """``gdn_decode_mixer`` at this layer geometry, for a step ``runs`` took."""
         return gdn_decode_mixer(qkv, z, b, a, weights, self.geometry, rows, conv_pool, state_pool)
+
+    def gated_norm(
+        self, core: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> torch.Tensor:
+        """The gated RMSNorm of a step that composes (a prefill's tokens): the third kernel, which
+        works token by token so any step takes it, unless this layer was refused."""
+        if self.refused is not None:
+            return gated_rms_norm(core, gate, weight, eps)
+        return gdn_gated_norm(core, gate, weight, eps)
 
     def runs(self, rows: StateRows, device: torch.device) -> bool:
         """Whether this step runs fused: every row one token, on CUDA (or the interpreter), a layer

@@ -23,8 +23,9 @@ down + residual; the LM head as the plain fused GEMV. Attention runs as on every
 The GDN decode mixer: on a step where every row decodes one token, a GDN layer's mixer between
 in_proj and out_proj runs as three Triton launches (`kernels.gdn.decode_mixer`: conv step with the
 state shift, gates + recurrent step, gated norm) instead of the backend's conv, the torch gates and
-the torch gated norm; other steps compose it. It runs on CUDA with either projection path unless
-`--gdn-backend torch` (the spec's own form) was asked for, and with `--decode-fusion`.
+the torch gated norm; other steps compose it, their gated norm through the mixer's norm kernel.
+It runs on CUDA with either projection path unless `--gdn-backend torch` (the spec's own form) was
+asked for, and with `--decode-fusion`.
 
 Under tensor parallelism (`plan` over `group`'s ranks; docs/tensor-parallel.md) the weights are
 this rank's slices. Gated attention splits as the dense lines (its query and gate heads, its KV
@@ -359,7 +360,11 @@ class Qwen35Model:
             self.state.recurrent_layer(layer.state_index),
         )
         gate = z.reshape(tokens, g.num_value_heads, g.value_head_dim)
-        normed = reference.gated_rms_norm(core, gate, layer.norm, self.config.rms_norm_eps)
+        eps = self.config.rms_norm_eps
+        if self.decode_mixer is not None:
+            normed = self.decode_mixer.gated_norm(core, gate, layer.norm, eps)
+        else:
+            normed = reference.gated_rms_norm(core, gate, layer.norm, eps)
         return normed.reshape(tokens, g.value_dim)
 
     def _attention(self, layer: _Attention, projected: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
