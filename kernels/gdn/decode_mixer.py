@@ -15,9 +15,11 @@ CUDA-graph filler rows share), and needs nothing from the host: the step capture
 grids the bucket's row count fixes. docs/kernels.md, "Gated DeltaNet", tells the story.
 
 ``DecodeMixer`` decides per step: steps where every row decodes one token (``StateRows.cu_seqlens``
-is None) on CUDA or under the Triton interpreter run fused; any other step composes, its gated norm
-still through the third kernel (``DecodeMixer.gated_norm``); every step of a layer whose geometry or
-dtype a kernel refuses composes whole, each reason logged once by name.
+is None) on CUDA or under the Triton interpreter run fused; any other step composes, its gates and
+gated norm still through token-wise kernels (``DecodeMixer.gates``: the second kernel's prologue
+on its own, kernels/triton/gdn_gates.py; ``DecodeMixer.gated_norm``: the third); every step of a
+layer whose geometry or dtype a kernel refuses composes with the spec's torch ops, each reason
+logged once by name.
 """
 
 from __future__ import annotations
@@ -29,9 +31,11 @@ import torch
 
 from kernels.gdn.base import GDNGeometry, StateRows
 from kernels.reference import SpecError, gated_rms_norm
+from kernels.reference import gdn_gates as gdn_gates_spec
 from kernels.triton.gdn_conv_step import check_conv_kernels, gdn_conv_step
 from kernels.triton.gdn_decode import gdn_decode_step_with_gates
 from kernels.triton.gdn_gated_norm import check_gated_norm, gdn_gated_norm
+from kernels.triton.gdn_gates import gdn_gates
 from kernels.triton.storage import interpreted
 
 log = logging.getLogger("infer.kernels.gdn")
@@ -137,11 +141,21 @@ class DecodeMixer:
         """``gdn_decode_mixer`` at this layer geometry, for a step ``runs`` took."""
         return gdn_decode_mixer(qkv, z, b, a, weights, self.geometry, rows, conv_pool, state_pool)
 
+    def gates(
+        self, a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``reference.gdn_gates`` of a step that composes (a prefill's tokens): the decode step's
+        prologue as its own token-wise launch (kernels/triton/gdn_gates.py), unless this layer was
+        refused."""
+        if self.refused is not None:
+            return gdn_gates_spec(a, b, a_log, dt_bias)
+        return gdn_gates(a, b, a_log, dt_bias)
+
     def gated_norm(
         self, core: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float
     ) -> torch.Tensor:
-        """The gated RMSNorm of a step that composes (a prefill's tokens): the third kernel, which
-        works token by token so any step takes it, unless this layer was refused."""
+        """The gated RMSNorm of a step that composes: the third kernel, which works token by token so
+        any step takes it, unless this layer was refused."""
         if self.refused is not None:
             return gated_rms_norm(core, gate, weight, eps)
         return gdn_gated_norm(core, gate, weight, eps)

@@ -23,7 +23,8 @@ down + residual; the LM head as the plain fused GEMV. Attention runs as on every
 The GDN decode mixer: on a step where every row decodes one token, a GDN layer's mixer between
 in_proj and out_proj runs as three Triton launches (`kernels.gdn.decode_mixer`: conv step with the
 state shift, gates + recurrent step, gated norm) instead of the backend's conv, the torch gates and
-the torch gated norm; other steps compose it, their gated norm through the mixer's norm kernel.
+the torch gated norm; other steps compose it, their gates and gated norm through the mixer's
+token-wise kernels.
 It runs on CUDA with either projection path unless `--gdn-backend torch` (the spec's own form) was
 asked for, and with `--decode-fusion`.
 
@@ -349,7 +350,11 @@ class Qwen35Model:
             )
         mixed = self.gdn.conv(qkv.contiguous(), layer.conv, rows, self.state.conv_layer(layer.state_index))
         q, k, v = mixed.split([g.key_dim, g.key_dim, g.value_dim], dim=-1)
-        decay, beta = reference.gdn_gates(a, b, layer.a_log, layer.dt_bias)
+        mixer = self.decode_mixer
+        if mixer is not None:
+            decay, beta = mixer.gates(a, b, layer.a_log, layer.dt_bias)
+        else:
+            decay, beta = reference.gdn_gates(a, b, layer.a_log, layer.dt_bias)
         core = self.gdn.delta_rule(
             q.reshape(tokens, g.num_key_heads, g.key_head_dim),
             k.reshape(tokens, g.num_key_heads, g.key_head_dim),
@@ -361,8 +366,8 @@ class Qwen35Model:
         )
         gate = z.reshape(tokens, g.num_value_heads, g.value_head_dim)
         eps = self.config.rms_norm_eps
-        if self.decode_mixer is not None:
-            normed = self.decode_mixer.gated_norm(core, gate, layer.norm, eps)
+        if mixer is not None:
+            normed = mixer.gated_norm(core, gate, layer.norm, eps)
         else:
             normed = reference.gated_rms_norm(core, gate, layer.norm, eps)
         return normed.reshape(tokens, g.value_dim)

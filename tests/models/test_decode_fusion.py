@@ -130,14 +130,16 @@ def _decode(checkpoint: Path, *, fusion: bool, lengths: tuple[int, ...] = SMALL)
     return (tokens, logprobs), model
 
 
-# The fused decode mixer's three launches, by their names in kernels.gdn.decode_mixer.
+# The fused decode mixer's three launches, by their names in kernels.gdn.decode_mixer, and the
+# token-wise gates kernel a composed step takes beside the third.
 MIXER_KERNELS = ("gdn_conv_step", "gdn_decode_step_with_gates", "gdn_gated_norm")
+COMPOSED_STEP_KERNELS = ("gdn_gates",)
 
 
 def _spy_mixer(patch: pytest.MonkeyPatch) -> Counter[tuple[str, int]]:
     """Counts (kernel, rows) of every launch of the fused decode mixer's kernels."""
     launched: Counter[tuple[str, int]] = Counter()
-    for name in MIXER_KERNELS:
+    for name in MIXER_KERNELS + COMPOSED_STEP_KERNELS:
         real = getattr(mixer_module, name)
 
         def spied(x: torch.Tensor, *args: Any, _name: str = name, _real: Any = real, **kw: Any) -> Any:
@@ -152,7 +154,7 @@ def _check_mixer_launches(line: str, model: Any, launched: Counter[tuple[str, in
     """Qwen3.5: each GDN layer ran its decode steps through the three kernels, each step all three,
     at least 5 steps with every one of the ``rows`` sequences decoding (the step plan is the
     scheduler's: a decode row beside a prefill chunk composes), and the steps that compose through
-    the gated norm kernel alone; the other lines never."""
+    the gates and gated norm kernels; the other lines never."""
     if line != "tiny_qwen35":
         assert not launched, launched
         return
@@ -162,8 +164,10 @@ def _check_mixer_launches(line: str, model: Any, launched: Counter[tuple[str, in
     decode_steps = per_kernel["gdn_conv_step"]
     assert per_kernel["gdn_decode_step_with_gates"] == decode_steps, per_kernel
     assert per_kernel["gdn_gated_norm"] > decode_steps, per_kernel  # the composed steps' norms too
+    composed_steps = per_kernel["gdn_gated_norm"] - decode_steps
+    assert sum(n for (k, _), n in launched.items() if k == "gdn_gates") == composed_steps, launched
     assert launched[("gdn_conv_step", rows)] >= 5 * gdn_layers, launched
-    assert max(r for k, r in launched if k != "gdn_gated_norm") == rows, launched
+    assert max(r for k, r in launched if k not in ("gdn_gated_norm", "gdn_gates")) == rows, launched
     assert all(count % gdn_layers == 0 for (_, _), count in launched.items()), launched
 
 
