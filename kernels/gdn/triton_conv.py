@@ -20,7 +20,7 @@ from kernels.gdn.base import StateRows, check_state_pool
 from kernels.gdn.torch_backend import TorchGDN
 from kernels.reference import SpecError
 from kernels.triton.gdn_conv_step import check_conv_kernels, gdn_conv_step
-from kernels.triton.gdn_conv_varlen import gdn_conv_varlen, varlen_rows
+from kernels.triton.gdn_conv_varlen import VarlenRows, gdn_conv_varlen, varlen_rows
 from kernels.triton.storage import interpreted
 
 log = logging.getLogger("infer.kernels.gdn")
@@ -48,6 +48,10 @@ class TritonConv:
     def __init__(self) -> None:
         self._torch = TorchGDN()
         self._logged: set[str] = set()
+        # The last step's rows and their boundaries on the device: every GDN layer of a step passes
+        # the same StateRows, so the boundaries are copied up once a step, not once a layer. Held
+        # by reference, so `is` cannot match a new object at a recycled address.
+        self._bounds_of: tuple[StateRows, VarlenRows] | None = None
 
     def conv(
         self, x: torch.Tensor, weight: torch.Tensor, rows: StateRows, conv_pool: torch.Tensor
@@ -62,5 +66,6 @@ class TritonConv:
             return self._torch.conv(x, weight, rows, conv_pool)
         if rows.cu_seqlens is None:
             return gdn_conv_step(x, weight, rows.slots, rows.fresh, conv_pool)
-        bounds = varlen_rows(rows.boundaries(x.shape[0]), x.device)
-        return gdn_conv_varlen(x, weight, bounds, rows.slots, rows.fresh, conv_pool)
+        if self._bounds_of is None or self._bounds_of[0] is not rows:
+            self._bounds_of = (rows, varlen_rows(rows.boundaries(x.shape[0]), x.device))
+        return gdn_conv_varlen(x, weight, self._bounds_of[1], rows.slots, rows.fresh, conv_pool)

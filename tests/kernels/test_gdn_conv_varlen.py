@@ -219,6 +219,35 @@ def test_backend_conv_is_the_torch_form(dtype: torch.dtype, decode: bool) -> Non
     _check_outputs(got, want)
 
 
+def test_a_steps_layers_copy_the_row_boundaries_up_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every GDN layer of a step passes the same StateRows: the boundaries go to the device once a
+    step, and a second layer's conv over them is the torch form's as the first is."""
+    import kernels.gdn.triton_conv as triton_conv
+
+    copies: list[tuple[int, ...]] = []
+    real = triton_conv.varlen_rows
+
+    def counted(cu: tuple[int, ...], device: torch.device) -> object:
+        copies.append(tuple(cu))
+        return real(cu, device)
+
+    monkeypatch.setattr(triton_conv, "varlen_rows", counted)
+    cu = _bounds(LENGTHS)
+    rows = _rows(ROW_SLOTS, FRESH, cu)
+    weights = [_weight(torch.bfloat16, 4, seed=s) for s in (30, 31)]
+    x = _x(cu[-1], torch.bfloat16, seed=32)
+    conv = TritonConv()
+    pools = [_pool(torch.bfloat16, 4, seed=s) for s in (33, 34)]
+    for weight, pool in zip(weights, pools, strict=True):
+        want_pool = pool.clone()
+        want = TorchGDN().conv(x, weight, rows, want_pool)
+        _check_outputs(conv.conv(x, weight, rows, pool), want)
+        assert torch.equal(pool, want_pool)
+    assert copies == [tuple(cu)]
+    conv.conv(x, weights[0], _rows(ROW_SLOTS, FRESH, cu), pools[0])  # the next step's rows
+    assert len(copies) == 2
+
+
 def test_backend_conv_runs_the_torch_form_for_a_width_the_kernels_refuse(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
