@@ -183,7 +183,7 @@ def resolve_feeds(batch: StepBatch, feed: StepHandle | None) -> StepBatch:
                 )
             row = replace(row, token_ids=(sampled.token_id,), feed_from=None)
         rows.append(row)
-    return StepBatch(tuple(rows))
+    return replace(batch, rows=tuple(rows))
 
 
 def launch_step(runner: ModelRunner, batch: StepBatch, feed: StepHandle | None) -> StepHandle:
