@@ -152,7 +152,9 @@ class PipelinedRunner(ModelRunner, Protocol):
         launched just before (None when there is none, or it was collected). A row with `feed_from`
         takes as its token the one `feed` sampled for that row, resolved where `feed`'s tokens are
         (on the device), and samples with `num_generated` as given (it counts the fed token). The
-        caller keeps every page in the rows' tables allocated until the handle is collected. If
+        batch's state copies run as `execute` runs them: the restores before the forward, the
+        snapshots after it, queued behind every step launched before. The caller keeps every page
+        in the rows' tables and every row's state slot allocated until the handle is collected. If
         this raises, nothing it started is still running."""
         ...
 
