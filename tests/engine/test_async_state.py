@@ -21,8 +21,8 @@ from test_state_snapshots import StateSim, assert_consistent, tokens
 
 from engine.config import EngineConfig
 from engine.contract import Failed, Request, SamplingParams
-from engine.runner import StepBatch, StepHandle
-from engine.scheduler import BatchScheduler
+from engine.runner import BatchRow, StepBatch, StepHandle
+from engine.scheduler import BatchScheduler, _DrainFirst
 from models.sim import EOS_TOKEN_ID, VOCAB_SIZE, SimOptions, SimRunner, sim_completion
 
 
@@ -154,6 +154,34 @@ def test_a_snapshot_restored_by_a_launched_step_may_be_retaken_before_that_step_
     for r in (resend, other):
         assert outcome.tokens[r.request_id] == list(sim_completion(r.prompt_token_ids, r.sampling).token_ids)
     assert sim.chunks["resend"][0] == (32, 40)
+    assert_all_returned(scheduler)
+
+
+def test_a_drain_gives_back_the_snapshots_its_discarded_rows_took(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step whose prefill chunk took a snapshot, then had to preempt with a step in flight: it
+    collects that step and schedules again, and the snapshot of the discarded row is given back
+    (a leak would leave it pending forever). The tokens are the sim's."""
+    greedy = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (5, 6, 24)]
+    reqs = [
+        Request(f"d{i}", tokens(n, seed=16320 + i), params)
+        for i, (n, params) in enumerate(zip((96, 19, 71), greedy, strict=True))
+    ]
+    scheduler, _ = make(async_scheduling=True, snapshots=4, pages=10, budget=64, seqs=3)
+    discarded: list[int] = []
+    schedule = scheduler._schedule
+
+    def watching_schedule() -> list[BatchRow]:
+        try:
+            return schedule()
+        except _DrainFirst:
+            discarded.append(len(scheduler._snapshot_copies))
+            raise
+
+    monkeypatch.setattr(scheduler, "_schedule", watching_schedule)
+    outcome = run_staggered(scheduler, reqs, arrivals=[2, 2, 3])
+    assert sum(discarded) > 0, discarded
+    for r in reqs:
+        assert outcome.tokens[r.request_id] == list(sim_completion(r.prompt_token_ids, r.sampling).token_ids)
     assert_all_returned(scheduler)
 
 
