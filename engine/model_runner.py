@@ -12,8 +12,9 @@ event that `collect` waits on. Everything is queued on one stream, so a step rea
 tokens every step launched before it wrote.
 
 A recurrent model's state snapshots (engine/kv/snapshots.py) are slot copies on the device that a
-synchronous step makes before its forward (`StepBatch.restore_state`) and after it
-(`StepBatch.snapshot_state`).
+step makes before its forward (`StepBatch.restore_state`) and after it (`StepBatch.snapshot_state`),
+on the stream the forward runs on: a synchronous step and a launched one alike (`_copy_state`);
+overlapped prefill refuses them.
 """
 
 from __future__ import annotations
@@ -136,6 +137,8 @@ class PagedModelRunner:
         return logits
 
     def _copy_state(self, copies: Sequence[tuple[int, int]]) -> None:
+        """A step's state-slot copies (source, destination), in order, queued on the current stream:
+        its restores just before its forward, its snapshots just after it."""
         if not copies:
             return
         state = state_pools_of(self.model)
@@ -148,7 +151,7 @@ class PagedModelRunner:
     @staticmethod
     def _refuse_state_copies(batch: StepBatch, mode: str) -> None:
         if batch.restore_state or batch.snapshot_state:
-            raise ValueError(f"state snapshots are not supported with {mode} (the scheduler refuses both)")
+            raise ValueError(f"state snapshots are not supported with {mode} (the scheduler refuses it)")
 
     @torch.inference_mode()
     def launch_step(self, batch: StepBatch, feed: StepHandle | None) -> StepHandle:
@@ -156,7 +159,6 @@ class PagedModelRunner:
         tokens read at `collect`. No host-device synchronisation happens here except the wait for
         the previous launch's input copies (already done once the step before that was collected):
         the attention backend may reuse its own pinned planning buffer in `plan`."""
-        self._refuse_state_copies(batch, "async scheduling")
         rows = batch.rows
         device = self.model.device
         on_cuda = device.type == "cuda"
@@ -165,6 +167,8 @@ class PagedModelRunner:
             self._inputs_queued = None
         slot, staging = self._staging.take()
         try:
+            # Before the forward, as `forward` makes them; the snapshots follow the logits.
+            self._copy_state(batch.restore_state)
             graphs = self.graphs
             specs = self.model.kv.attention_specs
             if graphs is not None and graphs.accepts(rows):
@@ -184,6 +188,7 @@ class PagedModelRunner:
                 self._inputs_queued = _record_event(on_cuda)
                 hidden = self.model.forward(step)
                 logits = self.model.logits(hidden) if any(r.sample for r in rows) else None
+            self._copy_state(batch.snapshot_state)
             host: SamplerOutput | None = None
             device_tokens: torch.Tensor | None = None
             requested: tuple[int | None, ...] = ()

@@ -152,7 +152,9 @@ class PipelinedRunner(ModelRunner, Protocol):
         launched just before (None when there is none, or it was collected). A row with `feed_from`
         takes as its token the one `feed` sampled for that row, resolved where `feed`'s tokens are
         (on the device), and samples with `num_generated` as given (it counts the fed token). The
-        caller keeps every page in the rows' tables allocated until the handle is collected. If
+        batch's state copies run as `execute` runs them: the restores before the forward, the
+        snapshots after it, queued behind every step launched before. The caller keeps every page
+        in the rows' tables and every row's state slot allocated until the handle is collected. If
         this raises, nothing it started is still running."""
         ...
 
@@ -183,7 +185,7 @@ def resolve_feeds(batch: StepBatch, feed: StepHandle | None) -> StepBatch:
                 )
             row = replace(row, token_ids=(sampled.token_id,), feed_from=None)
         rows.append(row)
-    return StepBatch(tuple(rows))
+    return replace(batch, rows=tuple(rows))
 
 
 def launch_step(runner: ModelRunner, batch: StepBatch, feed: StepHandle | None) -> StepHandle:

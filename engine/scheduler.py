@@ -16,7 +16,7 @@ a page boundary copies its slot into a snapshot after the forward (`StepBatch.sn
 a hit stops at the deepest boundary with a snapshot, copied into the new slot before the forward
 (`StepBatch.restore_state`). To give every prompt a snapshot where a later hit can use it, the last
 prefill chunk stops at the deepest page boundary a resend could resume from (`_snapshot_chunk`).
-Overlapped prefill and async scheduling are refused for such a model.
+Overlapped prefill is refused for such a model; async scheduling serves it (below).
 
 Overlapped prefill (`async_prefill`; docs/engine.md tells how and why): prefill work goes into one
 side forward at a time, joined at a later step. Until the join its requests hold their pages, get
@@ -31,6 +31,19 @@ token is dropped. Facts still go to the ledger once, when N is collected. A requ
 launched step still holds its row (finish, abort, failure) frees its pages only when the last such
 step is collected. A step that would preempt first collects N (drains the pipeline), so a
 preempted request never has a row in flight.
+
+With recurrent state, a state slot follows the pages' rules: taken with them at admission, given
+back by a request retired with a row in flight only when its last such step is collected. A launched
+step carries its state copies (restores before its forward, snapshots after it). A snapshot slot it
+writes stays pending until that step is collected: then it is committed (the request still runs and
+its page is indexed) or released (the request was retired meanwhile), and a failed launch releases
+it. A snapshot is findable, so restorable, only once the step that wrote it has been collected, so
+every restore reads a copy queued in an earlier step. Every copy into or out of a snapshot slot is
+queued on the runner's one stream in the order the host hands the slot out, so the host may hand a
+committed slot to a new snapshot (LRU eviction, `SnapshotCache.take`) or free it (`forget`) while a
+launched step still restores from it: that step's read is queued before the new owner's write,
+which only a later launched step (or the same step, after its forward) makes. No copy queued
+earlier can land after a later one, so no snapshot's content is clobbered out of order.
 """
 
 from __future__ import annotations
@@ -39,7 +52,7 @@ import contextlib
 import time
 from collections import deque
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 from engine.config import EngineConfig
@@ -169,7 +182,8 @@ class AsyncStats:
     wasted_rows: int = 0
     # Steps that collected the step in flight before scheduling, because they had to preempt.
     drains: int = 0
-    # Requests retired with a row in flight, whose pages were freed only at its collection.
+    # Requests retired with a row in flight, whose pages (and state slot) were freed only at its
+    # collection.
     deferred_frees: int = 0
 
 
@@ -185,6 +199,9 @@ class _Launched:
     seqs: list[_Seq]
     rows: tuple[BatchRow, ...]
     collected: bool = False
+    # The snapshots its rows write after the forward, pending until it is collected: (row index,
+    # the row's end position, the snapshot slot).
+    snapshots: list[tuple[int, int, int]] = field(default_factory=list)
 
 
 @dataclass(slots=True, eq=False)
@@ -232,8 +249,6 @@ class BatchScheduler:
         self._snapshots = snapshots
         if self._slots is not None and config.async_prefill:
             raise ContractError("async_prefill", True, "not supported for a model with recurrent state")
-        if self._slots is not None and config.async_scheduling:
-            raise ContractError("async_scheduling", True, "not supported for a model with recurrent state")
         if config.async_prefill and config.async_scheduling:
             raise ContractError(
                 "async_scheduling", True, "cannot be combined with async_prefill (one of the two at a time)"
@@ -519,7 +534,15 @@ class BatchScheduler:
             rows = self._schedule()
         except _DrainFirst:
             # Nothing was admitted or preempted before the raise (admissions follow every row that
-            # may preempt); the rows built so far only hold pages they keep after the drain.
+            # may preempt), so no restore was queued; the rows built so far only hold pages they keep
+            # after the drain, and the snapshots they took are given back.
+            assert not self._restores
+            for seq in self._in_step:
+                if seq.snapshot is not None:
+                    assert self._snapshots is not None
+                    self._snapshots.release(seq.snapshot[1])
+                    seq.snapshot = None
+            self._snapshot_copies.clear()
             self._in_step = []
             assert previous is not None
             self._pending = None
@@ -539,8 +562,11 @@ class BatchScheduler:
     def _launch_step(self, rows: list[BatchRow], seqs: list[_Seq], previous: _Launched | None) -> None:
         feed = previous.handle if previous is not None else None
         running_before = feed is not None and not feed.done()
-        # If the launch raises, nothing it started is running (the runner's contract).
-        batch = StepBatch(tuple(rows))
+        # If the launch raises, nothing it started is running (the runner's contract): the
+        # requests' own `snapshot` fields still name the slots taken, which `fail_step` releases.
+        batch = StepBatch(tuple(rows), tuple(self._restores), tuple(self._snapshot_copies))
+        self._restores.clear()
+        self._snapshot_copies.clear()
         handle = launch_step(self._runner, batch, feed)
         fed_rows = 0
         for i, (seq, row) in enumerate(zip(seqs, rows, strict=True)):
@@ -554,7 +580,16 @@ class BatchScheduler:
             if row.feed_from is not None:
                 fed_rows += 1
         self.async_stats.fed_rows += fed_rows
-        self._pending = _Launched(handle, seqs, batch.rows)
+        launched = _Launched(handle, seqs, batch.rows)
+        if batch.snapshot_state:
+            # The launch owns them now: a second chunk of the same request may take another before
+            # this one is collected.
+            for i, seq in enumerate(seqs):
+                if seq.snapshot is not None:
+                    end, slot = seq.snapshot
+                    seq.snapshot = None
+                    launched.snapshots.append((i, end, slot))
+        self._pending = launched
         self.async_stats.launches += 1
         self.async_stats.launched_while_running += running_before
 
@@ -569,7 +604,10 @@ class BatchScheduler:
         self.async_stats.collects += 1
         self._land(launch)
         if len(results) != len(launch.rows):
+            self._drop_snapshots(launch)
             raise RunnerContractError(f"runner returned {len(results)} results for {len(launch.rows)} rows")
+        if launch.snapshots:
+            self._settle_snapshots(launch)
         finished = False
         computed = self.kv.computed
         for seq, row, result in zip(launch.seqs, launch.rows, results, strict=True):
@@ -587,6 +625,29 @@ class BatchScheduler:
             finished |= self._take_token(seq, result)
         if finished:
             self._running = [s for s in self._running if s.where is _Where.RUNNING]
+
+    def _settle_snapshots(self, launch: _Launched) -> None:
+        """The collected launch wrote its snapshots: findable for the requests still running (once
+        their pages are indexed), given back for those retired meanwhile."""
+        snapshots = self._snapshots
+        assert snapshots is not None
+        kv = self.kv
+        for i, end, slot in launch.snapshots:
+            seq = launch.seqs[i]
+            if seq.where is _Where.RUNNING:
+                kv.computed(seq.request_id, seq.tokens, end)
+                kv.commit_snapshot(seq.request_id, end, slot)
+            else:
+                snapshots.release(slot)
+        launch.snapshots.clear()
+
+    def _drop_snapshots(self, launch: _Launched) -> None:
+        """A launch that failed or was abandoned: what its snapshot slots hold is unknown."""
+        if launch.snapshots:
+            assert self._snapshots is not None
+            for _, _, slot in launch.snapshots:
+                self._snapshots.release(slot)
+            launch.snapshots.clear()
 
     def _land(self, launch: _Launched) -> None:
         """The launch is over on the device: its rows hold no pages any more, and the pages of
@@ -610,6 +671,7 @@ class BatchScheduler:
             with contextlib.suppress(Exception):
                 launch.handle.collect()
         self._land(launch)
+        self._drop_snapshots(launch)
         for seq in launch.seqs:
             seq.pending = 0
 
@@ -854,7 +916,8 @@ class BatchScheduler:
         self._seqs.pop(seq.request_id, None)
         seq.where = _Where.DONE
         if seq.snapshot is not None:
-            # Its step failed before the snapshot was committed: what the slot holds is unknown.
+            # Its step failed before the snapshot was committed (or launched: a launched step's
+            # snapshots are the launch's): what the slot holds is unknown.
             assert self._snapshots is not None
             self._snapshots.release(seq.snapshot[1])
             seq.snapshot = None

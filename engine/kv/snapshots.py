@@ -9,8 +9,9 @@ same hash chain as the KV pages, so equal keys mean equal token prefixes).
 Lifetimes:
 - `take` hands out a slot for a snapshot the step being built will write: it is *pending* (the
   copy runs after that step's forward) and no one may read it or take it until `commit` or
-  `release`.
-- `commit` makes it findable once the step ran and its pages are indexed; it is then in the LRU.
+  `release`. Under async scheduling it stays pending until the launched step is collected.
+- `commit` makes it findable once the step ran (was collected) and its pages are indexed; it is
+  then in the LRU.
 - A committed snapshot goes when its page hash leaves the KV index (`forget`: the page was
   evicted, so no hit can reach that depth any more), or when `take` needs a slot and none is free
   (least recently used first; its page stays cached, and a hit then stops at a shallower snapshot).
@@ -19,7 +20,11 @@ Lifetimes:
 
 A restore is only ever read before the forward of the step that admits the hit, and a snapshot is
 only written after a step's forward, both on one stream, so taking a slot that a restore in the same
-step reads is safe.
+step reads is safe. The same holds across steps launched ahead under async scheduling: a slot is
+found (restored from) only after the step writing it was collected, and every later use of a slot
+taken or freed while a launched step still restores from it is a copy queued after that read, on
+the same stream; the host never needs to wait for a launched step before recycling a committed slot
+(engine/scheduler.py tells the scheduler's half).
 """
 
 from __future__ import annotations

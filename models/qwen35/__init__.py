@@ -2,12 +2,12 @@
 
 Loading is the shared `PagedLine`'s, with this line's facts settled around it. Before any weight is
 read: the GDN backend (`--gdn-backend`) for the device, and whether it covers the checkpoint's GDN
-geometry in the serving dtype; `--async-prefill` refused (and `--async-scheduling`, by the
-scheduler). Prefix caching runs with state snapshots at page boundaries (engine/kv/snapshots.py;
-the engine takes and restores them, the model reads whatever state its slot holds). After the model is
-built and before start-up sizes the KV pool or captures graphs: the backend's `warm_up` at that
-geometry (`auto` measures and pins its per-phase choice there, fla settles its Triton autotune), so
-neither the budget nor a graph sees a first-use compile.
+geometry in the serving dtype; `--async-prefill` refused (`--async-scheduling` runs: the scheduler's
+launched steps carry the state copies). Prefix caching runs with state snapshots at page boundaries
+(engine/kv/snapshots.py; the engine takes and restores them, the model reads whatever state its slot
+holds). After the model is built and before start-up sizes the KV pool or captures graphs: the
+backend's `warm_up` at that geometry (`auto` measures and pins its per-phase choice there, fla
+settles its Triton autotune), so neither the budget nor a graph sees a first-use compile.
 
 At `--tensor-parallel-size N` > 1 the line runs split (docs/tensor-parallel.md): the parser and
 the model builder travel to the worker ranks, so both are picklable values, not closures.
@@ -115,11 +115,6 @@ def line_options(options: ModelOptions) -> tuple[ModelOptions, GDNBackend]:
         gdn = pick_gdn_backend(options.gdn_backend, pick_device(options))
     except GDNBackendError as exc:
         raise ModelLoadError(str(exc)) from exc
-    if engine.async_scheduling:
-        raise ModelLoadError(
-            "--async-scheduling is not supported for Qwen3.5 (state slots and snapshots are copied "
-            "by synchronous steps only)"
-        )
     return options, gdn
 
 

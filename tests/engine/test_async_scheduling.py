@@ -6,9 +6,11 @@ token that is wrong, a page freed while a launched step still writes it, or a fa
 shows up as a wrong token, a `SimKVError` or a `LifecycleError`. `LateDevice` stands in for a
 device that runs launched steps late but in order: a step's forward runs only when it (or a later
 one) is collected, so the scheduler's host work really runs ahead of it, and each row's pages are
-checked to be still held when its forward finally runs. The real lines (tiny synthetic Qwen3 and
-Gemma 4 on CPU) run `PagedModelRunner.launch_step`, whose fed tokens are gathered from the
-previous step's sampled-id tensor, and are compared with their own synchronous runs.
+checked to be still held when its forward finally runs (and, with recurrent state, each row's state
+slot and each snapshot slot the step writes; tests/engine/test_async_state.py). The real lines (tiny
+synthetic Qwen3 and Gemma 4 on CPU; Qwen3.5 in test_async_state.py) run
+`PagedModelRunner.launch_step`, whose fed tokens are gathered from the previous step's sampled-id
+tensor, and are compared with their own synchronous runs.
 """
 
 from __future__ import annotations
@@ -30,10 +32,12 @@ from test_batch_scheduler import (  # the sibling module: pytest puts tests/engi
 from engine.config import EngineConfig
 from engine.contract import ContractError, Failed, Request, SamplingParams
 from engine.kv import KVGroupSpec
+from engine.kv.state_pool import state_pools_of
 from engine.runner import (
     FED_TOKEN,
     BatchRow,
     FeedError,
+    ModelRunner,
     ReadyPrefill,
     SampledToken,
     StepBatch,
@@ -66,9 +70,10 @@ class _LateHandle:
 
 
 class LateDevice:
-    """Implements `engine.runner.PipelinedRunner` over the sim; runs launches in order, late."""
+    """Implements `engine.runner.PipelinedRunner` over a runner that runs at once (the sim, or one
+    wrapping it); runs launches in order, late."""
 
-    def __init__(self, inner: SimRunner) -> None:
+    def __init__(self, inner: ModelRunner) -> None:
         self.inner = inner
         self.queue: list[_LateHandle] = []
         self.launched: list[StepBatch] = []
@@ -108,15 +113,24 @@ class LateDevice:
 
     def _check_pages_held(self, batch: StepBatch) -> None:
         """Every page a row's forward reads or writes is still referenced when it runs (on a sliding
-        group, those its first query's window reaches)."""
-        assert self.scheduler is not None
+        group, those its first query's window reaches); with recurrent state, every row's state slot
+        is still taken and every snapshot slot the step writes is still pending."""
+        scheduler = self.scheduler
+        assert scheduler is not None
         for row in batch.rows:
-            for group, table in zip(self.scheduler.kv.groups, row.page_tables, strict=True):
+            for group, table in zip(scheduler.kv.groups, row.page_tables, strict=True):
                 window = group.spec.sliding_window
                 first = 0 if window is None else max(0, row.start_pos - window + 1) // PAGE_SIZE
                 for page in table[first:]:
                     if page != PADDING_PAGE:
                         assert group.pool.refcount(page) > 0, f"{row.request_id}: page {page} freed under it"
+        slots = scheduler._slots
+        if slots is not None:
+            for row in batch.rows:
+                assert row.state_slot in slots._taken, f"{row.request_id}: state slot {row.state_slot} freed"
+        snapshots = scheduler.kv.snapshots
+        for _, dst in batch.snapshot_state:
+            assert snapshots is not None and dst in snapshots._pending, f"snapshot slot {dst} not pending"
 
 
 def make(
@@ -379,13 +393,34 @@ def test_a_failed_step_fails_both_steps_in_flight_and_frees_their_pages(where: s
     assert_matches_sim(outcome, [late])
 
 
-def test_async_scheduling_is_refused_with_async_prefill_and_for_recurrent_state() -> None:
+def test_async_scheduling_is_refused_with_async_prefill_and_serves_recurrent_state() -> None:
     with pytest.raises(ContractError, match="async_scheduling"):
         EngineConfig(async_scheduling=True, async_prefill=True)
-    config = EngineConfig(async_scheduling=True, enable_prefix_caching=False)
     groups = (KVGroupSpec("full", 64),)
-    with pytest.raises(ContractError, match="async_scheduling"):
-        BatchScheduler(SimRunner(groups), config, groups, {EOS_TOKEN_ID}, 256, model_id="sim", state_slots=4)
+    for caching, snapshots in ((False, 0), (True, 4)):
+        config = EngineConfig(async_scheduling=True, enable_prefix_caching=caching)
+        scheduler = BatchScheduler(
+            SimRunner(groups),
+            config,
+            groups,
+            {EOS_TOKEN_ID},
+            256,
+            model_id="sim",
+            state_slots=4,
+            snapshot_slots=snapshots,
+        )
+        assert scheduler.load().state_slots_total == 3
+    # Overlapped prefill stays refused for it, by name.
+    with pytest.raises(ContractError, match="async_prefill"):
+        BatchScheduler(
+            SimRunner(groups),
+            EngineConfig(async_prefill=True, enable_prefix_caching=False),
+            groups,
+            {EOS_TOKEN_ID},
+            256,
+            model_id="sim",
+            state_slots=4,
+        )
 
 
 def test_the_flag_is_off_by_default_and_both_spellings_reach_the_config() -> None:
@@ -427,6 +462,10 @@ def _real_requests(eos_free: bool) -> list[Request]:
     return out
 
 
+# Builds the requests of a comparison from whether they ignore EOS (the probe run does).
+RealRequests = Callable[[bool], list[Request]]
+
+
 def _real_run(
     checkpoint: Path,
     async_scheduling: bool,
@@ -435,6 +474,8 @@ def _real_run(
     *,
     num_kv_pages: int,
     budget: int,
+    requests: RealRequests = _real_requests,
+    arrivals: Sequence[int] = (0, 0, 2, 3, 5, 9),
 ) -> tuple[Outcome, BatchScheduler]:
     # `per-token` runs every projection and the LM head row by row, so a row's logits do not
     # depend on which other rows share its step: async scheduling changes the batches (a finished
@@ -451,7 +492,8 @@ def _real_run(
     scheduler = loaded.scheduler
     assert isinstance(scheduler, BatchScheduler)
     if eos is not None:
-        # The same runner and pages under a stop set the tiny random model actually samples.
+        # The same runner, pages and state slots under a stop set the tiny random model samples.
+        state = state_pools_of(scheduler.runner.model)  # type: ignore[attr-defined]
         scheduler = BatchScheduler(
             scheduler.runner,
             engine,
@@ -459,10 +501,14 @@ def _real_run(
             eos,
             loaded.max_model_len,
             model_id="stop-test",
+            state_slots=None if state is None else state.running_slots,
+            snapshot_slots=0 if state is None else state.snapshot_slots,
         )
-    reqs = _real_requests(eos_free=eos is None)
-    outcome = run_staggered(scheduler, reqs, arrivals=[0, 0, 2, 3, 5, 9], aborts=aborts)
-    assert scheduler.load().kv_pages_used == 0
+    reqs = requests(eos is None)
+    outcome = run_staggered(scheduler, reqs, arrivals=arrivals, aborts=aborts)
+    load = scheduler.load()
+    assert (load.kv_pages_used, load.state_slots_used) == (0, 0), load
+    assert scheduler.kv.snapshots is None or scheduler.kv.snapshots.pending == 0
     return outcome, scheduler
 
 
@@ -476,44 +522,67 @@ def _max_logprob_gap(a: Outcome, b: Outcome, skip: str) -> float:
     return max(gaps)
 
 
-def _compare_real_line(checkpoint: Path) -> None:
+def _compare_real_line(
+    checkpoint: Path,
+    requests: RealRequests = _real_requests,
+    arrivals: Sequence[int] = (0, 0, 2, 3, 5, 9),
+) -> tuple[Outcome, BatchScheduler]:
+    """Sync against async on the same requests (m0 stops on a token it samples, m2 is aborted):
+    the same tokens, log-probs, terminals and prefix hits; then again under a KV pool of 6 pages
+    that preempts. Returns the roomy async run."""
+
+    def run(
+        async_scheduling: bool, eos: set[int] | None, aborts: dict[int, list[str]], pages: int, budget: int
+    ) -> tuple[Outcome, BatchScheduler]:
+        return _real_run(
+            checkpoint,
+            async_scheduling,
+            eos,
+            aborts,
+            num_kv_pages=pages,
+            budget=budget,
+            requests=requests,
+            arrivals=arrivals,
+        )
+
     # Budget 64 holds every prompt in one chunk and 64 pages hold every request at once: the sync
     # and async runs compute every row with the same shapes, so they must agree bit for bit.
-    roomy = {"num_kv_pages": 64, "budget": 64}
     # Find a token the model samples mid-stream, and make it the stop token.
-    probe, _ = _real_run(checkpoint, False, None, {}, **roomy)
+    probe, _ = run(False, None, {}, 64, 64)
     stop = probe.tokens["m0"][3]
     aborted = "m2"
     aborts = {14: [aborted]}
-    sync, _ = _real_run(checkpoint, False, {stop}, aborts, **roomy)
-    async_, scheduler = _real_run(checkpoint, True, {stop}, aborts, **roomy)
+    sync, _ = run(False, {stop}, aborts, 64, 64)
+    async_, scheduler = run(True, {stop}, aborts, 64, 64)
     stats = scheduler.async_stats
     assert stats.fed_rows > 0 and stats.launches == stats.collects and stats.wasted_rows > 0
     assert sync.terminals["m0"].reason.value == "stop"  # type: ignore[union-attr]
     assert async_.terminals == sync.terminals and aborted not in sync.terminals
+    # The same prefix hits, so the same rows: a hit at another depth would compute other chunks.
+    assert async_.cached == sync.cached
     for rid, tokens in sync.tokens.items():
         if rid == aborted:  # each run streamed a prefix, one step later under async scheduling
             shorter = min(len(tokens), len(async_.tokens[rid]))
             assert async_.tokens[rid][:shorter] == tokens[:shorter]
             continue
         assert async_.tokens[rid] == tokens, rid
-        assert async_.logprobs[rid] == sync.logprobs[rid], rid
+        assert async_.logprobs.get(rid) == sync.logprobs.get(rid), rid
 
     # Under a KV budget that preempts, the two runs preempt at different steps, and a recomputed
     # prefix is one prefill chunk where it was many decode rows: its KV differs in the last bits.
     # The tolerance is that effect in the sync run itself (preempting vs roomy), measured here
     # (4.8e-7 on both tiny lines on CPU; the async gap was 0 on Qwen3 and 4.8e-7 on Gemma 4).
-    tight = {"num_kv_pages": 6, "budget": 16}
-    sync_tight, sync_scheduler = _real_run(checkpoint, False, {stop}, aborts, **tight)
-    async_tight, scheduler = _real_run(checkpoint, True, {stop}, aborts, **tight)
-    assert sync_scheduler.num_preemptions > 0 and scheduler.num_preemptions > 0
-    assert scheduler.async_stats.drains > 0
+    sync_tight, sync_scheduler = run(False, {stop}, aborts, 6, 16)
+    async_tight, tight_scheduler = run(True, {stop}, aborts, 6, 16)
+    assert sync_scheduler.num_preemptions > 0 and tight_scheduler.num_preemptions > 0
+    assert tight_scheduler.async_stats.drains > 0
     assert async_tight.terminals == sync_tight.terminals == sync.terminals
     for rid, tokens in sync.tokens.items():
         if rid != aborted:
             assert async_tight.tokens[rid] == sync_tight.tokens[rid] == tokens, rid
     own_error = _max_logprob_gap(sync_tight, sync, skip=aborted)
     assert _max_logprob_gap(async_tight, sync_tight, skip=aborted) <= own_error
+    return async_, scheduler
 
 
 def test_qwen3_tiny_async_gives_the_sync_tokens_and_logprobs(tiny_qwen3: Path) -> None:
