@@ -356,9 +356,12 @@ class _LaunchedStep:
     def done(self) -> bool:
         return self._finished is None or bool(self._finished.query())
 
-    def collect(self) -> list[SampledToken | None]:
+    def wait(self) -> None:
         if self._finished is not None:
             self._finished.synchronize()
+
+    def collect(self) -> list[SampledToken | None]:
+        self.wait()
         if self._host is None:
             return [None] * len(self._samples)
         # Host tensors (pinned, complete after the event): reading them waits for nothing.

@@ -111,6 +111,9 @@ class ReadyPrefill:
     def done(self) -> bool:
         return True
 
+    def wait(self) -> None:
+        return None
+
     def collect(self) -> list[SampledToken | None]:
         return self.results
 
@@ -137,6 +140,11 @@ class StepHandle(Protocol):
 
     def done(self) -> bool:
         """Whether the step's tokens are ready to read. Never blocks."""
+        ...
+
+    def wait(self) -> None:
+        """Block until the step has finished on the device, without reading its tokens (`collect`
+        still reads them, once)."""
         ...
 
     def collect(self) -> list[SampledToken | None]:

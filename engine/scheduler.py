@@ -27,13 +27,14 @@ Async scheduling (`async_scheduling`; docs/engine.md): a step schedules and laun
 before it reads step N's tokens, then applies N's. A decode row whose last token is still on the
 device is fed from N's sampled ids there (`BatchRow.feed_from`); a request that N's token will
 finish by length gets no row; one that N finishes on a stop token wastes its row in N+1, whose
-token is dropped. Facts still go to the ledger once, when N is collected. A request retired while a
-launched step still holds its row (finish, abort, failure) frees its pages only when the last such
-step is collected. A step that would preempt first collects N (drains the pipeline), so a
+token is dropped. Facts still go to the ledger once, when N is collected. A request finished or
+failed while a launched step still holds its row frees its pages only when the last such step is
+collected; an abort frees them at once, after waiting on the device (not collecting) for the launched
+step that holds its row. A step that would preempt first collects N (drains the pipeline), so a
 preempted request never has a row in flight.
 
 With recurrent state, a state slot follows the pages' rules: taken with them at admission, given
-back by a request retired with a row in flight only when its last such step is collected. A launched
+back with them. A launched
 step carries its state copies (restores before its forward, snapshots after it). A snapshot slot it
 writes stays pending until that step is collected: then it is committed (the request still runs and
 its page is indexed) or released (the request was retired meanwhile), and a failed launch releases
@@ -126,6 +127,9 @@ class _Seq:
     inflight_start: int | None = None
     # A state snapshot its row in the step being run writes: (the row's end position, the slot).
     snapshot: tuple[int, int] | None = None
+    # Every launched step holding a row of it has finished on the device (an abort waited for
+    # them): its pages and slot are freed at once, not when those steps are collected.
+    device_done: bool = False
 
     @property
     def request_id(self) -> str:
@@ -306,8 +310,16 @@ class BatchScheduler:
     def abort(self, request_id: str) -> None:
         self._ledger.abort(request_id)
         seq = self._seqs.get(request_id)
-        if seq is not None:
-            self._retire(seq)
+        if seq is None:
+            return
+        if seq.launched_rows:
+            # An abort frees the request's pages and slot at once (the step contract): the launched
+            # step holding its row is waited for on the device, not collected (its tokens are
+            # applied in turn, this request's dropped), so nothing still writes them.
+            assert self._pending is not None, f"{request_id} has a launched row but no step is in flight"
+            self._pending.handle.wait()
+            seq.device_done = True
+        self._retire(seq)
 
     def has_work(self) -> bool:
         # A side forward in flight is work even when every request in it was aborted: its pages
@@ -658,7 +670,12 @@ class BatchScheduler:
                 seq.inflight_start = None
             if row.sample:
                 seq.pending -= 1
-            if seq.where is _Where.DONE and seq.launched_rows == 0 and not seq.in_flight:
+            if (
+                seq.where is _Where.DONE
+                and seq.launched_rows == 0
+                and not seq.in_flight
+                and not seq.device_done
+            ):
                 self.kv.free(seq.request_id)
                 self._release_slot(seq)
                 self.async_stats.deferred_frees += 1
@@ -921,7 +938,7 @@ class BatchScheduler:
             assert self._snapshots is not None
             self._snapshots.release(seq.snapshot[1])
             seq.snapshot = None
-        if seq.in_flight or seq.launched_rows:
+        if seq.in_flight or (seq.launched_rows and not seq.device_done):
             return  # a forward in flight may still touch its pages: `_join` or `_land` frees them
         self.kv.free(seq.request_id)
         self._release_slot(seq)

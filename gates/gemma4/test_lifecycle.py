@@ -6,7 +6,7 @@ from pathlib import Path
 
 from engine.contract import Finished, FinishReason, Rejected, RejectReason, Request, SamplingParams
 from gates.gemma4.conftest import agree, prompt, request
-from gates.harness.serving import Completion, batch_scheduler, drive, greedy, load_for_gate
+from gates.harness.serving import Completion, drive, greedy, load_for_gate
 from gates.harness.tolerances import Tolerance
 from kernels.kv_layout import PAGE_SIZE, pages_for
 from models.gemma4.config import Gemma4Config
@@ -46,34 +46,20 @@ def test_lifecycle_completes(checkpoint_path: Path, gemma4_config: Gemma4Config)
 def test_cancel_frees_pages_and_stops_tokens(checkpoint_path: Path, gemma4_config: Gemma4Config) -> None:
     w = gemma4_config.sliding_window
     served = load_for_gate(checkpoint_path)
-    scheduler = batch_scheduler(served)
     requests = [request(gemma4_config, f"r{i}", 2 * w + 9 * i, seed=70 + i, new_tokens=32) for i in range(3)]
     seen_at_abort: dict[str, int] = {}
-    # Under async scheduling r1's row in the launched step may still touch its pages: they are freed
-    # when that step is collected, in the next step (docs/engine.md), not at the abort.
-    deferred: list[dict[str, int]] = []
 
     def cancel_one(step: int, results: dict[str, Completion]) -> None:
         if step == 4:
-            groups = scheduler.load().groups
-            before = {g.name: g.pages_used for g in groups}
-            held = dict(zip((g.name for g in groups), scheduler.kv.live_pages("r1"), strict=True))
+            before = {g.name: g.pages_used for g in served.scheduler.load().groups}
             seen_at_abort["r1"] = len(results["r1"].tokens)
-            scheduler.abort("r1")
-            after = {g.name: g.pages_used for g in scheduler.load().groups}
-            if scheduler.config.async_scheduling and scheduler.kv.holds("r1"):
-                assert all(held.values()), f"r1 holds no page of some group: {held}"
-                deferred.append(held)
-                return
+            served.scheduler.abort("r1")
+            after = {g.name: g.pages_used for g in served.scheduler.load().groups}
             for name in before:
                 assert after[name] < before[name], f"aborting r1 freed no {name} page: {before} -> {after}"
-        elif step == 5 and deferred:
-            assert not scheduler.kv.holds("r1"), f"r1's pages {deferred[0]} outlived the step in flight"
 
     results = drive(served, requests, after_step=cancel_one)
     assert seen_at_abort, "the abort never happened"
-    if scheduler.config.async_scheduling:
-        assert deferred, "under async scheduling the aborted request had no row in flight"
     assert len(results["r1"].tokens) == seen_at_abort["r1"], "tokens arrived after the abort"
     assert results["r1"].terminal is None, "an aborted request must retire silently"
     for i in (0, 2):

@@ -7,52 +7,35 @@ from collections.abc import Callable
 from pathlib import Path
 
 from engine.contract import Finished, FinishReason, Load, Rejected, RejectReason, Request
-from gates.harness.serving import Completion, batch_scheduler, drive, greedy, load_for_gate, random_prompt
+from gates.harness.serving import Completion, drive, greedy, load_for_gate, random_prompt
 from models.registry import LoadedModel
 
-# Loads just before the abort and once the aborted request's pages are freed (at once; under async
-# scheduling when the step in flight is collected): a suite adds what its model holds beside pages.
+# Loads just before and just after the abort: a suite adds what its model holds beside pages.
 AbortCheck = Callable[[Load, Load], None]
 
 
 def check_cancel_frees_and_stops_tokens(
     checkpoint_path: Path, vocab_size: int, at_abort: AbortCheck | None = None
 ) -> LoadedModel:
-    """Three 32-token requests; the middle one (49 prompt tokens) is aborted at step 4. Its pages
-    are freed at once, or, under async scheduling, when the step launched with its row is collected
-    (the next step: docs/engine.md). Returns the drained model for the suite's own final checks."""
+    """Three 32-token requests; the middle one (49 prompt tokens) is aborted at step 4. Returns the
+    drained model for the suite's own final checks."""
     served = load_for_gate(checkpoint_path)
-    scheduler = batch_scheduler(served)
     requests = [
         Request(f"r{i}", random_prompt(40 + 9 * i, seed=70 + i, vocab_size=vocab_size), greedy(32))
         for i in range(3)
     ]
     seen_at_abort: dict[str, int] = {}
-    deferred: list[Load] = []
 
     def cancel_one(step: int, results: dict[str, Completion]) -> None:
         if step == 4:
-            before = scheduler.load()
+            before = served.scheduler.load()
             seen_at_abort["r1"] = len(results["r1"].tokens)
-            held = sum(scheduler.kv.live_pages("r1"))
-            assert held >= 3, f"a 49-token request holds {held} pages ({before})"
-            scheduler.abort("r1")
-            after = scheduler.load()
-            if scheduler.config.async_scheduling and scheduler.kv.holds("r1"):
-                # Its row in the launched step may still write its pages: freed at that collection.
-                assert after.kv_pages_used == before.kv_pages_used, (before, after)
-                deferred.append(before)
-                return
+            served.scheduler.abort("r1")
+            after = served.scheduler.load()
             freed = before.kv_pages_used - after.kv_pages_used
             assert freed >= 3, f"aborting a 49-token request freed {freed} pages ({before}, {after})"
             if at_abort is not None:
                 at_abort(before, after)
-        elif step == 5 and deferred:
-            after = scheduler.load()
-            assert not scheduler.kv.holds("r1"), f"r1's pages outlived the step in flight ({after})"
-            assert scheduler.async_stats.deferred_frees >= 1
-            if at_abort is not None:
-                at_abort(deferred[0], after)
 
     results = drive(served, requests, after_step=cancel_one)
     assert seen_at_abort, "the abort never happened"
@@ -62,9 +45,7 @@ def check_cancel_frees_and_stops_tokens(
         assert results[rid].terminal == Finished(
             FinishReason.LENGTH, len(requests[int(rid[1])].prompt_token_ids), 32
         )
-    if scheduler.config.async_scheduling:
-        assert deferred, "under async scheduling the aborted request had no row in flight"
-    load = scheduler.load()
+    load = served.scheduler.load()
     assert (load.running, load.waiting, load.kv_pages_used) == (0, 0, 0), load
     return served
 

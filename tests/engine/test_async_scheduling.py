@@ -61,6 +61,9 @@ class _LateHandle:
     def done(self) -> bool:
         return self.results is not None
 
+    def wait(self) -> None:
+        self.device.run_until(self)
+
     def collect(self) -> list[SampledToken | None]:
         assert not self.collected, "a launched step was collected twice"
         self.collected = True
@@ -104,6 +107,10 @@ class LateDevice:
         if self.fail_collect is not None:
             fault, self.fail_collect = self.fail_collect, None
             raise fault("injected collect failure")
+        self.run_until(handle)
+
+    def run_until(self, handle: _LateHandle) -> None:
+        """Run the queued launches in order up to `handle` (the device catching up)."""
         while handle.results is None:
             head = self.queue.pop(0)
             self._check_pages_held(head.batch)

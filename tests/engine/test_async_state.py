@@ -185,7 +185,10 @@ def test_a_drain_gives_back_the_snapshots_its_discarded_rows_took(monkeypatch: p
     assert_all_returned(scheduler)
 
 
-def test_an_abort_keeps_its_snapshot_pending_and_its_slot_until_the_step_is_collected() -> None:
+def test_an_abort_frees_slot_and_pages_at_once_and_its_snapshot_when_the_step_is_collected() -> None:
+    """The launched step writes a snapshot from the request's slot: the abort waits for it on the
+    device (the fake device checks, as the step runs, that the slot and pages are still held), then
+    frees them; the snapshot slot is the launch's, released when the step is collected."""
     scheduler, _ = make(async_scheduling=True)
     snapshots = scheduler.kv.snapshots
     assert snapshots is not None
@@ -193,11 +196,15 @@ def test_an_abort_keeps_its_snapshot_pending_and_its_slot_until_the_step_is_coll
     scheduler.step()  # launches the chunk [0, 32), which snapshots at 32
     assert (snapshots.pending, scheduler.load().state_slots_used) == (1, 1)
     scheduler.abort("a")
-    # The launched step still writes the snapshot from the request's slot: both stay taken.
-    assert (snapshots.pending, scheduler.load().state_slots_used) == (1, 1) and scheduler.has_work()
+    load = scheduler.load()
+    assert (snapshots.pending, load.state_slots_used, load.kv_pages_used) == (
+        1,
+        0,
+        0,
+    ) and scheduler.has_work()
     assert scheduler.step().updates == ()
     assert (snapshots.pending, snapshots.held) == (0, 0)
-    assert scheduler.async_stats.deferred_frees == 1
+    assert scheduler.async_stats.deferred_frees == 0
     assert_all_returned(scheduler)
 
 
