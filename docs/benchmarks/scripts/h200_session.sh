@@ -50,7 +50,9 @@
 #   decode-attention-backends qwen35-published-latency qwen35-9b-parity vllm-qwen35" DECODE_VARIANTS="default| async|--async-scheduling"
 #   GEMMA4_VARIANTS="default| async|--async-scheduling" SYNTH_AHEAD=0 WAIT_S=3 STAGE=all ...
 # (~20 min before vllm-qwen35, which takes ~9). If async scheduling is then faster than vLLM, the
-# qwen3 and gemma4 manifests with --async-scheduling (GATE_DECODE_PATH) come before it is made the default.
+# qwen3, gemma4 and qwen35 manifests with --async-scheduling come before it is made the default
+# (GATE_DECODE_PATH="--async-scheduling" STAGE=qwen3-gates-decode-path, and the same flag on the
+# other two manifests' `infer gates` lines).
 # Back here, the runs.tgz reports make the pages' target tables, e.g. (from the unpacked folder)
 #   infer bench table default=qwen3-4b-latency-default.json async=qwen3-4b-latency-async.json \
 #     --vllm vllm-qwen3-4b.json --markdown
@@ -293,10 +295,12 @@ qwen3-gates-decode-path() {  # the qwen3 manifest with every opt-in decode path 
 }
 q35p=/tmp/ckpt/q35-4b-published
 synth_q35p() { [ -d $q35p ] || infer synth qwen35 --preset 4b --form published --out $q35p --dtype bfloat16 --tokenizer trained --device cuda; }
-qwen35-published-latency() {  # infer's side of the vLLM row, on the directory vLLM reads
+qwen35-published-latency() {  # infer's side of the vLLM row, on the directory vLLM reads: default and async
   synth_q35p
   infer bench latency --model $q35p --batch-sizes 1,8,64 --prefill-lens 1024 --breakdown \
     --save-result $work/qwen35-4b-published-latency.json
+  infer bench latency --model $q35p --async-scheduling --batch-sizes 1,8,64 --prefill-lens 1024 --breakdown \
+    --save-result $work/qwen35-4b-published-latency-async.json
 }
 vllm-qwen35() {  # issue 19's vLLM row: vLLM 0.24 serves Qwen3.5 only in its published multimodal form
   # (`infer synth qwen35 --form published`), here as a language model only; the Qwen3.5 code needs
