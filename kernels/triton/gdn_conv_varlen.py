@@ -41,7 +41,7 @@ import triton.language as tl
 from kernels.kv_layout import ceil_div
 from kernels.reference import check_cu_seqlens
 from kernels.triton.gated_act import _silu
-from kernels.triton.gdn_conv_step import WIDTHS, GDNConvError, check_conv_inputs
+from kernels.triton.gdn_conv_step import SERVING_WIDTHS, WIDTHS, GDNConvError, check_conv_inputs
 from kernels.triton.offline import compile_offline, has_cubin, pointers_and_strides, run_compile_check
 from kernels.triton.prep_kernel import _round_to_storage
 from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted, next_power_of_2
@@ -255,9 +255,6 @@ def _constexprs(width: int, dtype: torch.dtype) -> dict[str, object]:
 
 
 # ------------------------------------------------------------------ ahead-of-time compile (sm_90)
-
-# Qwen3.5's conv width (shared/presets.md: 4 on every preset).
-SERVING_WIDTHS: tuple[int, ...] = (4,)
 
 
 def compile_variant(width: int, dtype: torch.dtype, arch: int = 90) -> object:

@@ -18,34 +18,29 @@ import pytest
 from test_async_scheduling import LateDevice, _compare_real_line, run_staggered
 from test_batch_scheduler import Outcome, prompts
 from test_state_snapshots import StateSim, assert_consistent, tokens
+from test_state_snapshots import make as make_state_scheduler
 
-from engine.config import EngineConfig
 from engine.contract import Failed, Request, SamplingParams
 from engine.runner import BatchRow, StepBatch, StepHandle
 from engine.scheduler import BatchScheduler, _DrainFirst
-from models.sim import EOS_TOKEN_ID, VOCAB_SIZE, SimOptions, SimRunner, sim_completion
+from models.sim import sim_completion
 
 
 def make(
     *, async_scheduling: bool, snapshots: int = 16, pages: int = 4096, budget: int = 64, seqs: int = 8
 ) -> tuple[BatchScheduler, StateSim]:
-    config = EngineConfig(max_num_seqs=seqs, max_num_batched_tokens=budget, async_scheduling=async_scheduling)
-    groups = SimOptions(engine=config, num_kv_pages=pages).kv_groups()
-    sim = StateSim(SimRunner(groups))
-    runner: StateSim | LateDevice = LateDevice(sim) if async_scheduling else sim
-    scheduler = BatchScheduler(
-        runner,
-        config,
-        groups,
-        {EOS_TOKEN_ID},
-        4096,
-        model_id="sim",
-        vocab_size=VOCAB_SIZE,
-        state_slots=seqs + 1,
-        snapshot_slots=snapshots,
+    """test_state_snapshots' scheduler over the state sim; under async scheduling the sim runs
+    behind a `LateDevice`."""
+    scheduler, sim = make_state_scheduler(
+        snapshots,
+        pages,
+        budget,
+        seqs,
+        async_scheduling=async_scheduling,
+        device=LateDevice if async_scheduling else None,
     )
-    if isinstance(runner, LateDevice):
-        runner.scheduler = scheduler
+    if isinstance(scheduler.runner, LateDevice):
+        scheduler.runner.scheduler = scheduler
     return scheduler, sim
 
 

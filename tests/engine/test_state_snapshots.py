@@ -10,6 +10,7 @@ or a copy lost or misordered fails the step."""
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -18,7 +19,7 @@ from engine.config import EngineConfig
 from engine.contract import ContractError, Request, SamplingParams
 from engine.kv.snapshots import SnapshotCache, SnapshotError
 from engine.kv.state_pool import PADDING_SLOT, StatePools, StateShape
-from engine.runner import SampledToken, StepBatch
+from engine.runner import ModelRunner, SampledToken, StepBatch
 from engine.scheduler import BatchScheduler
 from kernels.kv_layout import PAGE_SIZE
 from models.sim import EOS_TOKEN_ID, VOCAB_SIZE, SimOptions, SimRunner
@@ -55,13 +56,21 @@ class StateSim:
 
 
 def make(
-    snapshots: int = 16, pages: int = 4096, budget: int = 64, seqs: int = 8
+    snapshots: int = 16,
+    pages: int = 4096,
+    budget: int = 64,
+    seqs: int = 8,
+    *,
+    async_scheduling: bool = False,
+    device: Callable[[StateSim], ModelRunner] | None = None,
 ) -> tuple[BatchScheduler, StateSim]:
-    config = EngineConfig(max_num_seqs=seqs, max_num_batched_tokens=budget)
+    """A scheduler over the state sim; `device` wraps the sim in the runner the scheduler drives
+    (test_async_state.py: a late device under async scheduling)."""
+    config = EngineConfig(max_num_seqs=seqs, max_num_batched_tokens=budget, async_scheduling=async_scheduling)
     groups = SimOptions(engine=config, num_kv_pages=pages).kv_groups()
     sim = StateSim(SimRunner(groups))
     scheduler = BatchScheduler(
-        sim,
+        sim if device is None else device(sim),
         config,
         groups,
         {EOS_TOKEN_ID},
