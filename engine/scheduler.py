@@ -34,9 +34,8 @@ step that holds its row. A step that would preempt first collects N (drains the 
 preempted request never has a row in flight.
 
 With recurrent state, a state slot follows the pages' rules: taken with them at admission, given
-back with them. A launched
-step carries its state copies (restores before its forward, snapshots after it). A snapshot slot it
-writes stays pending until that step is collected: then it is committed (the request still runs and
+back with them. A launched step carries its state copies (restores before its forward, snapshots
+after it). A snapshot slot it writes stays pending until that step is collected: then it is committed (the request still runs and
 its page is indexed) or released (the request was retired meanwhile), and a failed launch releases
 it. A snapshot is findable, so restorable, only once the step that wrote it has been collected, so
 every restore reads a copy queued in an earlier step. Every copy into or out of a snapshot slot is
