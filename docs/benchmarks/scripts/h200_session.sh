@@ -47,9 +47,11 @@
 # The stretch after that (prepared 2026-12-05 after the H100 run at df50211, which found FlashInfer's
 # graph planner blocking each async step; fixed at 43388bc): the same .whl-fi / .whl-deps / .vllm calls,
 #   PIPELINE="qwen3-decode-variants plan-async-tests vllm-qwen3 gemma4-decode-variants vllm-gemma4
-#   decode-attention-backends qwen35-published-latency qwen35-9b-parity vllm-qwen35" DECODE_VARIANTS="default| async|--async-scheduling"
+#   decode-attention-backends qwen35-published-latency qwen35-4b-parity qwen35-9b-parity vllm-qwen35" DECODE_VARIANTS="default| async|--async-scheduling"
 #   GEMMA4_VARIANTS="default| async|--async-scheduling" SYNTH_AHEAD=0 WAIT_S=3 STAGE=all ...
-# (~20 min before vllm-qwen35, which takes ~9). If async scheduling is then faster than vLLM, the
+# (~22 min before vllm-qwen35, which takes ~9; the parity gates are the first GPU run of Qwen3.5's
+# default path with the GDN decode mixer and the conv, gates and norm kernels, the whole qwen35
+# manifest the next after). If async scheduling is then faster than vLLM, the
 # qwen3, gemma4 and qwen35 manifests with --async-scheduling come before it is made the default
 # (GATE_DECODE_PATH="--async-scheduling" STAGE=qwen3-gates-decode-path, and the same flag on the
 # other two manifests' `infer gates` lines).
