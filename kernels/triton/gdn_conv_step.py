@@ -21,6 +21,7 @@ docs/kernels.md, "Gated DeltaNet", tells where it runs.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
 import torch
 import triton
@@ -197,37 +198,53 @@ def _constexprs(width: int, dtype: torch.dtype) -> dict[str, object]:
 SERVING_WIDTHS: tuple[int, ...] = (4,)
 
 
-def compile_variant(width: int, dtype: torch.dtype, arch: int = 90) -> object:
-    """The compiled kernel (cubin included) for one variant on ``sm_{arch}``, without a GPU."""
-    pointer = {"slots_ptr": "*i64", "fresh_ptr": "*u8"}
+# The conv kernels' index pointers (this one's and gdn_conv_varlen's); every other pointer has the
+# storage dtype.
+_INDEX_POINTERS = {"bounds_ptr": "*i64", "slots_ptr": "*i64", "fresh_ptr": "*u8"}
+
+
+def compile_conv_kernel(
+    kernel: triton.JITFunction, constexprs: dict[str, object], dtype: torch.dtype, arch: int, num_warps: int
+) -> object:
+    """One of the conv kernels (this step, or the varlen prefill in gdn_conv_varlen.py) compiled,
+    cubin included, for ``sm_{arch}`` without a GPU."""
 
     def arg_type(name: str) -> str:
         if name.endswith("_ptr"):
-            return pointer.get(name, POINTER_TYPES[dtype])
+            return _INDEX_POINTERS.get(name, POINTER_TYPES[dtype])
         return "i32"
 
     # Serving shapes: 16-byte aligned buffers, channel counts and strides that are multiples of 16
     # elements, except the weight's channel stride (W) and the per-row ``fresh`` bytes.
     return compile_offline(
-        _gdn_conv_step_kernel,
-        _constexprs(width, dtype) | {"LIBDEVICE": True},
+        kernel,
+        constexprs | {"LIBDEVICE": True},
         arg_type,
-        (pointers_and_strides(_gdn_conv_step_kernel) | {"channels"}) - {"fresh_ptr", "stride_w_chan"},
+        (pointers_and_strides(kernel) | {"channels"}) - {"fresh_ptr", "stride_w_chan"},
         arch=arch,
-        num_warps=NUM_WARPS,
+        num_warps=num_warps,
         enable_fp_fusion=False,
     )
 
 
-def main() -> int:
+def check_conv_variants(name: str, compile_variant: Callable[[int, torch.dtype], object]) -> int:
+    """A conv kernel module's compile check: every serving width in every storage dtype."""
     for width in SERVING_WIDTHS:
         for dtype in POINTER_TYPES:
-            kernel = compile_variant(width, dtype)
-            if not has_cubin(kernel):
+            if not has_cubin(compile_variant(width, dtype)):
                 print(f"no cubin for width={width} {dtype}", file=sys.stderr)
                 return 1
-        print(f"compiled gdn_conv_step W={width} for sm_90")
+        print(f"compiled {name} W={width} for sm_90")
     return 0
+
+
+def compile_variant(width: int, dtype: torch.dtype, arch: int = 90) -> object:
+    """The compiled kernel (cubin included) for one variant on ``sm_{arch}``, without a GPU."""
+    return compile_conv_kernel(_gdn_conv_step_kernel, _constexprs(width, dtype), dtype, arch, NUM_WARPS)
+
+
+def main() -> int:
+    return check_conv_variants("gdn_conv_step", compile_variant)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,6 @@ docs/kernels.md, "Gated DeltaNet", tells where it runs.
 from __future__ import annotations
 
 import itertools
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -41,10 +40,16 @@ import triton.language as tl
 from kernels.kv_layout import ceil_div
 from kernels.reference import check_cu_seqlens
 from kernels.triton.gated_act import _silu
-from kernels.triton.gdn_conv_step import SERVING_WIDTHS, WIDTHS, GDNConvError, check_conv_inputs
-from kernels.triton.offline import compile_offline, has_cubin, pointers_and_strides, run_compile_check
+from kernels.triton.gdn_conv_step import (
+    WIDTHS,
+    GDNConvError,
+    check_conv_inputs,
+    check_conv_variants,
+    compile_conv_kernel,
+)
+from kernels.triton.offline import run_compile_check
 from kernels.triton.prep_kernel import _round_to_storage
-from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted, next_power_of_2
+from kernels.triton.storage import STORAGE_TYPES, interpreted, next_power_of_2
 
 # A program's tile: 32 tokens × 128 channels over 4 warps (32 fp32 accumulators a thread). Not tuned
 # on a GPU yet. A row's first block must hold every token that reads history: BLOCK_T ≥ W − 1.
@@ -259,35 +264,11 @@ def _constexprs(width: int, dtype: torch.dtype) -> dict[str, object]:
 
 def compile_variant(width: int, dtype: torch.dtype, arch: int = 90) -> object:
     """The compiled kernel (cubin included) for one variant on ``sm_{arch}``, without a GPU."""
-    pointer = {"bounds_ptr": "*i64", "slots_ptr": "*i64", "fresh_ptr": "*u8"}
-
-    def arg_type(name: str) -> str:
-        if name.endswith("_ptr"):
-            return pointer.get(name, POINTER_TYPES[dtype])
-        return "i32"
-
-    # Serving shapes: 16-byte aligned buffers, channel counts and strides that are multiples of 16
-    # elements, except the weight's channel stride (W) and the per-row ``fresh`` bytes.
-    return compile_offline(
-        _gdn_conv_varlen_kernel,
-        _constexprs(width, dtype) | {"LIBDEVICE": True},
-        arg_type,
-        (pointers_and_strides(_gdn_conv_varlen_kernel) | {"channels"}) - {"fresh_ptr", "stride_w_chan"},
-        arch=arch,
-        num_warps=NUM_WARPS,
-        enable_fp_fusion=False,
-    )
+    return compile_conv_kernel(_gdn_conv_varlen_kernel, _constexprs(width, dtype), dtype, arch, NUM_WARPS)
 
 
 def main() -> int:
-    for width in SERVING_WIDTHS:
-        for dtype in POINTER_TYPES:
-            kernel = compile_variant(width, dtype)
-            if not has_cubin(kernel):
-                print(f"no cubin for width={width} {dtype}", file=sys.stderr)
-                return 1
-        print(f"compiled gdn_conv_varlen W={width} for sm_90")
-    return 0
+    return check_conv_variants("gdn_conv_varlen", compile_variant)
 
 
 if __name__ == "__main__":

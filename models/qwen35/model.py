@@ -173,7 +173,7 @@ class Qwen35Model:
         self.decode_mixer: DecodeMixer | None = None
         self._mixer_weights: list[MixerWeights] = []
         kernels_run = device.type == "cuda" or interpreted()
-        if self.projections.fuses(1, device) or (kernels_run and not isinstance(self.gdn, TorchGDN)):
+        if kernels_run and (self.projections.fuses(1, device) or not isinstance(self.gdn, TorchGDN)):
             from kernels.gdn.decode_mixer import DecodeMixer, MixerWeights
 
             self.decode_mixer = DecodeMixer(g.kernel_geometry(), g.conv_kernel, self.embed.dtype)

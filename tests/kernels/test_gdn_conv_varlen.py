@@ -25,8 +25,8 @@ from kernels import reference
 from kernels.gdn.base import StateRows
 from kernels.gdn.torch_backend import TorchGDN
 from kernels.gdn.triton_conv import TritonConv
-from kernels.triton.gdn_conv_step import GDNConvError
-from kernels.triton.gdn_conv_varlen import SERVING_WIDTHS, gdn_conv_varlen, varlen_rows
+from kernels.triton.gdn_conv_step import SERVING_WIDTHS, GDNConvError
+from kernels.triton.gdn_conv_varlen import gdn_conv_varlen, varlen_rows
 from kernels.triton.storage import interpreted
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
