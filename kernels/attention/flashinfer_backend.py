@@ -248,23 +248,25 @@ class _DeviceIndices:
     read it later in the step, and a step plans every group before any runs. A group's pinned
     buffer is rewritten only at its next plan; the runner waits for the previous launch's input
     copies before it plans another (engine/model_runner.py, `launch_step`), and the device buffer
-    is reused in stream order."""
+    is reused in stream order.
+
+    The buffers are ordinary tensors even when the first plan runs under ``torch.inference_mode``
+    (start-up's profiling steps do; the graph captures plan outside it): an inference tensor cannot
+    be written outside that mode. Off CUDA (tests) the same path runs with a pageable buffer."""
 
     def __init__(self, device: torch.device) -> None:
         self._device = device
         self._buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def put(self, group: int, indices: np.ndarray) -> torch.Tensor:
-        host = torch.from_numpy(indices)
-        if self._device.type != "cuda":
-            return host
         n = len(indices)
         pinned, on_device = self._buffers.get(group, (None, None))
         if pinned is None or on_device is None or pinned.numel() < n:
             size = max(n, 2 * (0 if pinned is None else pinned.numel()), 1024)
-            pinned = torch.empty(size, dtype=torch.int32, pin_memory=True)
-            on_device = torch.empty(size, dtype=torch.int32, device=self._device)
+            with torch.inference_mode(False):
+                pinned = torch.empty(size, dtype=torch.int32, pin_memory=self._device.type == "cuda")
+                on_device = torch.empty(size, dtype=torch.int32, device=self._device)
             self._buffers[group] = (pinned, on_device)
-        pinned[:n].copy_(host)
+        pinned[:n].copy_(torch.from_numpy(indices))
         on_device[:n].copy_(pinned[:n], non_blocking=True)
         return on_device[:n]

@@ -213,3 +213,24 @@ def test_float32_on_cuda_takes_torch_attention_and_refuses_flashinfer_by_name() 
             torch.float32,
             8,
         )
+
+
+def test_page_indices_reach_the_planner_whether_or_not_inference_mode_is_on() -> None:
+    """Start-up's profiling steps plan under ``torch.inference_mode`` and the graph captures plan
+    outside it (the H100 run at 6593fba failed every CUDA-graph engine start there): the index buffers must
+    take writes in both modes, and grow past their first size without losing a group's indices."""
+    import numpy as np
+
+    from kernels.attention.flashinfer_backend import _DeviceIndices
+
+    indices = _DeviceIndices(torch.device("cpu"))
+    with torch.inference_mode():
+        first = indices.put(0, np.arange(5, dtype=np.int32)).clone()
+    reused = indices.put(0, np.arange(20, 27, dtype=np.int32)).clone()  # the same buffer, mode off
+    grown = indices.put(0, np.arange(7, 3000, dtype=np.int32))  # past the first buffer's 1024
+    other_group = indices.put(1, np.array([9, 8], dtype=np.int32))
+    with torch.inference_mode():
+        last = indices.put(0, np.array([4, 2], dtype=np.int32))
+    assert first.tolist() == list(range(5)) and reused.tolist() == list(range(20, 27))
+    assert grown.shape == (2993,) and grown[-1].item() == 2999
+    assert last.tolist() == [4, 2] and other_group.tolist() == [9, 8]
