@@ -13,6 +13,7 @@ import triton.language as tl
 
 from kernels.kv_layout import PAGE_SIZE, ceil_div, check_pool_layer
 from kernels.reference import NormWeight, PagedRows, PrepSpec, VSource, check_prep_inputs
+from kernels.triton.launch import FastLaunch
 from kernels.triton.prep_kernel import (
     V_NORMED_PROJECTION,
     V_NORMED_RAW_K,
@@ -169,6 +170,9 @@ def _check_launch(
         raise PrepLaunchError(f"every tensor must be on one device, got {sorted(map(str, devices))}")
 
 
+_attention_prep_launch = FastLaunch(attention_prep_kernel)
+
+
 def attention_prep(
     spec: PrepSpec,
     q: torch.Tensor,
@@ -211,7 +215,7 @@ def attention_prep(
     # Unused pointers still need a tensor of the right device; they are never dereferenced.
     v_arg = v if v is not None else k
     gate_arg = gate_out if gate_out is not None else q_out
-    attention_prep_kernel[grid](
+    _attention_prep_launch[grid](
         q,
         k,
         v_arg,

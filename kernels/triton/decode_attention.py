@@ -70,6 +70,7 @@ import triton.language as tl
 
 from kernels.attention.base import AttentionLayerSpec
 from kernels.kv_layout import PAGE_SIZE, check_pool_layer
+from kernels.triton.launch import FastLaunch
 from kernels.triton.prep_kernel import _round_to_storage
 from kernels.triton.storage import STORAGE_TYPES, interpreted, next_power_of_2, pdl_supported
 
@@ -372,6 +373,10 @@ def check_decode(
         )
 
 
+_decode_attention_split_launch = FastLaunch(_decode_attention_split_kernel)
+_decode_attention_merge_launch = FastLaunch(_decode_attention_merge_kernel)
+
+
 def decode_attention(
     q: torch.Tensor,
     pool_layer: torch.Tensor,
@@ -418,7 +423,7 @@ def decode_attention(
     launch: dict[str, object] = {"num_warps": NUM_WARPS, "enable_fp_fusion": False}
     if pdl:
         launch["launch_pdl"] = True
-    _decode_attention_split_kernel[(rows, layer.num_kv_heads, PROGRAMS_PER_HEAD)](
+    _decode_attention_split_launch[(rows, layer.num_kv_heads, PROGRAMS_PER_HEAD)](
         q,
         pool_layer,
         page_table,
@@ -439,7 +444,7 @@ def decode_attention(
         **shared,
         **launch,
     )
-    _decode_attention_merge_kernel[(rows, layer.num_kv_heads)](
+    _decode_attention_merge_launch[(rows, layer.num_kv_heads)](
         scratch.acc,
         scratch.ml,
         kv_lens,

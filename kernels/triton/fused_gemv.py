@@ -58,6 +58,7 @@ from kernels.kv_layout import ceil_div
 from kernels.reference import GatedActivation, NormSpec, NormWeight
 from kernels.triton.gated_act import _KINDS, _gated_product
 from kernels.triton.invariant_rmsnorm import _MODES, _row_inverse_rms
+from kernels.triton.launch import FastLaunch
 from kernels.triton.offline import compile_offline, pointers_and_strides, run_compile_check, storage_arg_type
 from kernels.triton.prep_kernel import WEIGHT_NONE, _normalise, _round_to_storage
 from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted, next_power_of_2, pdl_supported
@@ -307,6 +308,9 @@ def check_fused_gemv(
     return n_out
 
 
+_fused_gemv_launch = FastLaunch(_fused_gemv_kernel)
+
+
 def fused_gemv(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -339,7 +343,7 @@ def fused_gemv(
     if pdl:
         launch["launch_pdl"] = True
     spec = fusion.norm
-    _fused_gemv_kernel[(ceil_div(n_out, chosen.rows_per_program),)](
+    _fused_gemv_launch[(ceil_div(n_out, chosen.rows_per_program),)](
         x,
         x if norm_weight is None else norm_weight,  # unread without a norm weight
         weight,

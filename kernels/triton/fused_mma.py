@@ -51,6 +51,7 @@ from kernels.reference import GatedActivation, NormWeight
 from kernels.triton.fused_gemv import QWEN3, Fusion, check_fused_operands
 from kernels.triton.gated_act import _KINDS, _gated_product
 from kernels.triton.invariant_rmsnorm import _MODES, _inverse_rms_of_sum
+from kernels.triton.launch import FastLaunch
 from kernels.triton.offline import compile_offline, pointers_and_strides, run_compile_check, storage_arg_type
 from kernels.triton.prep_kernel import WEIGHT_NONE, _normalise, _round_to_storage
 from kernels.triton.skinny_gemm import _accumulate
@@ -316,6 +317,9 @@ def check_fused_mma(
     return n_out
 
 
+_fused_mma_launch = FastLaunch(_fused_mma_kernel)
+
+
 def fused_mma(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -354,7 +358,7 @@ def fused_mma(
     if pdl:
         launch["launch_pdl"] = True
     spec = fusion.norm
-    _fused_mma_kernel[(ceil_div(n_out, chosen.block_n),)](
+    _fused_mma_launch[(ceil_div(n_out, chosen.block_n),)](
         x,
         x if norm_weight is None else norm_weight,  # unread without a norm weight
         weight,

@@ -17,6 +17,7 @@ import triton.language as tl
 
 from kernels.kv_layout import ceil_div
 from kernels.reference import GatedActivation
+from kernels.triton.launch import FastLaunch
 from kernels.triton.offline import compile_offline, has_cubin, run_compile_check, storage_arg_type
 from kernels.triton.prep_kernel import _round_to_storage
 from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted
@@ -92,6 +93,9 @@ def _gated_act_kernel(
     tl.store(out_ptr + row * stride_out + cols, y.to(out_ptr.dtype.element_ty), mask=ok)
 
 
+_gated_act_launch = FastLaunch(_gated_act_kernel)
+
+
 def gated_act(gate_up: torch.Tensor, kind: GatedActivation) -> torch.Tensor:
     """``reference.gated_activation(gate_up, kind)`` for ``gate_up [..., 2I]``; a new ``[..., I]``."""
     width = gate_up.shape[-1]
@@ -109,7 +113,7 @@ def gated_act(gate_up: torch.Tensor, kind: GatedActivation) -> torch.Tensor:
         rows = rows.contiguous()
     out = torch.empty(rows.shape[0], intermediate, dtype=gate_up.dtype, device=gate_up.device)
     if rows.shape[0]:
-        _gated_act_kernel[(rows.shape[0], ceil_div(intermediate, BLOCK))](
+        _gated_act_launch[(rows.shape[0], ceil_div(intermediate, BLOCK))](
             rows,
             out,
             intermediate,

@@ -30,6 +30,7 @@ import triton.language as tl
 from kernels.kv_layout import ceil_div
 from kernels.reference import SpecError
 from kernels.triton.gated_act import _silu
+from kernels.triton.launch import FastLaunch
 from kernels.triton.offline import compile_offline, has_cubin, pointers_and_strides, run_compile_check
 from kernels.triton.prep_kernel import _round_to_storage
 from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted
@@ -145,6 +146,9 @@ def check_conv_inputs(
     return channels, width
 
 
+_gdn_conv_step_launch = FastLaunch(_gdn_conv_step_kernel)
+
+
 def gdn_conv_step(
     x: torch.Tensor, weight: torch.Tensor, slots: torch.Tensor, fresh: torch.Tensor, conv_pool: torch.Tensor
 ) -> torch.Tensor:
@@ -163,7 +167,7 @@ def gdn_conv_step(
     out = torch.empty((sequences, channels), dtype=x.dtype, device=device)
     if sequences == 0:
         return out
-    _gdn_conv_step_kernel[(sequences, ceil_div(channels, BLOCK_D))](
+    _gdn_conv_step_launch[(sequences, ceil_div(channels, BLOCK_D))](
         x,
         weight,
         slots,

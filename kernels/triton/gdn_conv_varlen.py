@@ -47,6 +47,7 @@ from kernels.triton.gdn_conv_step import (
     check_conv_variants,
     compile_conv_kernel,
 )
+from kernels.triton.launch import FastLaunch
 from kernels.triton.offline import run_compile_check
 from kernels.triton.prep_kernel import _round_to_storage
 from kernels.triton.storage import STORAGE_TYPES, interpreted, next_power_of_2
@@ -199,6 +200,9 @@ def _gdn_conv_varlen_kernel(
         )
 
 
+_gdn_conv_varlen_launch = FastLaunch(_gdn_conv_varlen_kernel)
+
+
 def gdn_conv_varlen(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -225,7 +229,7 @@ def gdn_conv_varlen(
     if x.stride(-1) != 1:
         x = x.contiguous()
     out = torch.empty((rows.tokens, channels), dtype=x.dtype, device=device)
-    _gdn_conv_varlen_kernel[(rows.blocks, ceil_div(channels, BLOCK_D))](
+    _gdn_conv_varlen_launch[(rows.blocks, ceil_div(channels, BLOCK_D))](
         x,
         weight,
         rows.bounds,

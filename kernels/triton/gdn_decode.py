@@ -35,6 +35,7 @@ import triton.language as tl
 
 from kernels.kv_layout import ceil_div
 from kernels.reference import L2_NORM_EPS, SpecError
+from kernels.triton.launch import FastLaunch
 from kernels.triton.offline import compile_offline, has_cubin, pointers_and_strides, run_compile_check
 from kernels.triton.prep_kernel import _round_to_storage
 from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted, next_power_of_2
@@ -258,6 +259,9 @@ def _check_step(
     return sequences, heads
 
 
+_gdn_decode_launch = FastLaunch(_gdn_decode_kernel)
+
+
 def _launch(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -283,7 +287,7 @@ def _launch(
         return out
     scale = key_dim**-0.5 if scale is None else scale
     grid = (sequences, heads, ceil_div(value_dim, BLOCK_V))
-    _gdn_decode_kernel[grid](
+    _gdn_decode_launch[grid](
         q,
         k,
         v,

@@ -22,6 +22,7 @@ import triton.language as tl
 from kernels.reference import SpecError
 from kernels.triton.gated_act import _silu
 from kernels.triton.invariant_rmsnorm import _row_inverse_rms
+from kernels.triton.launch import FastLaunch
 from kernels.triton.offline import compile_offline, has_cubin, pointers_and_strides, run_compile_check
 from kernels.triton.prep_kernel import _round_to_storage
 from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted, next_power_of_2
@@ -72,6 +73,9 @@ def check_gated_norm(value_dim: int, dtype: torch.dtype) -> None:
         raise GDNGatedNormError(f"dtype {dtype}: the gated norm kernel takes bf16, fp16 or fp32")
 
 
+_gdn_gated_norm_launch = FastLaunch(_gdn_gated_norm_kernel)
+
+
 def gdn_gated_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``reference.gated_rms_norm(x, gate, weight, eps)`` for ``x [N, Hv, V]`` (the delta rule's
     output) and ``gate`` of the same shape (a strided view of the projection is fine); ``weight [V]``.
@@ -105,7 +109,7 @@ def gdn_gated_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
     out = torch.empty((sequences, heads * value_dim), dtype=x.dtype, device=x.device)
     if sequences == 0:
         return out
-    _gdn_gated_norm_kernel[(sequences, heads)](
+    _gdn_gated_norm_launch[(sequences, heads)](
         x,
         gate,
         weight,

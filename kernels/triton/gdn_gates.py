@@ -21,6 +21,7 @@ import triton.language as tl
 from kernels.kv_layout import ceil_div
 from kernels.reference import SpecError
 from kernels.triton.gdn_decode import _gates
+from kernels.triton.launch import FastLaunch
 from kernels.triton.offline import compile_offline, has_cubin, pointers_and_strides, run_compile_check
 from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted, next_power_of_2
 
@@ -65,6 +66,9 @@ def _gdn_gates_kernel(
     tl.store(beta_ptr + out, beta.to(beta_ptr.dtype.element_ty), mask=ok)
 
 
+_gdn_gates_launch = FastLaunch(_gdn_gates_kernel)
+
+
 def gdn_gates(
     a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -90,7 +94,7 @@ def gdn_gates(
     beta = torch.empty((tokens, heads), dtype=b.dtype, device=a.device)
     if tokens == 0:
         return g, beta
-    _gdn_gates_kernel[(ceil_div(tokens, BLOCK_T),)](
+    _gdn_gates_launch[(ceil_div(tokens, BLOCK_T),)](
         a,
         b,
         a_log,

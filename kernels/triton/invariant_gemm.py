@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from kernels.kv_layout import ceil_div
+from kernels.triton.launch import FastLaunch
 from kernels.triton.storage import interpreted
 
 
@@ -121,6 +122,9 @@ def _invariant_gemm_kernel(
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
+_invariant_gemm_launch = FastLaunch(_invariant_gemm_kernel)
+
+
 def invariant_gemm(x: torch.Tensor, weight: torch.Tensor, tiles: GemmTiles) -> torch.Tensor:
     """``x @ weight.T`` for x [..., K] and weight [N, K], in x's dtype; one kernel launch."""
     if weight.dim() != 2:
@@ -148,7 +152,7 @@ def invariant_gemm(x: torch.Tensor, weight: torch.Tensor, tiles: GemmTiles) -> t
     if m == 0:
         return y.reshape(*lead, n)
     grid = (ceil_div(m, tiles.block_m), ceil_div(n, tiles.block_n))
-    _invariant_gemm_kernel[grid](
+    _invariant_gemm_launch[grid](
         x2,
         weight,
         y,

@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from kernels.reference import NormSpec, NormWeight
+from kernels.triton.launch import FastLaunch
 from kernels.triton.offline import (
     compile_offline,
     has_cubin,
@@ -149,6 +150,9 @@ def _output_rows(out: torch.Tensor | None, like: torch.Tensor, name: str) -> tor
         raise NormShapeError(f"{name} with strides {out.stride()} cannot be viewed as rows") from exc
 
 
+_invariant_rmsnorm_launch = FastLaunch(_invariant_rmsnorm_kernel)
+
+
 def _launch(
     rows: torch.Tensor,
     delta: torch.Tensor | None,
@@ -162,7 +166,7 @@ def _launch(
     if not rows.shape[0]:
         return
     h = rows.shape[1]
-    _invariant_rmsnorm_kernel[(rows.shape[0],)](
+    _invariant_rmsnorm_launch[(rows.shape[0],)](
         rows,
         rows if delta is None else delta,  # unread without HAS_DELTA; any valid pointer serves
         rows if delta_weight is None else delta_weight,

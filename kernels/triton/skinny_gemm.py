@@ -59,6 +59,7 @@ import triton
 import triton.language as tl
 
 from kernels.kv_layout import ceil_div
+from kernels.triton.launch import FastLaunch
 from kernels.triton.prep_kernel import _round_to_storage
 from kernels.triton.storage import STORAGE_TYPES, interpreted, next_power_of_2, pdl_supported
 
@@ -357,6 +358,10 @@ def check_skinny(
         raise SkinnyShapeError(f"{name}: settings {settings.label}: {why}")
 
 
+_skinny_gemm_launch = FastLaunch(_skinny_gemm_kernel)
+_split_k_reduce_launch = FastLaunch(_split_k_reduce_kernel)
+
+
 def skinny_gemm(
     x: torch.Tensor, weight: torch.Tensor, settings: SkinnySettings, *, out: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -388,7 +393,7 @@ def skinny_gemm(
     # Triton specialises the kernel the same way at every row count.
     target = torch.empty(m, part.split_k, n, dtype=torch.float32, device=x.device) if split else y
     grid = (ceil_div(m, settings.block_m), ceil_div(n, settings.block_n), part.split_k)
-    _skinny_gemm_kernel[grid](
+    _skinny_gemm_launch[grid](
         x,
         weight,
         target,
@@ -413,7 +418,7 @@ def skinny_gemm(
         reduce_launch: dict[str, object] = {"num_warps": 4, "enable_fp_fusion": False}
         if pdl:
             reduce_launch["launch_pdl"] = True
-        _split_k_reduce_kernel[(m, ceil_div(n, REDUCE_BLOCK))](
+        _split_k_reduce_launch[(m, ceil_div(n, REDUCE_BLOCK))](
             target,
             y,
             m,

@@ -34,6 +34,7 @@ from kernels.reference import (
     UNIFORM_BELOW_ONE,
     DrawRows,
 )
+from kernels.triton.launch import FastLaunch
 from kernels.triton.offline import compile_offline, has_cubin, pointers_and_strides, run_compile_check
 from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted, next_power_of_2
 
@@ -268,6 +269,10 @@ def _check(
         )
 
 
+_token_draw_launch = FastLaunch(_token_draw_kernel)
+_token_draw_finish_launch = FastLaunch(_token_draw_finish_kernel)
+
+
 def token_draw(
     logits: torch.Tensor,
     rows: DrawRows,
@@ -298,7 +303,7 @@ def token_draw(
     chunks = ceil_div(vocab, chunk)
     best_score = torch.empty(num_rows, chunks, dtype=torch.float32, device=logits.device)
     best_token = torch.empty(num_rows, chunks, dtype=torch.int32, device=logits.device)
-    _token_draw_kernel[(num_rows, chunks)](
+    _token_draw_launch[(num_rows, chunks)](
         logits,
         keep,
         row_max,
@@ -325,7 +330,7 @@ def token_draw(
         enable_fp_fusion=False,  # every add and multiply rounded on its own, as torch's are
         enable_reflect_ftz=False,  # libdevice keeps subnormals, as torch's CUDA kernels do
     )
-    _token_draw_finish_kernel[(num_rows,)](
+    _token_draw_finish_launch[(num_rows,)](
         best_score, best_token, out, chunks, CHUNKS_BLOCK=next_power_of_2(chunks), num_warps=1
     )
     return out
