@@ -33,28 +33,20 @@
 #   PIPELINE="decode-tests sampler-timing gemm-qwen3 qwen3-decode-variants host-profile-async gemma4-decode-variants
 #             qwen3-gates vllm-qwen3" STAGE=all ...
 # then the qwen3 and gemma4 manifests with the flags the variants showed best, before flipping a default.
-# The next stretch, as prepared (2026-12-05, after the H100 run at 51e18f3): the default kernels with
-# async scheduling against vLLM in one session (the likely first "faster than vLLM"), Gemma 4 with
-# vLLM given transformers 5.14 + tokenizers 0.22, Qwen3.5 beside vLLM (published form, Triton GDN
-# prefill), the host profile, and the 9B parity gate (closes issue 19; ~4 min, alone, an H200: its
-# fp32 and bf16 references and the served model may not fit 78 GiB). After the .whl-fi call, the
-# .whl-deps call runs
-#   mkdir -p /tmp/parts && cp .whl-deps/vllm-gemma4/*.whl /tmp/parts/ && SYNTH_AHEAD=0 WAIT_S=3 \
-#   PIPELINE="qwen3-decode-variants vllm-qwen3 gemma4-decode-variants vllm-gemma4 vllm-qwen35 \
-#   host-profile-async qwen35-9b-parity" STAGE=all bash docs/benchmarks/scripts/h200_session.sh
-# then the five .vllm/partN calls (the last as `VSTAGE_EXTRAS=1 bash .vllm/part5/stage.sh 5 last`: vLLM's
-# Qwen3.5 code needs the extras), then STAGE=wait calls back to back.
-# The stretch after that (prepared 2026-12-05 after the H100 run at df50211, which found FlashInfer's
-# graph planner blocking each async step; fixed at 43388bc): the same .whl-fi / .whl-deps / .vllm calls,
-#   PIPELINE="qwen3-decode-variants plan-async-tests vllm-qwen3 gemma4-decode-variants vllm-gemma4
-#   decode-attention-backends qwen35-published-latency qwen35-4b-parity qwen35-9b-parity vllm-qwen35" DECODE_VARIANTS="default| async|--async-scheduling"
-#   GEMMA4_VARIANTS="default| async|--async-scheduling" SYNTH_AHEAD=0 WAIT_S=3 STAGE=all ...
-# (~22 min before vllm-qwen35, which takes ~9; the parity gates are the first GPU run of Qwen3.5's
-# default path with the GDN decode mixer and the conv, gates and norm kernels, the whole qwen35
-# manifest the next after). If async scheduling is then faster than vLLM, the
-# qwen3, gemma4 and qwen35 manifests with --async-scheduling come before it is made the default
-# (GATE_DECODE_PATH="--async-scheduling" STAGE=qwen3-gates-decode-path, and the same flag on the
-# other two manifests' `infer gates` lines).
+# The next stretch (prepared 2026-12-05 after the H100 run at 6593fba, where every engine start
+# failed on the page-index buffers, fixed at 8d008f1, and Triton's dispatch was measured at ~84 us
+# a launch, bypassed by FastLaunch since 4198719): the same .whl-fi / .whl-deps / .vllm calls,
+#   PIPELINE="qwen3-decode-variants host-launch-costs plan-async-tests qwen35-4b-parity vllm-qwen3
+#   qwen35-published-latency vllm-qwen35 gemma4-decode-variants vllm-gemma4 qwen35-9b-parity"
+#   DECODE_VARIANTS="default| async|--async-scheduling" GEMMA4_VARIANTS="default| async|--async-scheduling"
+#   SYNTH_AHEAD=0 WAIT_S=3 STAGE=all ...
+# (qwen3 variants ~3 min, plan-async-tests ~3, the 4b parity ~5, vllm-qwen3 ~3). The qwen3 variants
+# time the planner fix under async scheduling and FastLaunch's prefill (host-launch-costs shows the
+# RMSNorm launch through FastLaunch beside the launcher alone); the parity gates are the first GPU
+# run of Qwen3.5's default path with the GDN decode mixer and the conv, gates and norm kernels. If
+# async scheduling is then faster than vLLM, the qwen3, gemma4 and qwen35 manifests with
+# --async-scheduling come before it is made the default (GATE_DECODE_PATH="--async-scheduling"
+# STAGE=qwen3-gates-decode-path, and the same flag on the other two manifests' `infer gates` lines).
 # Back here, the runs.tgz reports make the pages' target tables, e.g. (from the unpacked folder)
 #   infer bench table default=qwen3-4b-latency-default.json async=qwen3-4b-latency-async.json \
 #     --vllm vllm-qwen3-4b.json --markdown
@@ -285,10 +277,11 @@ decode-attention-backends() {  # FlashInfer's decode kernel per backend (fa2, fa
 host-launch-costs() {  # what one eager launch costs the host (F.linear per BLAS backend, Triton dispatch)
   python3 docs/benchmarks/scripts/host_launch_costs.py --save $work/host-launch-costs.json
 }
-plan-async-tests() {  # FlashInfer planning never waits for the stream; Qwen3.5 through the GDN decode mixer
+plan-async-tests() {  # FlashInfer planning never waits for the stream; FastLaunch; Qwen3.5 through the GDN decode mixer
   # and the Triton conv kernels; the split-KV attention's spec bounds against the host's spec
   python3 -m pytest -q -s --tb=short tests/kernels/test_flashinfer_plan_async.py tests/kernels/test_gdn_decode_mixer.py \
     tests/kernels/test_gdn_conv_varlen.py tests/models/test_decode_fusion.py -k "plan or mixer or conv or qwen35"
+  python3 -m pytest -q --tb=short tests/kernels/test_triton_launch_gpu.py
   python3 -m pytest -q --tb=short tests/kernels/test_decode_attention.py -k "spec"
 }
 qwen3-gates-decode-path() {  # the qwen3 manifest with every opt-in decode path on (before a default flips);
