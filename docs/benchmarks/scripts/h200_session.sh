@@ -35,12 +35,17 @@
 # then the qwen3 and gemma4 manifests with the flags the variants showed best, before flipping a default.
 # The next stretch (prepared 2026-12-05 after the H100 run at 6593fba, where every engine start
 # failed on the page-index buffers, fixed at 8d008f1, and Triton's dispatch was measured at ~84 us
-# a launch, bypassed by FastLaunch since 4198719): the same .whl-fi / .whl-deps / .vllm calls,
+# a launch, bypassed by FastLaunch since 4198719). Calls: one carrying .whl-fi (`python3 -m pip install
+# -q --no-index --no-deps --no-compile --target /tmp/site .whl-fi/*.whl`); one carrying .whl-deps that
+# installs those the same way, runs `mkdir -p /tmp/parts && cp .whl-deps/vllm-gemma4/*.whl /tmp/parts/`
+# and starts the pipeline with
 #   PIPELINE="qwen3-decode-variants host-launch-costs plan-async-tests qwen35-4b-parity vllm-qwen3
 #   qwen35-published-latency vllm-qwen35 gemma4-decode-variants vllm-gemma4 qwen35-9b-parity"
 #   DECODE_VARIANTS="default| async|--async-scheduling" GEMMA4_VARIANTS="default| async|--async-scheduling"
-#   SYNTH_AHEAD=0 WAIT_S=3 STAGE=all ...
-# (qwen3 variants ~3 min, plan-async-tests ~3, the 4b parity ~5, vllm-qwen3 ~3). The qwen3 variants
+#   SYNTH_AHEAD=0 WAIT_S=3 STAGE=all bash docs/benchmarks/scripts/h200_session.sh
+# then five calls carrying .vllm/partN (`bash .vllm/partN/stage.sh N`, the last as
+# `VSTAGE_EXTRAS=1 bash .vllm/part5/stage.sh 5 last`: vLLM's Qwen3.5 code needs the extras), then
+# STAGE=wait calls back to back (qwen3 variants ~3 min, plan-async-tests ~3, the 4b parity ~5, vllm-qwen3 ~3). The qwen3 variants
 # time the planner fix under async scheduling and FastLaunch's prefill (host-launch-costs shows the
 # RMSNorm launch through FastLaunch beside the launcher alone); the parity gates are the first GPU
 # run of Qwen3.5's default path with the GDN decode mixer and the conv, gates and norm kernels. If
