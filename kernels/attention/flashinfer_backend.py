@@ -185,7 +185,10 @@ class FlashInferAttention(AttentionBackend):
     def run(
         self, group: int, layer: AttentionLayerSpec, q: torch.Tensor, pool_layer: torch.Tensor
     ) -> torch.Tensor:
-        out: torch.Tensor = self._active[group].run(q.contiguous(), pool_layer)
+        # Every query row's output is written by the kernel: an uninitialised buffer spares the
+        # prefill wrapper's own zero-filled one (a memset launch per layer and step).
+        q = q.contiguous()
+        out: torch.Tensor = self._active[group].run(q, pool_layer, out=torch.empty_like(q))
         return out
 
     def warm_up_steps(self, specs: Sequence[AttentionLayerSpec], page_size: int) -> list[WarmUpStep]:

@@ -42,7 +42,8 @@ class _RecordingWrapper:
             raise RuntimeError(f"static_assert: fa3 has no head dim {head_dim} kernel")
         self.log.append((self.kind, {**kwargs, "constructed_with": self.options, "args": args}))
 
-    def run(self, q: torch.Tensor, _pool: torch.Tensor) -> torch.Tensor:
+    def run(self, q: torch.Tensor, _pool: torch.Tensor, *, out: torch.Tensor) -> torch.Tensor:
+        assert out.shape == q.shape and out.dtype == q.dtype
         self.log.append((f"{self.kind} run", {"rows": q.shape[0]}))
         return q
 
