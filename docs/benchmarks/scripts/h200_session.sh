@@ -40,7 +40,7 @@
 # installs those the same way, runs `mkdir -p /tmp/parts && cp .whl-deps/vllm-gemma4/*.whl /tmp/parts/`
 # and starts the pipeline with
 #   PIPELINE="qwen3-decode-variants host-launch-costs plan-async-tests qwen35-4b-parity vllm-qwen3
-#   qwen35-published-latency vllm-qwen35 gemma4-decode-variants vllm-gemma4 qwen35-9b-parity"
+#   gemm-qwen3 qwen35-published-latency vllm-qwen35 gemma4-decode-variants vllm-gemma4 qwen35-9b-parity"
 #   DECODE_VARIANTS="default| async|--async-scheduling" GEMMA4_VARIANTS="default| async|--async-scheduling"
 #   SYNTH_AHEAD=0 WAIT_S=3 STAGE=all bash docs/benchmarks/scripts/h200_session.sh
 # then five calls carrying .vllm/partN (`bash .vllm/partN/stage.sh N`, the last as
@@ -48,7 +48,9 @@
 # STAGE=wait calls back to back (qwen3 variants ~3 min, plan-async-tests ~3, the 4b parity ~5, vllm-qwen3 ~3). The qwen3 variants
 # time the planner fix under async scheduling and FastLaunch's prefill (host-launch-costs shows the
 # RMSNorm launch through FastLaunch beside the launcher alone); the parity gates are the first GPU
-# run of Qwen3.5's default path with the GDN decode mixer and the conv, gates and norm kernels. If
+# run of Qwen3.5's default path with the GDN decode mixer and the conv, gates and norm kernels;
+# gemm-qwen3 writes a skinny-GEMM dispatch table for the card (only the H200 has one, so an H100's
+# `tuned` policy runs cuBLAS for every projection: check it in beside skinny_dispatch_h200.json). If
 # async scheduling is then faster than vLLM, the qwen3, gemma4 and qwen35 manifests with
 # --async-scheduling come before it is made the default (GATE_DECODE_PATH="--async-scheduling"
 # STAGE=qwen3-gates-decode-path, and the same flag on the other two manifests' `infer gates` lines).
