@@ -13,8 +13,9 @@ median of 7 rounds of 200 calls. The calls:
   (CUDA events, nothing else queued) beside it: a backend that is cheaper on the host must not
   be slower on the device;
 * ``torch.empty`` of the gate/up output;
-* the Triton RMSNorm through ``invariant_rms_norm`` (argument checks, Triton's dispatch and launch)
-  and through its compiled kernel's launcher directly (what a launch costs without the dispatch).
+* the Triton RMSNorm three ways: through ``invariant_rms_norm`` (argument checks and FastLaunch,
+  kernels/triton/launch.py), through Triton's own dispatch (``kernel[grid](...)``), and through its
+  compiled kernel's launcher alone.
 """
 
 from __future__ import annotations
@@ -98,12 +99,8 @@ def main() -> None:
     weight = torch.randn(HIDDEN, device=dev, dtype=dtype)
     spec = NormSpec(NormWeight.W)
     report["rmsnorm_us"] = host_us(lambda: invariant_rms_norm(x, spec, weight))
-    # The compiled kernel the dispatch found, launched by its own launcher with the arguments the
-    # dispatch bound (constexprs included: the launcher takes every parameter and skips those).
     y = torch.empty_like(x)
-    caches = _invariant_rmsnorm_kernel.device_caches[torch.cuda.current_device()]
-    compiled = next(iter(caches[0].values()))
-    bound, _, _ = caches[4](
+    positional = (
         x,
         x,
         x,
@@ -117,6 +114,8 @@ def main() -> None:
         y.stride(0),
         y.stride(0),
         spec.eps,
+    )
+    constexprs = dict(
         BLOCK_H=4096,
         WEIGHT_MODE=_MODES[spec.weight],
         ROUND_BEFORE_WEIGHT=False,
@@ -127,6 +126,14 @@ def main() -> None:
         num_warps=4,
         enable_fp_fusion=False,
     )
+    report["rmsnorm_dispatch_us"] = host_us(
+        lambda: _invariant_rmsnorm_kernel[(m,)](*positional, **constexprs)
+    )
+    # The compiled kernel the dispatch found, launched by its own launcher with the arguments the
+    # dispatch bound (constexprs included: the launcher takes every parameter and skips those).
+    caches = _invariant_rmsnorm_kernel.device_caches[torch.cuda.current_device()]
+    compiled = next(iter(caches[0].values()))
+    bound, _, _ = caches[4](*positional, **constexprs)
     launch_args = tuple(bound.values())
     stream = torch.cuda.current_stream().cuda_stream
 
