@@ -2,10 +2,11 @@
 per-call dispatch once Triton has compiled the kernel for a call's specialization.
 
 Why: an eager step (a prefill, a mixed step) launches every Triton kernel from Python, and on the
-H100 with Triton 3.6 the dispatch in ``JITFunction.run`` (binding, specialising every argument,
-the cache key, launch metadata) cost 84 µs of the 92 µs an RMSNorm launch took the host, against
-8.5 µs for the compiled kernel's launcher alone (docs/benchmarks/scripts/host_launch_costs.py,
-2026-12-05). A 1k-token prefill makes ~145 such launches and was host-bound.
+H100 with Triton 3.6 an RMSNorm call through Triton's dispatch in ``JITFunction.run`` (binding,
+specialising every argument, the cache key, launch metadata) cost the host 92 µs, its argument
+checks included, against 8.5 µs for the compiled kernel's launcher alone
+(docs/benchmarks/scripts/host_launch_costs.py, 2026-12-05). A 1k-token prefill makes ~145 such
+launches and was host-bound.
 
 The invariant: a call reuses a compiled kernel only when everything Triton specialises on is the
 same as in the call that compiled it. The key here is at least as fine as Triton's: every
