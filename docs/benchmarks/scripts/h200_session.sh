@@ -45,7 +45,10 @@
 #   SYNTH_AHEAD=0 WAIT_S=3 STAGE=all bash docs/benchmarks/scripts/h200_session.sh
 # then five calls carrying .vllm/partN (`bash .vllm/partN/stage.sh N`, the last as
 # `VSTAGE_EXTRAS=1 bash .vllm/part5/stage.sh 5 last`: vLLM's Qwen3.5 code needs the extras), then
-# STAGE=wait calls back to back (qwen3 variants ~3 min, plan-async-tests ~3, the 4b parity ~5, vllm-qwen3 ~3). The qwen3 variants
+# STAGE=wait calls back to back, the first short (WAIT_S=150: the first engine start ends ~2 min in,
+# and a start-up failure seen then can be fixed and the pipeline restarted, STAGE=all copying the
+# tree anew, within the same stretch; at 6593fba a 540 s first wait showed it only when the stretch
+# was spent) (qwen3 variants ~3 min, plan-async-tests ~3, the 4b parity ~5, vllm-qwen3 ~3). The qwen3 variants
 # time the planner fix under async scheduling and FastLaunch's prefill (host-launch-costs shows the
 # RMSNorm launch through FastLaunch beside the launcher alone); the parity gates are the first GPU
 # run of Qwen3.5's default path with the GDN decode mixer and the conv, gates and norm kernels;
