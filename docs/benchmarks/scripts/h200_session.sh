@@ -427,6 +427,7 @@ PIPELINE=${PIPELINE:-"qwen3-latency qwen3-gates gemma4-latency gemma4-gates"}
 # $work/steps.txt a line as each step ends.
 pipeline() {
   touch $work/pipeline.running
+  echo $$ >$work/pipeline.pid  # a session leader (setsid): its process group is the whole pipeline
   if [[ " $PIPELINE " == *" gemma3-gates "* ]] && [ ! -d $g3 ]; then
     touch $work/real-g3.running
     (real_g3 >$work/real-g3.log 2>&1; rm -f $work/real-g3.running) &
@@ -466,6 +467,11 @@ follow() {
 
 case "${STAGE:-all}" in
   all)
+    # A restart (after a fix sent in the same stretch) first stops the pipeline already running.
+    if [ -f $work/pipeline.pid ]; then
+      kill -- -"$(cat $work/pipeline.pid)" 2>/dev/null && sleep 5
+      rm -f $work/pipeline.pid $work/pipeline.running
+    fi
     rm -f $work/steps.txt
     # Every call copies the working tree anew, and a step that imports while that happens can find
     # modules missing (2026-12-05): the pipeline runs from a copy of its own.
