@@ -131,20 +131,22 @@ def main() -> None:
     )
     # The compiled kernel the dispatch found, launched by its own launcher with the arguments the
     # dispatch bound (constexprs included: the launcher takes every parameter and skips those).
-    caches = _invariant_rmsnorm_kernel.device_caches[torch.cuda.current_device()]
-    compiled = next(iter(caches[0].values()))
-    bound, _, _ = caches[4](*positional, **constexprs)
-    launch_args = tuple(bound.values())
-    stream = torch.cuda.current_stream().cuda_stream
-
-    def direct() -> None:
-        compiled.run(
-            m, 1, 1, stream, compiled.function, compiled.packed_metadata, None, None, None, *launch_args
-        )
-
+    # Triton's internals (its per-device caches, the launcher's calling convention) differ between
+    # releases: where they do, the report says so instead of a figure.
     try:
+        caches = _invariant_rmsnorm_kernel.device_caches[torch.cuda.current_device()]
+        compiled = next(iter(caches[0].values()))
+        bound, _, _ = caches[4](*positional, **constexprs)
+        launch_args = tuple(bound.values())
+        stream = torch.cuda.current_stream().cuda_stream
+
+        def direct() -> None:
+            compiled.run(
+                m, 1, 1, stream, compiled.function, compiled.packed_metadata, None, None, None, *launch_args
+            )
+
         report["rmsnorm_launcher_us"] = host_us(direct)
-    except Exception as exc:  # the launcher's calling convention differs between Triton releases
+    except Exception as exc:
         report["rmsnorm_launcher_error"] = f"{type(exc).__name__}: {exc}"
     print(json.dumps({k: v for k, v in report.items() if k != "linear"}, indent=1))
     if args.save:
