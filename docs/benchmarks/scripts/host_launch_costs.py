@@ -21,6 +21,7 @@ median of 7 rounds of 200 calls. The calls:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import time
@@ -86,10 +87,8 @@ def main() -> None:
         for name, (n, k) in SHAPES.items():
             x = torch.randn(m, k, device=dev, dtype=dtype)
             w = torch.randn(n, k, device=dev, dtype=dtype) / k**0.5
-            blas[backend][name] = {
-                "host_us": host_us(lambda x=x, w=w: F.linear(x, w)),
-                "device_us": device_us(lambda x=x, w=w: F.linear(x, w)),
-            }
+            linear = functools.partial(F.linear, x, w)
+            blas[backend][name] = {"host_us": host_us(linear), "device_us": device_us(linear)}
             print(f"F.linear {backend:8s} {name:8s} M={m}: {blas[backend][name]}")
     torch.backends.cuda.preferred_blas_library("default")
     report["linear"] = blas
