@@ -157,3 +157,31 @@ def test_a_kernel_that_is_not_a_jit_function_always_takes_its_own_path(
     for _ in range(2):
         fast[(1,)](_buffer())
     assert len(stand_in.dispatched) == 2 and not stand_in.launched
+
+
+def _sample_arguments() -> list[object]:
+    ints = [-(2**63), -(2**31) - 1, -(2**31), -17, -16, -1, 0, 1, 2, 15, 16, 17, 32, 48]
+    ints += [2**31 - 1, 2**31, 2**32, 2**63 - 1, 2**63, 2**64 - 1]
+    tensors = [
+        torch.zeros(40, dtype=dtype)[offset:]
+        for dtype in (torch.bfloat16, torch.float16, torch.float32, torch.int32, torch.int64)
+        for offset in (0, 1, 2, 8)
+    ]
+    return [*ints, True, False, 0.5, -2.0, None, *tensors]
+
+
+def test_equal_keys_mean_equal_triton_specializations() -> None:
+    """The key is at least as fine as what the installed Triton specialises on: any two arguments
+    with the same key get the same specialization from Triton's own function (the finest form,
+    value and alignment specialisation both on)."""
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+
+    samples = _sample_arguments()
+    keys = [launch._runtime_key(value) for value in samples]
+    triton_says = [native_specialize_impl(BaseBackend, value, False, True, True) for value in samples]
+    assert NotImplemented not in keys
+    for i, (key_a, spec_a) in enumerate(zip(keys, triton_says, strict=True)):
+        for key_b, spec_b, value_b in zip(keys[i + 1 :], triton_says[i + 1 :], samples[i + 1 :], strict=True):
+            if key_a == key_b:
+                assert spec_a == spec_b, f"{samples[i]!r} and {value_b!r} share a key, not a specialization"
