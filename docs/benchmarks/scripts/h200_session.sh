@@ -291,7 +291,7 @@ plan-async-tests() {  # FlashInfer planning never waits for the stream; FastLaun
   # and the Triton conv kernels; the split-KV attention's spec bounds against the host's spec
   python3 -m pytest -q -s --tb=short tests/kernels/test_flashinfer_plan_async.py tests/kernels/test_gdn_decode_mixer.py \
     tests/kernels/test_gdn_conv_varlen.py tests/models/test_decode_fusion.py -k "plan or mixer or conv or qwen35"
-  python3 -m pytest -q --tb=short tests/kernels/test_triton_launch_gpu.py tests/kernels/test_gdn_gates.py
+  python3 -m pytest -q --tb=short tests/kernels/test_triton_launch.py tests/kernels/test_triton_launch_gpu.py tests/kernels/test_gdn_gates.py
   python3 -m pytest -q --tb=short tests/kernels/test_decode_attention.py -k "spec"
 }
 qwen3-gates-decode-path() {  # the qwen3 manifest with every opt-in decode path on (before a default flips);
