@@ -20,9 +20,6 @@ docs/kernels.md, "Gated DeltaNet", tells where it runs.
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable
-
 import torch
 import triton
 import triton.language as tl
@@ -31,7 +28,12 @@ from kernels.kv_layout import ceil_div
 from kernels.reference import SpecError
 from kernels.triton.gated_act import _silu
 from kernels.triton.launch import FastLaunch
-from kernels.triton.offline import compile_offline, has_cubin, pointers_and_strides, run_compile_check
+from kernels.triton.offline import (
+    check_variants,
+    compile_offline,
+    pointers_and_strides,
+    run_compile_check,
+)
 from kernels.triton.prep_kernel import _round_to_storage
 from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted
 
@@ -231,24 +233,13 @@ def compile_conv_kernel(
     )
 
 
-def check_conv_variants(name: str, compile_variant: Callable[[int, torch.dtype], object]) -> int:
-    """A conv kernel module's compile check: every serving width in every storage dtype."""
-    for width in SERVING_WIDTHS:
-        for dtype in POINTER_TYPES:
-            if not has_cubin(compile_variant(width, dtype)):
-                print(f"no cubin for width={width} {dtype}", file=sys.stderr)
-                return 1
-        print(f"compiled {name} W={width} for sm_90")
-    return 0
-
-
 def compile_variant(width: int, dtype: torch.dtype, arch: int = 90) -> object:
     """The compiled kernel (cubin included) for one variant on ``sm_{arch}``, without a GPU."""
     return compile_conv_kernel(_gdn_conv_step_kernel, _constexprs(width, dtype), dtype, arch, NUM_WARPS)
 
 
 def main() -> int:
-    return check_conv_variants("gdn_conv_step", compile_variant)
+    return check_variants("gdn_conv_step", "W", SERVING_WIDTHS, compile_variant)
 
 
 if __name__ == "__main__":

@@ -41,14 +41,14 @@ from kernels.kv_layout import ceil_div
 from kernels.reference import check_cu_seqlens
 from kernels.triton.gated_act import _silu
 from kernels.triton.gdn_conv_step import (
+    SERVING_WIDTHS,
     WIDTHS,
     GDNConvError,
     check_conv_inputs,
-    check_conv_variants,
     compile_conv_kernel,
 )
 from kernels.triton.launch import FastLaunch
-from kernels.triton.offline import run_compile_check
+from kernels.triton.offline import check_variants, run_compile_check
 from kernels.triton.prep_kernel import _round_to_storage
 from kernels.triton.storage import STORAGE_TYPES, interpreted, next_power_of_2
 
@@ -272,7 +272,7 @@ def compile_variant(width: int, dtype: torch.dtype, arch: int = 90) -> object:
 
 
 def main() -> int:
-    return check_conv_variants("gdn_conv_varlen", compile_variant)
+    return check_variants("gdn_conv_varlen", "W", SERVING_WIDTHS, compile_variant)
 
 
 if __name__ == "__main__":

@@ -13,8 +13,6 @@ row's bits never depend on the batch. One launch, no host synchronisation: graph
 
 from __future__ import annotations
 
-import sys
-
 import torch
 import triton
 import triton.language as tl
@@ -23,7 +21,12 @@ from kernels.reference import SpecError
 from kernels.triton.gated_act import _silu
 from kernels.triton.invariant_rmsnorm import _row_inverse_rms
 from kernels.triton.launch import FastLaunch
-from kernels.triton.offline import compile_offline, has_cubin, pointers_and_strides, run_compile_check
+from kernels.triton.offline import (
+    check_variants,
+    compile_offline,
+    pointers_and_strides,
+    run_compile_check,
+)
 from kernels.triton.prep_kernel import _round_to_storage
 from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted, next_power_of_2
 
@@ -164,14 +167,7 @@ def compile_variant(value_dim: int, dtype: torch.dtype, arch: int = 90) -> objec
 
 
 def main() -> int:
-    for value_dim in SERVING_VALUE_DIMS:
-        for dtype in POINTER_TYPES:
-            kernel = compile_variant(value_dim, dtype)
-            if not has_cubin(kernel):
-                print(f"no cubin for V={value_dim} {dtype}", file=sys.stderr)
-                return 1
-        print(f"compiled gdn_gated_norm V={value_dim} for sm_90")
-    return 0
+    return check_variants("gdn_gated_norm", "V", SERVING_VALUE_DIMS, compile_variant)
 
 
 if __name__ == "__main__":

@@ -12,8 +12,6 @@ launch, no host synchronisation.
 
 from __future__ import annotations
 
-import sys
-
 import torch
 import triton
 import triton.language as tl
@@ -22,7 +20,12 @@ from kernels.kv_layout import ceil_div
 from kernels.reference import SpecError
 from kernels.triton.gdn_decode import _gates
 from kernels.triton.launch import FastLaunch
-from kernels.triton.offline import compile_offline, has_cubin, pointers_and_strides, run_compile_check
+from kernels.triton.offline import (
+    check_variants,
+    compile_offline,
+    pointers_and_strides,
+    run_compile_check,
+)
 from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted, next_power_of_2
 
 # Tokens per program: every value head of 16 tokens (512 gates at Qwen3.5's 32 heads).
@@ -150,13 +153,7 @@ def compile_variant(heads: int, dtype: torch.dtype, arch: int = 90) -> object:
 
 
 def main() -> int:
-    for heads in SERVING_HEADS:
-        for dtype in POINTER_TYPES:
-            if not has_cubin(compile_variant(heads, dtype)):
-                print(f"no cubin for Hv={heads} {dtype}", file=sys.stderr)
-                return 1
-        print(f"compiled gdn_gates Hv={heads} for sm_90")
-    return 0
+    return check_variants("gdn_gates", "Hv", SERVING_HEADS, compile_variant)
 
 
 if __name__ == "__main__":

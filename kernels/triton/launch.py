@@ -24,6 +24,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from triton import knobs
+from triton.runtime.jit import JITFunction
 
 from kernels.triton.storage import interpreted
 
@@ -31,17 +33,11 @@ _I32_MIN, _I32_MAX, _U64_MIN = -(2**31), 2**31 - 1, 2**63
 
 
 def _launchable(kernel: object) -> bool:
-    if interpreted():
-        return False
-    from triton.runtime.jit import JITFunction
-
-    return isinstance(kernel, JITFunction)
+    return not interpreted() and isinstance(kernel, JITFunction)
 
 
 def _hooks_installed() -> bool:
     """Whether a launch hook (a profiler's) is installed: Triton's own path then runs it."""
-    from triton import knobs
-
     hook = knobs.runtime.launch_enter_hook
     return hook is not None and bool(getattr(hook, "calls", True))
 

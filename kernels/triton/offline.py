@@ -11,7 +11,7 @@ that the runtime JIT would specialise on. docs/kernels.md tells how the compile 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import NoReturn
 
 import torch
@@ -83,6 +83,20 @@ def compile_offline(
 def has_cubin(kernel: object) -> bool:
     """Whether a compiled kernel carries its cubin (ptxas ran to the end)."""
     return bool(getattr(kernel, "asm", {}).get("cubin"))
+
+
+def check_variants(
+    module: str, parameter: str, values: Iterable[int], compile_variant: Callable[[int, torch.dtype], object]
+) -> int:
+    """The compile check of a kernel whose variants vary in one shape parameter: every serving value
+    of it in every storage dtype must build a cubin; a ``compiled …`` line per value."""
+    for value in values:
+        for dtype in POINTER_TYPES:
+            if not has_cubin(compile_variant(value, dtype)):
+                print(f"no cubin for {parameter}={value} {dtype}", file=sys.stderr)
+                return 1
+        print(f"compiled {module} {parameter}={value} for sm_90")
+    return 0
 
 
 def run_compile_check(main: Callable[[], int]) -> NoReturn:
