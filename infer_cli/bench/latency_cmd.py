@@ -27,6 +27,7 @@ from models.registry import ModelOptions
 if TYPE_CHECKING:
     from engine.forward_batch import RooflineFacts
     from infer_cli.bench.latency import Ceilings, PolicyRun
+    from infer_cli.bench.step_profile import StepBreakdown
 
 
 @knob_options(
@@ -130,6 +131,7 @@ def bench_latency_command(
     _print_tables(console, runs, context, title)
     if breakdown:
         console.print(_breakdown_table(runs))
+        console.print(_host_calls_table(runs))
     if save_result is not None and facts is not None:
         payload = (
             results_json(runs, ceilings, facts)
@@ -268,6 +270,25 @@ def _print_tables(console: Console, runs: list[PolicyRun], context: int, title: 
     _say_allocator(console, runs)
 
 
+def _breakdown_rows(run: PolicyRun) -> list[tuple[str, StepBreakdown | None]]:
+    rows = [(f"decode {d.batch}", d.breakdown) for d in run.decode]
+    return rows + [(f"prefill {p.tokens}", p.breakdown) for p in run.prefill]
+
+
+def _host_calls_table(runs: list[PolicyRun], per_step: int = 3) -> Table:
+    """The host's heaviest calls into CUDA per measured step (under the profiler): a wait on the
+    device shows as one call taking far more than a launch."""
+    table = Table(title="the host's heaviest calls into CUDA (per step, under the profiler)")
+    for column in ("policy", "step", "call", "calls", "ms"):
+        table.add_column(column, justify="right")
+    for run in runs:
+        for label, b in _breakdown_rows(run):
+            for name, calls, ms in () if b is None else b.host_calls[:per_step]:
+                table.add_row(run.policy, label, name, f"{calls:.0f}", f"{ms:.3f}")
+        table.add_section()
+    return table
+
+
 def _breakdown_table(runs: list[PolicyRun]) -> Table:
     from infer_cli.bench.step_profile import CATEGORIES, OTHER
 
@@ -276,9 +297,7 @@ def _breakdown_table(runs: list[PolicyRun]) -> Table:
     for column in ("policy", "step", "step ms", "device busy", "host gap", *categories, "kernels"):
         table.add_column(column, justify="right")
     for run in runs:
-        rows = [(f"decode {d.batch}", d.breakdown) for d in run.decode]
-        rows += [(f"prefill {p.tokens}", p.breakdown) for p in run.prefill]
-        for label, b in rows:
+        for label, b in _breakdown_rows(run):
             if b is None:
                 continue
             table.add_row(

@@ -9,6 +9,11 @@ Without a GPU the same figures come from operators' own CPU time, which is what 
 
 Kernel names are matched in lower case, first category first; a name no pattern matches is
 `other`, and the heaviest names are kept so an `other` that matters can be read and placed.
+
+On a GPU the host's calls into CUDA (runtime `cuda*` and driver `cu*` calls, as the profiler
+records them) are summed by name too: a launch costs the host microseconds, so a call whose time
+per step is large is where the host waited for the device (a synchronising copy, an event or
+stream wait), and the total says how much of the step the host spent in CUDA at all.
 """
 
 from __future__ import annotations
@@ -40,6 +45,10 @@ CATEGORIES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
 )
 OTHER = "other"
 TOP_KERNELS = 8
+TOP_HOST_CALLS = 6
+# What the profiler names a host call into CUDA: the runtime's `cudaLaunchKernel`, the driver's
+# `cuLaunchKernelEx` (Triton's launcher), `cudaStreamSynchronize`, ...
+_CUDA_CALL = re.compile(r"^cu(da)?[A-Z]")
 
 
 def category_of(kernel_name: str) -> str:
@@ -66,6 +75,8 @@ class StepBreakdown:
     kernels_per_step: float
     by_category: tuple[tuple[str, float], ...]
     top: tuple[tuple[str, float], ...]  # the heaviest kernel names, ms per step
+    # The host's calls into CUDA by name, the heaviest first: (name, calls per step, ms per step).
+    host_calls: tuple[tuple[str, float, float], ...] = ()
 
     @property
     def host_gap_ms(self) -> float:
@@ -85,6 +96,9 @@ class StepBreakdown:
             kernels_per_step=float(saved["kernels_per_step"]),
             by_category=tuple((str(name), float(ms)) for name, ms in saved["by_category"]),
             top=tuple((str(name), float(ms)) for name, ms in saved["top"]),
+            host_calls=tuple(
+                (str(name), float(calls), float(ms)) for name, calls, ms in saved.get("host_calls", ())
+            ),
         )
 
 
@@ -99,9 +113,15 @@ def union_us(kernels: Iterable[Kernel]) -> float:
     return covered
 
 
-def summarize(kernels: list[Kernel], busy_us: float, steps: int, host_ms: float) -> StepBreakdown:
+def summarize(
+    kernels: list[Kernel],
+    busy_us: float,
+    steps: int,
+    host_ms: float,
+    host_calls: Iterable[Kernel] = (),
+) -> StepBreakdown:
     """The breakdown of `steps` profiled steps' kernels, which kept the device busy for `busy_us`
-    in all; `host_ms` is one step's unprofiled time."""
+    in all; `host_ms` is one step's unprofiled time; `host_calls` the host's calls into CUDA."""
     per_category: dict[str, float] = defaultdict(float)
     per_name: dict[str, float] = defaultdict(float)
     for k in kernels:
@@ -109,6 +129,12 @@ def summarize(kernels: list[Kernel], busy_us: float, steps: int, host_ms: float)
         per_name[k.name] += k.duration_us
     order = [category for category, _ in CATEGORIES] + [OTHER]
     heaviest = sorted(per_name.items(), key=lambda item: -item[1])[:TOP_KERNELS]
+    call_count: dict[str, int] = defaultdict(int)
+    call_us: dict[str, float] = defaultdict(float)
+    for call in host_calls:
+        call_count[call.name] += 1
+        call_us[call.name] += call.duration_us
+    slowest_calls = sorted(call_us.items(), key=lambda item: -item[1])[:TOP_HOST_CALLS]
     return StepBreakdown(
         steps=steps,
         host_ms=host_ms,
@@ -116,15 +142,16 @@ def summarize(kernels: list[Kernel], busy_us: float, steps: int, host_ms: float)
         kernels_per_step=len(kernels) / steps,
         by_category=tuple((c, per_category[c] / steps / 1e3) for c in order),
         top=tuple((name, us / steps / 1e3) for name, us in heaviest),
+        host_calls=tuple((name, call_count[name] / steps, us / steps / 1e3) for name, us in slowest_calls),
     )
 
 
 def profiled_kernels(
     step: Callable[[], object], steps: int, device: torch.device
-) -> tuple[list[Kernel], float]:
-    """Run `step` `steps` times under the profiler: the device's kernels and the time they kept it
-    busy (the union of their intervals). On the CPU: operators' own time, one thread, so busy is
-    their sum."""
+) -> tuple[list[Kernel], float, list[Kernel]]:
+    """Run `step` `steps` times under the profiler: the device's kernels, the time they kept it
+    busy (the union of their intervals), and the host's calls into CUDA. On the CPU: operators' own
+    time, one thread, so busy is their sum, and no CUDA calls."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -135,8 +162,11 @@ def profiled_kernels(
             step()
         if on_gpu:
             torch.cuda.synchronize(device)
-    kernels = []
+    kernels, calls = [], []
     for event in prof.events():
+        if on_gpu and event.device_type == DeviceType.CPU and _CUDA_CALL.match(event.name):
+            calls.append(Kernel(event.name, float(event.time_range.start), event.time_range.elapsed_us()))
+            continue
         if on_gpu and event.device_type == DeviceType.CUDA:
             duration = event.time_range.elapsed_us()
         elif not on_gpu and event.device_type == DeviceType.CPU:
@@ -146,11 +176,11 @@ def profiled_kernels(
         if duration > 0:
             kernels.append(Kernel(event.name, float(event.time_range.start), float(duration)))
     busy = union_us(kernels) if on_gpu else sum(k.duration_us for k in kernels)
-    return kernels, busy
+    return kernels, busy, calls
 
 
 def profile_steps(
     step: Callable[[], object], device: torch.device, host_ms: float, steps: int = 3
 ) -> StepBreakdown:
-    kernels, busy_us = profiled_kernels(step, steps, device)
-    return summarize(kernels, busy_us, steps, host_ms)
+    kernels, busy_us, calls = profiled_kernels(step, steps, device)
+    return summarize(kernels, busy_us, steps, host_ms, calls)

@@ -37,7 +37,10 @@ TABLE_FORMAT = "infer-skinny-dispatch/1"
 
 # Tables measured by `infer bench gemm --save-dispatch` (docs/benchmarks/gemm.md), by the device
 # name torch reports; files beside this module.
-MEASURED_TABLES = {"NVIDIA H200": "skinny_dispatch_h200.json"}
+MEASURED_TABLES = {
+    "NVIDIA H200": "skinny_dispatch_h200.json",
+    "NVIDIA H100 80GB HBM3": "skinny_dispatch_h100.json",
+}
 
 
 class DispatchTableError(ValueError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,15 @@ from engine.forward_batch import RooflineFacts
 from engine.model_runner import PagedModelRunner
 from engine.scheduler import BatchScheduler
 from infer_cli.bench.latency import Ceilings, PolicyRun, bench_decode, bench_prefill, results_json
-from infer_cli.bench.step_profile import OTHER, Kernel, category_of, profile_steps, summarize, union_us
+from infer_cli.bench.step_profile import (
+    OTHER,
+    Kernel,
+    StepBreakdown,
+    category_of,
+    profile_steps,
+    summarize,
+    union_us,
+)
 from models.registry import ModelOptions, load_model
 
 # Kernel names as CUPTI reports them on an H100/H200 (cuBLAS, FlashInfer, torch, infer's Triton).
@@ -57,6 +66,26 @@ def test_summary_averages_over_the_steps_and_keeps_the_heaviest_names() -> None:
     assert b.top[0] == ("nvjet_gemm", pytest.approx(0.8))
 
 
+def test_host_calls_into_cuda_are_summed_by_name_heaviest_first() -> None:
+    calls = [
+        Kernel("cudaLaunchKernel", 0, 4),
+        Kernel("cudaMemcpyAsync", 10, 9000),  # a copy that waited for the device
+        Kernel("cudaLaunchKernel", 20, 6),
+        Kernel("cuLaunchKernelEx", 30, 8),
+    ]
+    b = summarize([Kernel("nvjet_gemm", 0, 800)], busy_us=800, steps=2, host_ms=6.0, host_calls=calls)
+    assert b.host_calls[0] == ("cudaMemcpyAsync", 0.5, pytest.approx(4.5))
+    assert b.host_calls[1:] == (
+        ("cudaLaunchKernel", 1.0, pytest.approx(0.005)),
+        ("cuLaunchKernelEx", 0.5, pytest.approx(0.004)),
+    )
+    saved = json.loads(json.dumps(asdict(b)))
+    assert StepBreakdown.from_saved(saved) == b
+    # A report written before host calls were counted still loads, with none.
+    del saved["host_calls"]
+    assert StepBreakdown.from_saved(saved).host_calls == ()
+
+
 def test_profiling_a_cpu_step_finds_its_matmul_and_softmax() -> None:
     a, w = torch.randn(64, 256), torch.randn(256, 256)
 
@@ -67,6 +96,7 @@ def test_profiling_a_cpu_step_finds_its_matmul_and_softmax() -> None:
     assert b.category_ms("gemm") > 0 and b.category_ms("sampling") > 0
     # One thread: busy is the operators' own time, which the categories split without remainder.
     assert sum(ms for _, ms in b.by_category) == pytest.approx(b.busy_ms)
+    assert b.host_calls == ()  # no CUDA on the CPU
 
 
 def _tiny_scheduler(checkpoint: Path) -> tuple[BatchScheduler, RooflineFacts]:
