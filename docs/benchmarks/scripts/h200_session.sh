@@ -33,30 +33,23 @@
 #   PIPELINE="decode-tests sampler-timing gemm-qwen3 qwen3-decode-variants host-profile-async gemma4-decode-variants
 #             qwen3-gates vllm-qwen3" STAGE=all ...
 # then the qwen3 and gemma4 manifests with the flags the variants showed best, before flipping a default.
-# The next stretch (prepared 2026-12-05 after the H100 run at 6593fba, where every engine start
-# failed on the page-index buffers, fixed at 8d008f1, and Triton's dispatch was measured at ~84 us
-# a launch, bypassed by FastLaunch since 4198719). Calls: one carrying .whl-fi (`python3 -m pip install
-# -q --no-index --no-deps --no-compile --target /tmp/site .whl-fi/*.whl`); one carrying .whl-deps that
-# installs those the same way, runs `mkdir -p /tmp/parts && cp .whl-deps/vllm-gemma4/*.whl /tmp/parts/`
-# and starts the pipeline with
-#   PIPELINE="qwen3-decode-variants host-launch-costs plan-async-tests qwen35-4b-parity vllm-qwen3
-#   gemm-qwen3 qwen35-published-latency vllm-qwen35 gemma4-decode-variants vllm-gemma4 qwen35-9b-parity"
-#   DECODE_VARIANTS="default| async|--async-scheduling" GEMMA4_VARIANTS="default| async|--async-scheduling"
-#   SYNTH_AHEAD=0 WAIT_S=3 STAGE=all bash docs/benchmarks/scripts/h200_session.sh
-# then five calls carrying .vllm/partN (`bash .vllm/partN/stage.sh N`, the last as
-# `VSTAGE_EXTRAS=1 bash .vllm/part5/stage.sh 5 last`: vLLM's Qwen3.5 code needs the extras), then
-# STAGE=wait calls back to back, the first short (WAIT_S=150: the first engine start ends ~2 min in,
-# and a start-up failure seen then can be fixed and the pipeline restarted, STAGE=all copying the
-# tree anew, within the same stretch; at 6593fba a 540 s first wait showed it only when the stretch
-# was spent) (qwen3 variants ~3 min, plan-async-tests ~3, the 4b parity ~5, vllm-qwen3 ~3). The qwen3 variants
-# time the planner fix under async scheduling and FastLaunch's prefill (host-launch-costs shows the
-# RMSNorm launch through FastLaunch beside the launcher alone); the parity gates are the first GPU
-# run of Qwen3.5's default path with the GDN decode mixer and the conv, gates and norm kernels;
-# gemm-qwen3 writes a skinny-GEMM dispatch table for the card (only the H200 has one, so an H100's
-# `tuned` policy runs cuBLAS for every projection: check it in beside skinny_dispatch_h200.json). If
-# async scheduling is then faster than vLLM, the qwen3, gemma4 and qwen35 manifests with
-# --async-scheduling come before it is made the default (GATE_DECODE_PATH="--async-scheduling"
-# STAGE=qwen3-gates-decode-path, and the same flag on the other two manifests' `infer gates` lines).
+# The next stretch (prepared 2026-12-05 after the H100 run at 15a67ed: async scheduling beat vLLM
+# on Qwen3-4B and Qwen3.5-4B, the synchronous 1k prefill stayed host-bound for no known reason).
+# Calls: one carrying .whl-fi (`python3 -m pip install -q --no-index --no-deps --no-compile --target
+# /tmp/site .whl-fi/*.whl`); one carrying .whl-deps that installs those the same way and starts
+#   PIPELINE="decode-attention-backends prefill-calls async-gates-qwen3 async-gates-qwen35
+#   async-gates-gemma4" SYNTH_AHEAD=0 WAIT_S=150 STAGE=all bash docs/benchmarks/scripts/h200_session.sh
+# (its first wait short: a start-up failure can be fixed and the pipeline restarted in the stretch,
+# STAGE=all copying the tree anew), then STAGE=wait calls back to back. No vLLM this stretch: no
+# step reports a decode figure. decode-attention-backends says whether fa3 decodes faster than fa2
+# (the batch-64 step spends 2.4 ms of 6.3 in fa2); prefill-calls prints the host's heaviest CUDA
+# calls of the synchronous and async 1k prefill (--breakdown) and a cProfile of the synchronous
+# one; the async-gates steps are the manifests with --async-scheduling, what the default flip
+# waits for (qwen3 ~6 min, qwen35 ~8, gemma4 ~12 on a fresh machine). Later stretches: vLLM's
+# Gemma 4 figure beside gemma4-decode-variants (staged as in the 15a67ed stretch: five calls
+# carrying .vllm/partN, the .whl-deps call adding `mkdir -p /tmp/parts && cp
+# .whl-deps/vllm-gemma4/*.whl /tmp/parts/`), and Qwen3.5's 9b parity, which needs an H200 (it did
+# not fit 80 GB at df50211): needs_h200, PIPELINE="qwen35-9b-parity".
 # Back here, the runs.tgz reports make the pages' target tables, e.g. (from the unpacked folder)
 #   infer bench table default=qwen3-4b-latency-default.json async=qwen3-4b-latency-async.json \
 #     --vllm vllm-qwen3-4b.json --markdown
@@ -301,6 +294,33 @@ qwen3-gates-decode-path() {  # the qwen3 manifest with every opt-in decode path 
     --attention-backend triton --sampling-backend triton} \
     --json $work/qwen3-gates-decode-path.json --junit $work/qwen3-gates-decode-path.xml
 }
+# A manifest with --async-scheduling on every gate's engine: what must pass before async scheduling
+# becomes the default (faster than vLLM 0.24 on Qwen3-4B and Qwen3.5-4B at 15a67ed, and the
+# synchronous default is not). One pipeline word per manifest, so each is timed and fails alone.
+async-gates() {  # MANIFEST
+  local ckpt
+  case $1 in
+    qwen3) synth_q3; ckpt=$q3 ;;
+    qwen35) synth_q35; ckpt=$q35 ;;
+    gemma4) synth_g4; ckpt=$g4 ;;
+    *) echo "async-gates: no checkpoint for manifest $1"; return 2 ;;
+  esac
+  infer gates --manifest $1 --shared-process --checkpoint $ckpt $(gate_args $1) --async-scheduling \
+    --json $work/$1-gates-async.json --junit $work/$1-gates-async.xml
+}
+async-gates-qwen3() { async-gates qwen3; }
+async-gates-qwen35() { async-gates qwen35; }
+async-gates-gemma4() { async-gates gemma4; }
+prefill-calls() {  # the 1k prefill synchronous and async, with the host's calls into CUDA counted: the
+  # synchronous step spent 16.5 ms of host gap at 15a67ed against async's 3.6 ms, cause not found
+  synth_q3
+  infer bench latency --model $q3 --batch-sizes 1 --prefill-lens 1024 --breakdown \
+    --save-result $work/qwen3-4b-prefill-calls-sync.json
+  infer bench latency --model $q3 --async-scheduling --batch-sizes 1 --prefill-lens 1024 --breakdown \
+    --save-result $work/qwen3-4b-prefill-calls-async.json
+  python3 docs/benchmarks/scripts/host_profile.py $q3 --batch-sizes 1 --prefill 1024 \
+    --save $work/qwen3-4b-host-profile-sync.json
+}
 q35p=/tmp/ckpt/q35-4b-published
 synth_q35p() { [ -d $q35p ] || infer synth qwen35 --preset 4b --form published --out $q35p --dtype bfloat16 --tokenizer trained --device cuda; }
 qwen35-published-latency() {  # infer's side of the vLLM row, on the directory vLLM reads: default and async
@@ -484,7 +504,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs)
+  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
