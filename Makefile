@@ -34,8 +34,8 @@ pytest: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto
 
 # Every manifests/*.toml: `infer gates --manifest NAME --check`, then its cpu-tier gates against a
-# tiny synthetic checkpoint made on the spot (`infer synth FAMILY --preset tiny`). A suite with no
-# cpu-tier gate says so and passes.
+# tiny synthetic checkpoint made on the spot (`infer synth FAMILY --preset tiny`), synchronous and
+# with --async-scheduling. A suite with no cpu-tier gate says so and passes.
 gates-ci: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m gates.runner.ci
 

@@ -4,7 +4,9 @@ For every manifests/*.toml:
 1. `infer gates --manifest M --check` (validation, membership, every gate module imports);
 2. if the suite has cpu-tier gates, `infer gates --manifest M --tier cpu --shared-process`, against a tiny
    synthetic checkpoint of the suite's model line (`infer synth FAMILY --preset tiny`, made once
-   per family in a temporary folder) when those gates need a checkpoint. A line with real weights
+   per family in a temporary folder) when those gates need a checkpoint;
+3. for a suite whose cpu-tier gates serve a checkpoint, the same run again with
+   `--async-scheduling` on every gate's engine: both scheduling modes are gated on every run. A line with real weights
    runs on them instead: Gemma 3 on the packaged 270M by default (`embedded`, converted once into
    the cache by models.gguf.embedded_gemma3_dir), or on the Hugging Face directory its variable in
    REAL_CHECKPOINT_ENV names; `tiny` there asks for the synthetic checkpoint.
@@ -43,6 +45,8 @@ SYNTHETIC = "tiny"
 # What a family's cpu tier runs on when its variable is unset: `make test` gates Gemma 3 on the
 # real weights infer ships.
 REAL_CHECKPOINT_DEFAULT = {"gemma3": EMBEDDED}
+# The engine flags of the second cpu-tier run of every suite that serves a checkpoint.
+ASYNC_SCHEDULING = ("--async-scheduling",)
 
 
 def _real_checkpoint(family: str) -> str | None:
@@ -78,28 +82,35 @@ def _family_for(manifest: Manifest) -> str | None:
     return None
 
 
-def _cpu_run(manifest_path: Path, root: Path, scratch: Path, made: dict[str, Path]) -> Step:
+def _cpu_run(
+    manifest_path: Path, root: Path, scratch: Path, made: dict[str, Path], scheduling: tuple[str, ...] = ()
+) -> Step:
+    """The suite's cpu tier; `scheduling`: engine flags every gate's engine takes (the step is named
+    after them), for a suite whose gates serve a checkpoint. Without one there is nothing to run."""
     name = manifest_path.stem
+    label = " ".join(("tier cpu", *scheduling))
     try:
         manifest = load_manifest(manifest_path)
     except GateRunError as exc:
-        return Step(name, "tier cpu", False, f"manifest does not load: {exc}")
+        return Step(name, label, False, f"manifest does not load: {exc}")
     cpu_gates = [gate for gate in manifest.gates if in_tier(manifest.base_needs(gate), "cpu")]
     if not cpu_gates:
-        return Step(name, "tier cpu", True, "no cpu-tier gate in this suite: nothing to run at tier cpu")
+        return Step(name, label, True, "no cpu-tier gate in this suite: nothing to run at tier cpu")
     # One shared process per suite, as the GPU sessions run it (per-gate processes have their own tests).
-    args = ["gates", "--manifest", str(manifest_path), "--tier", "cpu", "--shared-process"]
+    args = ["gates", "--manifest", str(manifest_path), "--tier", "cpu", "--shared-process", *scheduling]
     needs_checkpoint = any(manifest.base_needs(g) & {CHECKPOINT, HF_REFERENCE} for g in cpu_gates)
+    if scheduling and not needs_checkpoint:
+        return Step(name, label, True, "no cpu-tier gate serves a checkpoint: nothing scheduled to gate")
     note = f"{len(cpu_gates)} gate(s)"
     if needs_checkpoint:
         family = _family_for(manifest)
         if family is None:
             types = ", ".join(manifest.suite.model_types)
-            return Step(name, "tier cpu", False, f"no synthetic family for model types {types}")
+            return Step(name, label, False, f"no synthetic family for model types {types}")
         try:
             real = _real_checkpoint(family)
         except ModelLoadError as exc:  # the embedded model's package or conversion
-            return Step(name, "tier cpu", False, f"{REAL_CHECKPOINT_ENV[family]}={EMBEDDED}: {exc}")
+            return Step(name, label, False, f"{REAL_CHECKPOINT_ENV[family]}={EMBEDDED}: {exc}")
         if real:
             args += ["--checkpoint", real]
             note += f" on the real {family} weights at {real}"
@@ -107,12 +118,12 @@ def _cpu_run(manifest_path: Path, root: Path, scratch: Path, made: dict[str, Pat
             if family not in made:
                 out = scratch / f"{family}-tiny"
                 if _infer("synth", family, "--preset", "tiny", "--out", str(out), cwd=root) != 0:
-                    return Step(name, "tier cpu", False, f"infer synth {family} --preset tiny failed")
+                    return Step(name, label, False, f"infer synth {family} --preset tiny failed")
                 made[family] = out
             args += ["--checkpoint", str(made[family])]
             note += f" on a tiny synthetic {family} checkpoint"
     code = _infer(*args, cwd=root)
-    return Step(name, "tier cpu", code == 0, note if code == 0 else f"{note}: exit {code}")
+    return Step(name, label, code == 0, note if code == 0 else f"{note}: exit {code}")
 
 
 def run(root: Path, console: Console) -> int:
@@ -129,6 +140,7 @@ def run(root: Path, console: Console) -> int:
             steps.append(Step(manifest_path.stem, "--check", code == 0, "" if code == 0 else f"exit {code}"))
             if code == 0:
                 steps.append(_cpu_run(manifest_path, root, Path(scratch), made))
+                steps.append(_cpu_run(manifest_path, root, Path(scratch), made, ASYNC_SCHEDULING))
     table = Table(title="gate suites")
     for column in ("manifest", "step", "result", "note"):
         table.add_column(column)

@@ -26,11 +26,13 @@ def run_ci(root: Path, **env: str) -> subprocess.CompletedProcess[str]:
 
 def test_ci_checks_every_manifest_and_runs_cpu_tiers_on_synthetic_checkpoints(suite: ThrowawaySuite) -> None:
     suite.name, suite.gates_dir = "qwen3", "gates/qwen3"
+    scheduling = suite.root / "scheduling"
     gate = suite.marking_gate(
         "test_config.py",
         "test_reads_the_synthetic_checkpoint",
         "import json, os; "
-        "assert json.load(open(os.path.join(os.environ['INFER_TEST_CHECKPOINT'], 'config.json')))['model_type'] == 'qwen3'",
+        "assert json.load(open(os.path.join(os.environ['INFER_TEST_CHECKPOINT'], 'config.json')))['model_type'] == 'qwen3'; "
+        f"open({str(scheduling)!r}, 'a').write(os.environ.get('INFER_GATE_DECODE_PATH', '') + '|')",
     )
     suite.write_manifest(
         [gate_entry("qwen3.reads_config", gate, needs=["checkpoint"])], model_types=["qwen3"]
@@ -44,7 +46,10 @@ def test_ci_checks_every_manifest_and_runs_cpu_tiers_on_synthetic_checkpoints(su
 
     done = run_ci(suite.root)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert suite.executed() == ["test_reads_the_synthetic_checkpoint"]
+    # Twice: as served by default, then with async scheduling on the gate's engines.
+    assert suite.executed() == ["test_reads_the_synthetic_checkpoint"] * 2
+    assert scheduling.read_text() == '|{"async_scheduling": true}|'
+    assert "tier cpu --async-scheduling" in done.stdout
     assert "no cpu-tier gate in this suite" in done.stdout
     assert "on a tiny synthetic qwen3 checkpoint" in done.stdout
 
@@ -75,7 +80,7 @@ def test_ci_runs_a_cpu_tier_on_real_weights_when_their_variable_names_them(
     )
     done = run_ci(suite.root, INFER_GEMMA3_CHECKPOINT=str(real))
     assert done.returncode == 0, done.stdout + done.stderr
-    assert suite.executed() == ["test_reads_the_real_checkpoint"]
+    assert suite.executed() == ["test_reads_the_real_checkpoint"] * 2
     assert "on the real gemma3 weights" in done.stdout
 
 
@@ -94,7 +99,7 @@ def test_ci_runs_the_gemma3_cpu_tier_on_the_embedded_weights_by_default(suite: T
     )
     done = run_ci(suite.root, INFER_GEMMA3_CHECKPOINT="")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert suite.executed() == ["test_reads_the_embedded_checkpoint"]
+    assert suite.executed() == ["test_reads_the_embedded_checkpoint"] * 2
     assert "on the real gemma3 weights" in done.stdout
 
 
@@ -112,5 +117,5 @@ def test_ci_runs_the_gemma3_cpu_tier_on_the_tiny_checkpoint_when_asked(suite: Th
     )
     done = run_ci(suite.root, INFER_GEMMA3_CHECKPOINT="tiny")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert suite.executed() == ["test_reads_the_tiny_checkpoint"]
+    assert suite.executed() == ["test_reads_the_tiny_checkpoint"] * 2
     assert "on a tiny synthetic gemma3 checkpoint" in done.stdout
