@@ -83,14 +83,17 @@ class ForwardBatch:
 class RooflineFacts:
     """What one forward must move and compute, for benchmarks' floors.
 
-    A decode step reads every matmul weight once (`weight_bytes`) plus each row's KV; a prefill of
-    L tokens does 2·matmul_params·L flops in projections plus attention, whose score and value
-    products cost `attention_flops_per_pair` for each (query, visible key) pair."""
+    A decode step reads every matmul weight once (`weight_bytes`) plus each row's KV, and a model
+    with recurrent layers reads each row's state and writes it back (`state_bytes_per_row`, every
+    recurrent layer's conv and recurrent state); a prefill of L tokens does 2·matmul_params·L flops
+    in projections plus attention, whose score and value products cost `attention_flops_per_pair`
+    for each (query, visible key) pair."""
 
     weight_bytes: int
     matmul_params: int
     kv_bytes_per_token: int
     attention_flops_per_pair: int
+    state_bytes_per_row: int = 0
 
 
 class PagedCausalLM(Protocol):

@@ -141,7 +141,8 @@ def decode_floor_ms(
     facts: RooflineFacts, batch: int, context: int, ceilings: Ceilings, *, stream: bool = False
 ) -> float:
     """The decode step's bytes over the copy bandwidth, or (`stream`) the read-only stream rate."""
-    moved = facts.weight_bytes + batch * context * facts.kv_bytes_per_token
+    per_row = context * facts.kv_bytes_per_token + 2 * facts.state_bytes_per_row  # state: read, written
+    moved = facts.weight_bytes + batch * per_row
     rate = ceilings.stream_gb_per_s if stream else ceilings.copy_gb_per_s
     return moved / (rate * 1e9) * 1e3
 

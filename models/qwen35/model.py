@@ -235,6 +235,7 @@ class Qwen35Model:
             matmul_params=matmul_params,
             kv_bytes_per_token=2 * full * c.kv_size * element,
             attention_flops_per_pair=4 * full * c.num_heads * c.head_dim,
+            state_bytes_per_row=self.state.bytes_per_slot(),
         )
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:

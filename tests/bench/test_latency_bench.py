@@ -30,6 +30,12 @@ def test_decode_floor_counts_weights_and_the_batch_kv() -> None:
     assert decode_floor_ms(FACTS, 64, 512, CEILINGS, stream=True) == pytest.approx(moved / 4200e9 * 1e3)
 
 
+def test_decode_floor_counts_each_row_s_recurrent_state_read_and_written() -> None:
+    with_state = replace(FACTS, state_bytes_per_row=50_000_000)
+    moved = 8e9 + 64 * 512 * 1000 + 64 * 2 * 50e6
+    assert decode_floor_ms(with_state, 64, 512, CEILINGS) == pytest.approx(moved / 4000e9 * 1e3)
+
+
 def test_prefill_floor_counts_projections_and_causal_attention() -> None:
     tokens = 1024
     flops = 2 * 4e9 * tokens + 10 * tokens * (tokens + 1) / 2

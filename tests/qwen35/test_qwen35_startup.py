@@ -158,3 +158,12 @@ def test_auto_takes_the_recorded_choice_for_this_device_and_geometry(monkeypatch
     other = AutoGDN(cpu, backends)
     with pytest.raises(AssertionError, match="measured a geometry"):
         other.warm_up(GDNGeometry(16, 48, 128, 128), torch.bfloat16, cpu)
+
+
+def test_the_roofline_counts_each_row_s_state(tiny_qwen35: Path) -> None:
+    """A decode row reads and writes its slot's state in every GDN layer: the decode floor's
+    per-row bytes (infer_cli/bench/latency.py) take the pool's bytes per slot."""
+    engine = EngineConfig(max_num_seqs=2, num_kv_pages=32, max_num_batched_tokens=64)
+    model = load_model(str(tiny_qwen35), ModelOptions(engine=engine, device="cpu")).scheduler.runner.model  # type: ignore[attr-defined]
+    facts = model.roofline()
+    assert facts.state_bytes_per_row == model.state.bytes_per_slot() > 0
