@@ -37,12 +37,13 @@
 # on Qwen3-4B and Qwen3.5-4B, the synchronous 1k prefill stayed host-bound for no known reason).
 # Calls: one carrying .whl-fi (`python3 -m pip install -q --no-index --no-deps --no-compile --target
 # /tmp/site .whl-fi/*.whl`); one carrying .whl-deps that installs those the same way and starts
-#   PIPELINE="decode-attention-backends prefill-calls async-gates-qwen3 async-gates-qwen35
+#   PIPELINE="prefill-calls async-gates-qwen3 async-gates-qwen35 decode-attention-backends
 #   async-gates-gemma4" SYNTH_AHEAD=0 WAIT_S=150 STAGE=all bash docs/benchmarks/scripts/h200_session.sh
 # (its first wait short: a start-up failure can be fixed and the pipeline restarted in the stretch,
 # STAGE=all copying the tree anew), then STAGE=wait calls back to back. No vLLM this stretch: no
-# step reports a decode figure. decode-attention-backends says whether fa3 decodes faster than fa2
-# (the batch-64 step spends 2.4 ms of 6.3 in fa2); prefill-calls prints the host's heaviest CUDA
+# step reports a decode figure. decode-attention-backends says whether fa3 or the CUDA-core kernel
+# decodes faster than fa2 (Qwen3-4B's step spends 0.40 / 0.67 / 2.42 ms in fa2 at batch 1 / 8 / 64;
+# each backend JIT-builds its modules first, ~1 min each); prefill-calls prints the host's heaviest CUDA
 # calls of the synchronous and async 1k prefill (--breakdown) and a cProfile of the synchronous
 # one; the async-gates steps are the manifests with --async-scheduling, what the default flip
 # waits for (qwen3 ~6 min, qwen35 ~8, gemma4 ~12 on a fresh machine). Later stretches: vLLM's
@@ -275,7 +276,7 @@ vllm-gemma4() {  # vLLM 0.24's decode step on the synthetic Gemma 4 12B. The ima
     --attention-backend TRITON_ATTN --save $work/vllm-gemma4-12b.json
 }
 decode-attention-backends() {  # FlashInfer's decode kernel per backend (fa2, fa3) at the serving geometries
-  python3 docs/benchmarks/scripts/decode_attention_backends.py --save $work/decode-attention-backends.json
+  python3 docs/benchmarks/scripts/decode_attention_backends.py --cuda-cores --save $work/decode-attention-backends.json
 }
 host-launch-costs() {  # what one eager launch costs the host (F.linear per BLAS backend, Triton dispatch)
   python3 docs/benchmarks/scripts/host_launch_costs.py --save $work/host-launch-costs.json
