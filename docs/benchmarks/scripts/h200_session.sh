@@ -37,7 +37,7 @@
 # on Qwen3-4B and Qwen3.5-4B, the synchronous 1k prefill stayed host-bound for no known reason).
 # Calls: one carrying .whl-fi (`python3 -m pip install -q --no-index --no-deps --no-compile --target
 # /tmp/site .whl-fi/*.whl`); one carrying .whl-deps that installs those the same way and starts
-#   PIPELINE="prefill-calls async-gates-qwen3 async-gates-qwen35 decode-attention-backends
+#   PIPELINE="prefill-calls async-gates-qwen3 async-gates-qwen35 gemm-gemma4 decode-attention-backends
 #   async-gates-gemma4" SYNTH_AHEAD=0 WAIT_S=150 STAGE=all bash docs/benchmarks/scripts/h200_session.sh
 # (its first wait short: a start-up failure can be fixed and the pipeline restarted in the stretch,
 # STAGE=all copying the tree anew), then STAGE=wait calls back to back. No vLLM this stretch: no
@@ -46,7 +46,9 @@
 # each backend JIT-builds its modules first, ~1 min each); prefill-calls prints the host's heaviest CUDA
 # calls of the synchronous and async 1k prefill (--breakdown) and a cProfile of the synchronous
 # one; the async-gates steps are the manifests with --async-scheduling, what the default flip
-# waits for (qwen3 ~6 min, qwen35 ~8, gemma4 ~12 on a fresh machine). Later stretches: vLLM's
+# waits for (qwen3 ~6 min, qwen35 ~8, gemma4 ~12 on a fresh machine); gemm-gemma4 (~2 min) writes
+# the table to merge into kernels/gemm/skinny_dispatch_h100.json (`ChoiceTable.merged`, as the
+# H200's file merges two). Later stretches: vLLM's
 # Gemma 4 figure beside gemma4-decode-variants (staged as in the 15a67ed stretch: five calls
 # carrying .vllm/partN, the .whl-deps call adding `mkdir -p /tmp/parts && cp
 # .whl-deps/vllm-gemma4/*.whl /tmp/parts/`), and Qwen3.5's 9b parity, which needs an H200 (it did
@@ -203,6 +205,10 @@ decode-tests() {  # issue 18: every decode kernel's GPU tests (fused GEMV and MM
 gemm-qwen3() {  # cuBLAS / skinny / fused GEMV / fused MMA per Qwen3-4B projection and M, and the chains
   COLUMNS=200 infer bench gemm --model qwen3-4b --rows ${GEMM_ROWS:-1,2,4,8,16,64} \
     --save-result $work/gemm-qwen3-4b.json --save-dispatch $work/skinny-dispatch-qwen3-4b.json
+}
+gemm-gemma4() {  # the same for Gemma 4 12B's projections: the H100's shipped table has Qwen3-4B's only
+  COLUMNS=200 infer bench gemm --model gemma4-12b --rows ${GEMM_ROWS:-1,2,4,8,16,64} \
+    --save-result $work/gemm-gemma4-12b.json --save-dispatch $work/skinny-dispatch-gemma4-12b.json
 }
 # Qwen3-4B decode per path, one model load each (issue 18). NAME|FLAGS; the first is the default.
 # On an H100 at 51e18f3 the fused kernels and the Triton attention were slower than the default and
@@ -505,7 +511,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends)
+  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
