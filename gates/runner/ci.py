@@ -4,12 +4,12 @@ For every manifests/*.toml:
 1. `infer gates --manifest M --check` (validation, membership, every gate module imports);
 2. if the suite has cpu-tier gates, `infer gates --manifest M --tier cpu --shared-process`, against a tiny
    synthetic checkpoint of the suite's model line (`infer synth FAMILY --preset tiny`, made once
-   per family in a temporary folder) when those gates need a checkpoint;
-3. for a suite whose cpu-tier gates serve a checkpoint, the same run again with
-   `--async-scheduling` on every gate's engine: both scheduling modes are gated on every run. A line with real weights
+   per family in a temporary folder) when those gates need a checkpoint. A line with real weights
    runs on them instead: Gemma 3 on the packaged 270M by default (`embedded`, converted once into
    the cache by models.gguf.embedded_gemma3_dir), or on the Hugging Face directory its variable in
-   REAL_CHECKPOINT_ENV names; `tiny` there asks for the synthetic checkpoint.
+   REAL_CHECKPOINT_ENV names; `tiny` there asks for the synthetic checkpoint;
+3. for a suite whose cpu-tier gates serve a checkpoint, the same run again with
+   `--async-scheduling` on every gate's engine: both scheduling modes are gated on every run.
 A suite with no cpu-tier gate is reported as such and does not fail the run. Exit 1 if any step
 failed.
 """
