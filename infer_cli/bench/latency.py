@@ -108,10 +108,13 @@ class DecodeResult:
 @dataclass(frozen=True, slots=True)
 class PrefillResult:
     tokens: int
-    ms: float
+    ms: float  # the median run
     floor_ms: float
     breakdown: StepBreakdown | None = None
     allocator: AllocatorCounts | None = None
+    # The fastest and slowest runs: a host-bound prefill's runs spread with the host's noise.
+    min_ms: float | None = None
+    max_ms: float | None = None
 
     @property
     def pct_of_floor(self) -> float:
@@ -303,7 +306,8 @@ def bench_prefill(
         submit(iters + 1)
         profile = _breakdown(scheduler, ms, steps=1)
         _idle(scheduler)
-    return PrefillResult(tokens, ms, prefill_floor_ms(facts, tokens, ceilings), profile, allocated)
+    floor = prefill_floor_ms(facts, tokens, ceilings)
+    return PrefillResult(tokens, ms, floor, profile, allocated, min(times), max(times))
 
 
 @dataclass(frozen=True, slots=True)

@@ -253,14 +253,16 @@ def _print_tables(console: Console, runs: list[PolicyRun], context: int, title: 
         table.add_section()
     console.print(table)
     table = Table(title="prefill (one request, one step)")
-    for column in ("policy", "tokens", "ms", "floor ms", "% of floor", "tok/s"):
+    for column in ("policy", "tokens", "ms", "runs' range ms", "floor ms", "% of floor", "tok/s"):
         table.add_column(column, justify="right")
     for run in runs:
         for p in run.prefill:
+            spread = "" if p.min_ms is None or p.max_ms is None else f"{p.min_ms:.2f}-{p.max_ms:.2f}"
             table.add_row(
                 run.policy,
                 str(p.tokens),
                 f"{p.ms:.2f}",
+                spread,
                 f"{p.floor_ms:.2f}",
                 f"{p.pct_of_floor:.1f}",
                 f"{p.tokens_per_s:,.0f}",

@@ -61,6 +61,8 @@ def test_bench_loops_run_and_leave_the_engine_idle(
     prefill = bench_prefill(scheduler, facts, CEILINGS, tokens=48, iters=2)
     assert decode.batch == 4 and decode.step_ms > 0 and decode.replay_ms is None
     assert prefill.tokens == 48 and prefill.ms > 0
+    assert prefill.min_ms is not None and prefill.max_ms is not None
+    assert 0 < prefill.min_ms <= prefill.ms <= prefill.max_ms
     # The allocator is CUDA's: on the CPU there is nothing to count.
     assert decode.allocator is None and prefill.allocator is None
     load = scheduler.load()
