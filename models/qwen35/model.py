@@ -349,7 +349,8 @@ class Qwen35Model:
                 self.state.conv_layer(layer.state_index),
                 self.state.recurrent_layer(layer.state_index),
             )
-        mixed = self.gdn.conv(qkv.contiguous(), layer.conv, rows, self.state.conv_layer(layer.state_index))
+        # A column view of the projection: every conv takes a strided row view (no copy made).
+        mixed = self.gdn.conv(qkv, layer.conv, rows, self.state.conv_layer(layer.state_index))
         q, k, v = mixed.split([g.key_dim, g.key_dim, g.value_dim], dim=-1)
         mixer = self.decode_mixer
         if mixer is not None:
