@@ -51,8 +51,13 @@
 # H200's file merges two). Later stretches: vLLM's
 # Gemma 4 figure beside gemma4-decode-variants (staged as in the 15a67ed stretch: five calls
 # carrying .vllm/partN, the .whl-deps call adding `mkdir -p /tmp/parts && cp
-# .whl-deps/vllm-gemma4/*.whl /tmp/parts/`), and Qwen3.5's 9b parity, which needs an H200 (it did
-# not fit 80 GB at df50211): needs_h200, PIPELINE="qwen35-9b-parity".
+# .whl-deps/vllm-gemma4/*.whl /tmp/parts/`); Qwen3.5's 1k prefill on FlashInfer's GDN prefill
+# (host-bound on fla's ~10 launches a layer at 15a67ed: 62.6 ms for 17.7 of kernels), i.e. the
+# CUTLASS DSL staged (scripts/stage_cutlass_dsl.sh, two calls carrying .cdsl/part1..2) and
+# PIPELINE="cutlass_dsl qwen35-published-latency vllm-qwen35" (auto then picks FlashInfer where it
+# measures faster); the invariance step at the current commit (last run 261eee0); and Qwen3.5's 9b
+# parity, which needs an H200 (it did not fit 80 GB at df50211): needs_h200,
+# PIPELINE="qwen35-9b-parity".
 # Back here, the runs.tgz reports make the pages' target tables, e.g. (from the unpacked folder)
 #   infer bench table default=qwen3-4b-latency-default.json async=qwen3-4b-latency-async.json \
 #     --vllm vllm-qwen3-4b.json --markdown
