@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import statistics
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -81,6 +81,18 @@ class AutoGDN(GDNBackend):
     ) -> torch.Tensor:
         return self.chosen["prefill" if rows.cu_seqlens is not None else "decode"].conv(
             x, weight, rows, conv_pool
+        )
+
+    def conv_pieces(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        rows: StateRows,
+        conv_pool: torch.Tensor,
+        widths: Sequence[int],
+    ) -> tuple[torch.Tensor, ...]:
+        return self.chosen["prefill" if rows.cu_seqlens is not None else "decode"].conv_pieces(
+            x, weight, rows, conv_pool, widths
         )
 
     def delta_rule(

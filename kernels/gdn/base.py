@@ -110,6 +110,19 @@ class GDNBackend(ABC):
         """``reference.causal_conv1d`` of ``x [T, D]`` with ``weight [D, W]``; ``conv_pool
         [slots, W - 1, D]`` in x's dtype."""
 
+    def conv_pieces(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        rows: StateRows,
+        conv_pool: torch.Tensor,
+        widths: Sequence[int],
+    ) -> tuple[torch.Tensor, ...]:
+        """``conv``'s output cut along its channels into pieces of ``widths`` (summing to D), the
+        same values. Here views of one output; a backend whose kernel can write each piece dense
+        does (q, k and v that a chunked kernel would otherwise copy into dense tensors)."""
+        return tuple(self.conv(x, weight, rows, conv_pool).split(list(widths), dim=-1))
+
     @abstractmethod
     def delta_rule(
         self,

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -89,6 +89,16 @@ class FlaGDN(GDNBackend):
         self, x: torch.Tensor, weight: torch.Tensor, rows: StateRows, conv_pool: torch.Tensor
     ) -> torch.Tensor:
         return self._conv.conv(x, weight, rows, conv_pool)
+
+    def conv_pieces(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        rows: StateRows,
+        conv_pool: torch.Tensor,
+        widths: Sequence[int],
+    ) -> tuple[torch.Tensor, ...]:
+        return self._conv.conv_pieces(x, weight, rows, conv_pool, widths)
 
     def warm_up(self, geometry: GDNGeometry, dtype: torch.dtype, device: torch.device) -> None:
         """fla benchmarks its autotuned configs on the first call per head geometry (keys exclude T):

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -100,6 +100,16 @@ class FlashInferGDN(GDNBackend):
         self, x: torch.Tensor, weight: torch.Tensor, rows: StateRows, conv_pool: torch.Tensor
     ) -> torch.Tensor:
         return self._conv.conv(x, weight, rows, conv_pool)
+
+    def conv_pieces(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        rows: StateRows,
+        conv_pool: torch.Tensor,
+        widths: Sequence[int],
+    ) -> tuple[torch.Tensor, ...]:
+        return self._conv.conv_pieces(x, weight, rows, conv_pool, widths)
 
     def check(self, geometry: GDNGeometry, dtype: torch.dtype) -> None:
         check_geometry(geometry, dtype)

@@ -13,6 +13,7 @@ docs/kernels.md, "Gated DeltaNet", tells the story.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import torch
 
@@ -20,7 +21,12 @@ from kernels.gdn.base import StateRows, check_state_pool
 from kernels.gdn.torch_backend import TorchGDN
 from kernels.reference import SpecError
 from kernels.triton.gdn_conv_step import check_conv_kernels, gdn_conv_step
-from kernels.triton.gdn_conv_varlen import VarlenRows, gdn_conv_varlen, varlen_rows
+from kernels.triton.gdn_conv_varlen import (
+    VarlenRows,
+    gdn_conv_varlen_pieces,
+    pieces_fit,
+    varlen_rows,
+)
 from kernels.triton.storage import interpreted
 
 log = logging.getLogger("infer.kernels.gdn")
@@ -56,6 +62,19 @@ class TritonConv:
     def conv(
         self, x: torch.Tensor, weight: torch.Tensor, rows: StateRows, conv_pool: torch.Tensor
     ) -> torch.Tensor:
+        (y,) = self.conv_pieces(x, weight, rows, conv_pool, (weight.shape[0],))
+        return y
+
+    def conv_pieces(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        rows: StateRows,
+        conv_pool: torch.Tensor,
+        widths: Sequence[int],
+    ) -> tuple[torch.Tensor, ...]:
+        """``GDNBackend.conv_pieces``: a prefill step's pieces each dense from the varlen kernel
+        where their boundaries fit its channel blocks; otherwise views of one output."""
         channels, width = weight.shape
         check_state_pool(conv_pool, (width - 1, channels), "conv state")
         refusal = conv_kernel_refusal(x, weight, conv_pool)
@@ -63,9 +82,15 @@ class TritonConv:
             if refusal not in self._logged:
                 self._logged.add(refusal)
                 log.info("GDN conv: the torch form runs: %s", refusal)
-            return self._torch.conv(x, weight, rows, conv_pool)
+            return self._torch.conv_pieces(x, weight, rows, conv_pool, widths)
         if rows.cu_seqlens is None:
-            return gdn_conv_step(x, weight, rows.slots, rows.fresh, conv_pool)
+            return tuple(
+                gdn_conv_step(x, weight, rows.slots, rows.fresh, conv_pool).split(list(widths), dim=-1)
+            )
         if self._bounds_of is None or self._bounds_of[0] is not rows:
             self._bounds_of = (rows, varlen_rows(rows.boundaries(x.shape[0]), x.device))
-        return gdn_conv_varlen(x, weight, self._bounds_of[1], rows.slots, rows.fresh, conv_pool)
+        bounds = self._bounds_of[1]
+        if pieces_fit(widths):
+            return gdn_conv_varlen_pieces(x, weight, bounds, rows.slots, rows.fresh, conv_pool, widths)
+        y = gdn_conv_varlen_pieces(x, weight, bounds, rows.slots, rows.fresh, conv_pool, ())[0]
+        return tuple(y.split(list(widths), dim=-1))

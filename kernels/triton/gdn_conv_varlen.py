@@ -106,11 +106,13 @@ def _gdn_conv_varlen_kernel(
     sequences,
     search_steps,
     channels,
+    total_tokens,
+    split_a,
+    split_b,
     stride_x_tok,
     stride_w_chan,
     stride_pool_slot,
     stride_pool_row,
-    stride_y_tok,
     WIDTH: tl.constexpr,
     STORAGE: tl.constexpr,
     BLOCK_T: tl.constexpr,
@@ -165,8 +167,14 @@ def _gdn_conv_varlen_kernel(
 
     conv = _round_to_storage(acc, STORAGE)
     y = _round_to_storage(_silu(conv, LIBDEVICE), STORAGE)
+    # y is up to three pieces back to back, channels [0, a), [a, b), [b, D), each [T, width] dense;
+    # a channel block lies in one piece (the boundaries are multiples of BLOCK_D).
+    col0 = tl.program_id(1) * BLOCK_D
+    piece_start = tl.where(col0 >= split_b, split_b, tl.where(col0 >= split_a, split_a, 0))
+    piece_end = tl.where(col0 >= split_b, channels, tl.where(col0 >= split_a, split_b, split_a))
+    piece_base = (start * 0 + piece_start) * total_tokens  # int64: T · D may pass 2³¹
     tl.store(
-        y_ptr + tokens[:, None] * stride_y_tok + cols[None, :],
+        y_ptr + piece_base + tokens[:, None] * (piece_end - piece_start) + (cols - piece_start)[None, :],
         y.to(y_ptr.dtype.element_ty),
         mask=tok_ok[:, None] & col_ok[None, :],
     )
@@ -215,6 +223,28 @@ def gdn_conv_varlen(
     from ``varlen_rows``, ``slots [N]`` int64, ``fresh [N]`` bool, ``conv_pool [slots, W − 1, D]`` in
     x's dtype, each row's slot written with its last W − 1 inputs. Returns ``y [T, D]`` in x's dtype,
     contiguous."""
+    (y,) = gdn_conv_varlen_pieces(x, weight, rows, slots, fresh, conv_pool, ())
+    return y
+
+
+def pieces_fit(widths: Sequence[int]) -> bool:
+    """Whether ``gdn_conv_varlen_pieces`` can write pieces of these widths each contiguous: at most
+    three, every boundary on a channel block's edge."""
+    return len(widths) <= 3 and all(w % BLOCK_D == 0 for w in widths[:-1])
+
+
+def gdn_conv_varlen_pieces(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    rows: VarlenRows,
+    slots: torch.Tensor,
+    fresh: torch.Tensor,
+    conv_pool: torch.Tensor,
+    widths: Sequence[int],
+) -> tuple[torch.Tensor, ...]:
+    """``gdn_conv_varlen`` with ``y`` cut along channels into pieces of ``widths`` (summing to D;
+    empty: one piece), each ``[T, width]`` and contiguous, back to back in one buffer: what a
+    consumer that needs dense q, k and v reads without a copy. ``pieces_fit(widths)`` must hold."""
     channels, width = check_conv_inputs(x, weight, slots, fresh, conv_pool)
     device = conv_pool.device
     if x.shape[0] != rows.tokens or slots.shape[0] != rows.sequences:
@@ -226,9 +256,17 @@ def gdn_conv_varlen(
         raise GDNConvError(
             f"the rows' boundaries are on {rows.bounds.device}, the conv state pool on {device}"
         )
+    widths = tuple(widths) or (channels,)
+    if sum(widths) != channels or not pieces_fit(widths):
+        raise GDNConvError(
+            f"pieces of widths {list(widths)}: must sum to the {channels} channels, at most three, "
+            f"every boundary a multiple of {BLOCK_D}"
+        )
+    split_a = widths[0] if len(widths) > 1 else channels
+    split_b = split_a + widths[1] if len(widths) > 2 else channels
     if x.stride(-1) != 1:
         x = x.contiguous()
-    out = torch.empty((rows.tokens, channels), dtype=x.dtype, device=device)
+    out = torch.empty(rows.tokens * channels, dtype=x.dtype, device=device)
     _gdn_conv_varlen_launch[(rows.blocks, ceil_div(channels, BLOCK_D))](
         x,
         weight,
@@ -240,16 +278,22 @@ def gdn_conv_varlen(
         rows.sequences,
         rows.search_steps,
         channels,
+        rows.tokens,
+        split_a,
+        split_b,
         x.stride(0),
         weight.stride(0),
         conv_pool.stride(0),
         conv_pool.stride(1),
-        out.stride(0),
         **_constexprs(width, x.dtype),
         num_warps=NUM_WARPS,
         enable_fp_fusion=False,  # every product and sum rounded on its own, as the spec's torch ops
     )
-    return out
+    offsets = [0, *itertools.accumulate(widths)]
+    return tuple(
+        out[rows.tokens * a : rows.tokens * b].view(rows.tokens, b - a)
+        for a, b in itertools.pairwise(offsets)
+    )
 
 
 def _constexprs(width: int, dtype: torch.dtype) -> dict[str, object]:

@@ -349,9 +349,15 @@ class Qwen35Model:
                 self.state.conv_layer(layer.state_index),
                 self.state.recurrent_layer(layer.state_index),
             )
-        # A column view of the projection: every conv takes a strided row view (no copy made).
-        mixed = self.gdn.conv(qkv, layer.conv, rows, self.state.conv_layer(layer.state_index))
-        q, k, v = mixed.split([g.key_dim, g.key_dim, g.value_dim], dim=-1)
+        # A column view of the projection: every conv takes a strided row view (no copy made), and
+        # gives q, k and v dense where its kernel can (the chunked delta rules read them dense).
+        q, k, v = self.gdn.conv_pieces(
+            qkv,
+            layer.conv,
+            rows,
+            self.state.conv_layer(layer.state_index),
+            (g.key_dim, g.key_dim, g.value_dim),
+        )
         mixer = self.decode_mixer
         if mixer is not None:
             decay, beta = mixer.gates(a, b, layer.a_log, layer.dt_bias)

@@ -26,7 +26,7 @@ from kernels.gdn.base import StateRows
 from kernels.gdn.torch_backend import TorchGDN
 from kernels.gdn.triton_conv import TritonConv
 from kernels.triton.gdn_conv_step import SERVING_WIDTHS, GDNConvError
-from kernels.triton.gdn_conv_varlen import gdn_conv_varlen, varlen_rows
+from kernels.triton.gdn_conv_varlen import BLOCK_D, gdn_conv_varlen, gdn_conv_varlen_pieces, varlen_rows
 from kernels.triton.storage import interpreted
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -197,6 +197,83 @@ def test_refusals_name_the_input() -> None:
         varlen_rows((0, 3, 2), DEVICE)
 
 
+# -- pieces: q, k and v each dense ------------------------------------------------------------------
+
+# Three pieces whose boundaries sit on channel blocks, the last block of the last piece masked, as
+# Qwen3.5's q | k | v (2,048 | 2,048 | 4,096 at the 4B) are in miniature.
+PIECES = (BLOCK_D, BLOCK_D, BLOCK_D + 32)
+
+
+def _wide(tokens: int, channels: int, seed: int) -> torch.Tensor:
+    """``[tokens, channels]`` bf16, a column view of a buffer whose extra columns are NaN."""
+    gen = torch.Generator().manual_seed(seed)
+    buffer = torch.full((tokens, channels + 3), float("nan"))
+    buffer[:, :channels] = torch.randn(tokens, channels, generator=gen)
+    return buffer.bfloat16().to(DEVICE)[:, :channels]
+
+
+def test_pieces_are_the_whole_output_cut_and_each_dense() -> None:
+    """The same bits as the one-piece output, split along channels; each piece contiguous, all of
+    them back to back in one buffer; the slots written the same."""
+    channels, width = sum(PIECES), 4
+    cu = _bounds(LENGTHS)
+    x = _wide(cu[-1], channels, seed=40)
+    gen = torch.Generator().manual_seed(41)
+    weight = (0.5 * torch.randn(channels, width, generator=gen)).bfloat16().to(DEVICE)
+    pool = torch.randn(SLOTS, width - 1, channels, generator=gen).bfloat16().to(DEVICE)
+    rows = _rows(ROW_SLOTS, FRESH, cu)
+    bounds = varlen_rows(cu, DEVICE)
+    whole_pool, pieces_pool = pool.clone(), pool.clone()
+    whole = gdn_conv_varlen(x, weight, bounds, rows.slots, rows.fresh, whole_pool)
+    pieces = gdn_conv_varlen_pieces(x, weight, bounds, rows.slots, rows.fresh, pieces_pool, PIECES)
+    assert [tuple(p.shape) for p in pieces] == [(cu[-1], w) for w in PIECES]
+    assert all(p.is_contiguous() for p in pieces)
+    base = pieces[0].data_ptr()
+    size = pieces[0].element_size()
+    assert [p.data_ptr() - base for p in pieces] == [
+        0,
+        cu[-1] * PIECES[0] * size,
+        cu[-1] * 2 * PIECES[0] * size,
+    ]
+    for piece, expected in zip(pieces, whole.split(list(PIECES), dim=-1), strict=True):
+        assert torch.equal(piece, expected)
+    assert torch.equal(pieces_pool, whole_pool)
+
+
+def test_pieces_that_do_not_fit_the_channel_blocks_are_refused_by_the_kernel() -> None:
+    cu = (0, 3, 10)
+    x = _x(cu[-1], torch.bfloat16, seed=42)
+    weight = _weight(torch.bfloat16, 4, seed=43)
+    rows = _rows((1, 2), (False, True), cu)
+    bounds = varlen_rows(cu, DEVICE)
+    pool = _pool(torch.bfloat16, 4, seed=44)
+    for widths in ((100, 60), (BLOCK_D, 16), (32, 32, 32, 64)):
+        with pytest.raises(GDNConvError, match="pieces of widths"):
+            gdn_conv_varlen_pieces(x, weight, bounds, rows.slots, rows.fresh, pool, widths)
+
+
+@pytest.mark.parametrize("decode", [False, True], ids=("prefill", "decode"))
+@pytest.mark.parametrize("widths", [PIECES, (64, 64, sum(PIECES) - 128)], ids=("fit", "views"))
+def test_backend_conv_pieces_are_the_torch_form_s(decode: bool, widths: tuple[int, ...]) -> None:
+    """``TritonConv.conv_pieces`` against ``TorchGDN.conv_pieces`` (views of its one output): the
+    same values either way; dense pieces where a prefill's boundaries fit the channel blocks."""
+    channels, width = sum(PIECES), 4
+    lengths = (1,) * len(ROW_SLOTS) if decode else LENGTHS
+    cu = _bounds(lengths)
+    x = _wide(cu[-1], channels, seed=45)
+    gen = torch.Generator().manual_seed(46)
+    weight = (0.5 * torch.randn(channels, width, generator=gen)).bfloat16().to(DEVICE)
+    pool = torch.randn(SLOTS, width - 1, channels, generator=gen).bfloat16().to(DEVICE)
+    rows = _rows(ROW_SLOTS, FRESH, None if decode else cu)
+    torch_pool, triton_pool = pool.clone(), pool.clone()
+    want = TorchGDN().conv_pieces(x, weight, rows, torch_pool, widths)
+    got = TritonConv().conv_pieces(x, weight, rows, triton_pool, widths)
+    assert torch.equal(triton_pool, torch_pool)
+    for g, w in zip(got, want, strict=True):
+        _check_outputs(g, w)
+    assert all(p.is_contiguous() for p in got) == (not decode and widths == PIECES)
+
+
 # -- the backends' conv ----------------------------------------------------------------------------
 
 
@@ -306,3 +383,8 @@ def test_serving_width_on_the_gpu_is_the_torch_form_and_row_invariant() -> None:
     )
     assert torch.equal(alone, got[cu[row] : cu[row + 1]])
     assert torch.equal(alone_pool[slots[row]], triton_pool[slots[row]])
+    # The model's q | k | v pieces (2,048 | 2,048 | 4,096), each dense: the same bits.
+    pieces_pool = pool.clone()
+    pieces = TritonConv().conv_pieces(x, weight, rows, pieces_pool, (2048, 2048, 4096))
+    assert all(p.is_contiguous() for p in pieces)
+    assert torch.equal(torch.cat(pieces, dim=-1), got) and torch.equal(pieces_pool, triton_pool)

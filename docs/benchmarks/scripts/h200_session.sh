@@ -37,8 +37,8 @@
 # on Qwen3-4B and Qwen3.5-4B, the synchronous 1k prefill stayed host-bound for no known reason).
 # Calls: one carrying .whl-fi (`python3 -m pip install -q --no-index --no-deps --no-compile --target
 # /tmp/site .whl-fi/*.whl`); one carrying .whl-deps that installs those the same way and starts
-#   PIPELINE="prefill-calls async-gates-qwen3 async-gates-qwen35 gemm-gemma4 decode-attention-backends
-#   async-gates-gemma4" SYNTH_AHEAD=0 WAIT_S=150 STAGE=all bash docs/benchmarks/scripts/h200_session.sh
+#   PIPELINE="conv-pieces-tests prefill-calls async-gates-qwen3 async-gates-qwen35 gemm-gemma4
+#   decode-attention-backends async-gates-gemma4" SYNTH_AHEAD=0 WAIT_S=150 STAGE=all bash docs/benchmarks/scripts/h200_session.sh
 # (its first wait short: a start-up failure can be fixed and the pipeline restarted in the stretch,
 # STAGE=all copying the tree anew), then STAGE=wait calls back to back. No vLLM this stretch: no
 # step reports a decode figure. decode-attention-backends says whether fa3 or the CUDA-core kernel
@@ -323,6 +323,9 @@ async-gates() {  # MANIFEST
 async-gates-qwen3() { async-gates qwen3; }
 async-gates-qwen35() { async-gates qwen35; }
 async-gates-gemma4() { async-gates gemma4; }
+conv-pieces-tests() {  # the varlen GDN conv writing q, k and v dense (conv_pieces), and FastLaunch
+  python3 -m pytest -q --tb=short tests/kernels/test_gdn_conv_varlen.py tests/kernels/test_triton_launch_gpu.py
+}
 prefill-calls() {  # the 1k prefill synchronous and async, with the host's calls into CUDA counted: the
   # synchronous step spent 16.5 ms of host gap at 15a67ed against async's 3.6 ms, cause not found
   synth_q3
@@ -516,7 +519,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4)
+  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | conv-pieces-tests)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
