@@ -9,7 +9,7 @@ one call that should hold the host is the wait for step N's tokens (`Event.synch
 call with a large self time is where the host blocks on the device and the overlap is lost. The
 decode steps then also run under `torch.cuda.set_sync_debug_mode("warn")`, and every synchronising
 torch call is counted by the line that made it ("syncs" in the report; torch sees its own ops only,
-not a library's C++ copies).
+not a library's C++ copies). One more prefill, in either mode, is counted the same way.
 
 Each decode batch: B requests of a 512-token prompt, prefilled, warmed 5 steps, then 20 profiled
 steps. The prefill: one fresh 1k-token prompt in one step after a warm-up prefill. cProfile adds
@@ -176,7 +176,18 @@ def main() -> None:
             scheduler.step()
     rows = _top(profile, 1)
     _print(f"prefill {args.prefill} (profiled step {elapsed:.2f} ms)", rows, elapsed)
-    report[f"prefill-{args.prefill}"] = {"profiled_step_ms": elapsed, "top": rows}
+
+    def prefill_once() -> None:
+        scheduler.submit(Request("p-sync", _prompt(args.prefill, 7_002), once))
+        while scheduler.has_work():
+            scheduler.step()
+
+    # A synchronous step syncs once to read its token; any other site is where the host waited for
+    # the device mid-step (the steps after the prefill's, draining it, are counted too).
+    syncs = _sync_sites(prefill_once, 1)
+    for site in syncs:
+        print(f"  sync {site['per_step']:5.1f}/prefill  {site['site']}")
+    report[f"prefill-{args.prefill}"] = {"profiled_step_ms": elapsed, "top": rows, "syncs": syncs}
     report["options"] = {
         "async_scheduling": args.async_scheduling,
         "attention_backend": args.attention_backend,
