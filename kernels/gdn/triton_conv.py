@@ -92,5 +92,9 @@ class TritonConv:
         bounds = self._bounds_of[1]
         if pieces_fit(widths):
             return gdn_conv_varlen_pieces(x, weight, bounds, rows.slots, rows.fresh, conv_pool, widths)
+        why = f"pieces {list(widths)} off the kernel's channel blocks: views of one output (not dense)"
+        if why not in self._logged:
+            self._logged.add(why)
+            log.info("GDN conv: %s", why)
         y = gdn_conv_varlen_pieces(x, weight, bounds, rows.slots, rows.fresh, conv_pool, ())[0]
         return tuple(y.split(list(widths), dim=-1))

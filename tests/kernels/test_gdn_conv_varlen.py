@@ -254,9 +254,12 @@ def test_pieces_that_do_not_fit_the_channel_blocks_are_refused_by_the_kernel() -
 
 @pytest.mark.parametrize("decode", [False, True], ids=("prefill", "decode"))
 @pytest.mark.parametrize("widths", [PIECES, (64, 64, sum(PIECES) - 128)], ids=("fit", "views"))
-def test_backend_conv_pieces_are_the_torch_form_s(decode: bool, widths: tuple[int, ...]) -> None:
+def test_backend_conv_pieces_are_the_torch_form_s(
+    decode: bool, widths: tuple[int, ...], caplog: pytest.LogCaptureFixture
+) -> None:
     """``TritonConv.conv_pieces`` against ``TorchGDN.conv_pieces`` (views of its one output): the
-    same values either way; dense pieces where a prefill's boundaries fit the channel blocks."""
+    same values either way; dense pieces where a prefill's boundaries fit the channel blocks, and
+    where they do not, views, said once."""
     channels, width = sum(PIECES), 4
     lengths = (1,) * len(ROW_SLOTS) if decode else LENGTHS
     cu = _bounds(lengths)
@@ -267,11 +270,16 @@ def test_backend_conv_pieces_are_the_torch_form_s(decode: bool, widths: tuple[in
     rows = _rows(ROW_SLOTS, FRESH, None if decode else cu)
     torch_pool, triton_pool = pool.clone(), pool.clone()
     want = TorchGDN().conv_pieces(x, weight, rows, torch_pool, widths)
-    got = TritonConv().conv_pieces(x, weight, rows, triton_pool, widths)
+    conv = TritonConv()
+    with caplog.at_level(logging.INFO, logger="infer.kernels.gdn"):
+        got = conv.conv_pieces(x, weight, rows, triton_pool, widths)
+        conv.conv_pieces(x, weight, rows, triton_pool.clone(), widths)
     assert torch.equal(triton_pool, torch_pool)
     for g, w in zip(got, want, strict=True):
         _check_outputs(g, w)
     assert all(p.is_contiguous() for p in got) == (not decode and widths == PIECES)
+    said = [r for r in caplog.records if "off the kernel's channel blocks" in r.getMessage()]
+    assert len(said) == (1 if not decode and widths != PIECES else 0)
 
 
 # -- the backends' conv ----------------------------------------------------------------------------
