@@ -79,9 +79,7 @@ class AutoGDN(GDNBackend):
     def conv(
         self, x: torch.Tensor, weight: torch.Tensor, rows: StateRows, conv_pool: torch.Tensor
     ) -> torch.Tensor:
-        return self.chosen["prefill" if rows.cu_seqlens is not None else "decode"].conv(
-            x, weight, rows, conv_pool
-        )
+        return self._for(rows).conv(x, weight, rows, conv_pool)
 
     def conv_pieces(
         self,
@@ -91,9 +89,7 @@ class AutoGDN(GDNBackend):
         conv_pool: torch.Tensor,
         widths: Sequence[int],
     ) -> tuple[torch.Tensor, ...]:
-        return self.chosen["prefill" if rows.cu_seqlens is not None else "decode"].conv_pieces(
-            x, weight, rows, conv_pool, widths
-        )
+        return self._for(rows).conv_pieces(x, weight, rows, conv_pool, widths)
 
     def delta_rule(
         self,
@@ -105,8 +101,11 @@ class AutoGDN(GDNBackend):
         rows: StateRows,
         state_pool: torch.Tensor,
     ) -> torch.Tensor:
-        phase = "prefill" if rows.cu_seqlens is not None else "decode"
-        return self.chosen[phase].delta_rule(q, k, v, g, beta, rows, state_pool)
+        return self._for(rows).delta_rule(q, k, v, g, beta, rows, state_pool)
+
+    def _for(self, rows: StateRows) -> GDNBackend:
+        """The backend chosen for the step's phase: prefill with host `cu_seqlens`, else decode."""
+        return self.chosen["prefill" if rows.cu_seqlens is not None else "decode"]
 
     def warm_up(self, geometry: GDNGeometry, dtype: torch.dtype, device: torch.device) -> None:
         if geometry in self._measured:

@@ -26,13 +26,12 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from kernels.gdn.base import (
-    GDNBackend,
     GDNBackendError,
     GDNGeometry,
     StateRows,
@@ -40,7 +39,7 @@ from kernels.gdn.base import (
     initial_states,
     warm_up_both_phases,
 )
-from kernels.gdn.triton_conv import TritonConv
+from kernels.gdn.triton_conv import TritonConvBackend
 from kernels.triton.gdn_decode import gdn_decode_step
 from kernels.triton.storage import interpreted
 
@@ -68,7 +67,7 @@ def load_fla_chunk() -> Callable[..., Any]:
     return chunk_gated_delta_rule
 
 
-class FlaGDN(GDNBackend):
+class FlaGDN(TritonConvBackend):
     name = "fla"
 
     def __init__(self, device: torch.device, *, interpreter: bool = False) -> None:
@@ -77,28 +76,13 @@ class FlaGDN(GDNBackend):
             raise GDNBackendError(
                 "--gdn-backend 'fla' is not available on CPU: fla-core's Triton kernels need CUDA"
             )
+        super().__init__()
         self._chunk = load_fla_chunk()
-        self._conv = TritonConv()
         if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 8:
             self.fp32_dots = "tf32"
 
     def describe(self) -> str:
         return "fla (prefill: fla-core chunk_gated_delta_rule; decode: infer's slot-indexed Triton step)"
-
-    def conv(
-        self, x: torch.Tensor, weight: torch.Tensor, rows: StateRows, conv_pool: torch.Tensor
-    ) -> torch.Tensor:
-        return self._conv.conv(x, weight, rows, conv_pool)
-
-    def conv_pieces(
-        self,
-        x: torch.Tensor,
-        weight: torch.Tensor,
-        rows: StateRows,
-        conv_pool: torch.Tensor,
-        widths: Sequence[int],
-    ) -> tuple[torch.Tensor, ...]:
-        return self._conv.conv_pieces(x, weight, rows, conv_pool, widths)
 
     def warm_up(self, geometry: GDNGeometry, dtype: torch.dtype, device: torch.device) -> None:
         """fla benchmarks its autotuned configs on the first call per head geometry (keys exclude T):

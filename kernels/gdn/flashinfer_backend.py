@@ -30,13 +30,12 @@ from __future__ import annotations
 
 import inspect
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from kernels.gdn.base import (
-    GDNBackend,
     GDNBackendError,
     GDNGeometry,
     StateRows,
@@ -44,7 +43,7 @@ from kernels.gdn.base import (
     initial_states,
     warm_up_both_phases,
 )
-from kernels.gdn.triton_conv import TritonConv
+from kernels.gdn.triton_conv import TritonConvBackend
 from kernels.reference import SpecError
 from kernels.triton.gdn_decode import gdn_decode_step
 
@@ -86,30 +85,15 @@ def load_flashinfer_prefill(device: torch.device) -> Callable[..., Any]:
     return prefill
 
 
-class FlashInferGDN(GDNBackend):
+class FlashInferGDN(TritonConvBackend):
     name = "flashinfer"
 
     def __init__(self, device: torch.device) -> None:
+        super().__init__()
         self._prefill = load_flashinfer_prefill(device)
-        self._conv = TritonConv()
 
     def describe(self) -> str:
         return "flashinfer (prefill: FlashInfer SM90 chunk_gated_delta_rule; decode: infer's slot-indexed Triton step)"
-
-    def conv(
-        self, x: torch.Tensor, weight: torch.Tensor, rows: StateRows, conv_pool: torch.Tensor
-    ) -> torch.Tensor:
-        return self._conv.conv(x, weight, rows, conv_pool)
-
-    def conv_pieces(
-        self,
-        x: torch.Tensor,
-        weight: torch.Tensor,
-        rows: StateRows,
-        conv_pool: torch.Tensor,
-        widths: Sequence[int],
-    ) -> tuple[torch.Tensor, ...]:
-        return self._conv.conv_pieces(x, weight, rows, conv_pool, widths)
 
     def check(self, geometry: GDNGeometry, dtype: torch.dtype) -> None:
         check_geometry(geometry, dtype)

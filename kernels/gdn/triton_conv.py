@@ -17,12 +17,13 @@ from collections.abc import Sequence
 
 import torch
 
-from kernels.gdn.base import StateRows, check_state_pool
+from kernels.gdn.base import GDNBackend, StateRows, check_state_pool
 from kernels.gdn.torch_backend import TorchGDN
 from kernels.reference import SpecError
 from kernels.triton.gdn_conv_step import check_conv_kernels, gdn_conv_step
 from kernels.triton.gdn_conv_varlen import (
     VarlenRows,
+    gdn_conv_varlen,
     gdn_conv_varlen_pieces,
     pieces_fit,
     varlen_rows,
@@ -96,5 +97,28 @@ class TritonConv:
         if why not in self._logged:
             self._logged.add(why)
             log.info("GDN conv: %s", why)
-        y = gdn_conv_varlen_pieces(x, weight, bounds, rows.slots, rows.fresh, conv_pool, ())[0]
+        y = gdn_conv_varlen(x, weight, bounds, rows.slots, rows.fresh, conv_pool)
         return tuple(y.split(list(widths), dim=-1))
+
+
+class TritonConvBackend(GDNBackend):
+    """A GDN backend whose conv is ``TritonConv``'s (`fla`, `flashinfer`): both conv ops go there;
+    a subclass brings its delta rule and calls ``super().__init__()``."""
+
+    def __init__(self) -> None:
+        self._conv = TritonConv()
+
+    def conv(
+        self, x: torch.Tensor, weight: torch.Tensor, rows: StateRows, conv_pool: torch.Tensor
+    ) -> torch.Tensor:
+        return self._conv.conv(x, weight, rows, conv_pool)
+
+    def conv_pieces(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        rows: StateRows,
+        conv_pool: torch.Tensor,
+        widths: Sequence[int],
+    ) -> tuple[torch.Tensor, ...]:
+        return self._conv.conv_pieces(x, weight, rows, conv_pool, widths)
