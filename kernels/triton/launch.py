@@ -48,20 +48,45 @@ def _current_device_and_stream() -> tuple[int, int]:
     return device, torch._C._cuda_getCurrentRawStream(device)
 
 
-def _runtime_key(value: object) -> object:
-    """What Triton may specialise a non-constexpr argument on; ``NotImplemented`` for a kind of
-    argument this module does not know (the call then takes Triton's path)."""
-    if isinstance(value, torch.Tensor):
-        return (value.dtype, value.data_ptr() % 16 == 0)
-    if isinstance(value, bool):
-        return bool
-    if isinstance(value, int):
-        return (value == 1, value % 16 == 0, _I32_MIN <= value <= _I32_MAX, value >= _U64_MIN)
-    if isinstance(value, float):
-        return float
-    if value is None:
-        return None
-    return NotImplemented
+def _call_key(
+    device: int,
+    args: tuple[object, ...],
+    constexpr: tuple[bool, ...],
+    kwargs: dict[str, object],
+) -> tuple[object, ...] | None:
+    """The key of one call: a constexpr positional argument by value, any other by what Triton
+    may specialise it on, then the keywords by value in the call's own order; ``None`` for an
+    argument this module does not know (the call then takes Triton's path).
+
+    One pass, the commonest kinds first and no function call per argument: a 1k prefill keys
+    ~146 launches of ~16 arguments each (an attention-prep call's key: 8.8 µs on the CPU box,
+    11.2 with a call per argument)."""
+    key: list[object] = [device]
+    append = key.append
+    for value, is_constexpr in zip(args, constexpr, strict=False):
+        if is_constexpr:
+            append(value)
+        elif type(value) is int:
+            # 1, a multiple of 16, and the integer type that holds it, as one small int.
+            append(
+                (value == 1)
+                | (value % 16 == 0) << 1
+                | (_I32_MIN <= value <= _I32_MAX) << 2
+                | (value >= _U64_MIN) << 3
+            )
+        elif isinstance(value, torch.Tensor):
+            append((value.dtype, value.data_ptr() % 16 == 0))
+        elif value is None or type(value) is bool or type(value) is float:
+            append(None if value is None else type(value))
+        else:
+            return None
+    # In the call's own order: a call site names its keywords in one order, and another order
+    # only costs a dispatch.
+    for item in kwargs.items():
+        if isinstance(item[1], torch.Tensor):  # a runtime argument by name: not worth a fast path
+            return None
+        append(item)
+    return tuple(key)
 
 
 class FastLaunch:
@@ -83,29 +108,12 @@ class FastLaunch:
     def __getitem__(self, grid: tuple[int, ...]) -> Callable[..., None]:
         return lambda *args, **kwargs: self._launch(grid, args, kwargs)
 
-    def _key(
-        self, device: int, args: tuple[object, ...], kwargs: dict[str, object]
-    ) -> tuple[object, ...] | None:
-        key: list[object] = [device]
-        for value, constexpr in zip(args, self._constexpr, strict=False):
-            part = value if constexpr else _runtime_key(value)
-            if part is NotImplemented:
-                return None
-            key.append(part)
-        # In the call's own order: a call site names its keywords in one order, and another
-        # order only costs a dispatch.
-        for item in kwargs.items():
-            if isinstance(item[1], torch.Tensor):  # a runtime argument by name: not worth a fast path
-                return None
-            key.append(item)
-        return tuple(key)
-
     def _launch(self, grid: tuple[int, ...], args: tuple[object, ...], kwargs: dict[str, object]) -> None:
         if not self._direct or _hooks_installed():
             self.kernel[grid](*args, **kwargs)
             return
         device, stream = _current_device_and_stream()
-        key = self._key(device, args, kwargs)
+        key = _call_key(device, args, self._constexpr, kwargs)
         try:
             found = None if key is None else self._compiled.get(key)
         except TypeError:  # an unhashable constexpr
