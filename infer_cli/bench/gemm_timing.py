@@ -19,8 +19,9 @@ over the device-to-device copy bandwidth measured in the same run (`timing.copy_
 write); "% of floor" is floor time over measured time. For the skinny kernel, every candidate of
 `kernels.gemm.skinny_candidates` is timed and one per weight shape is kept, the one with the lowest
 mean time-over-floor across the measured row counts, never one per row count (that would change the
-K partition with M and lose batch invariance). The row count picks the faster of cuBLAS and that
-one: the dispatch table (`kernels.gemm.skinny_dispatch`).
+K partition with M and lose batch invariance). The row count picks the fastest of cuBLAS, that one
+and the fused decode GEMV below (where it was timed): the dispatch table
+(`kernels.gemm.skinny_dispatch`).
 
 The fused decode GEMV (`kernels.triton.fused_gemv`, plain `x @ w.T`, its settings a function of the
 shape) is a third candidate per shape at the row counts it takes (M ≤ its ``MAX_ROWS``, 4). The
@@ -28,8 +29,8 @@ fused decode MMA (`kernels.triton.fused_mma`, plain `x @ w.T` on tensor cores) i
 row counts above that (5-64): every one of its candidates (`fused_mma.mma_candidates`) is timed, and
 one is kept per shape and row block (16 rows up to M = 16, 64 above), by the same rule as the skinny
 kernel's (lowest mean time-over-floor over the block's measured row counts; never one per M, which
-would change a row's bits with M). Neither fused kernel is in the dispatch table (the models reach
-them through `--decode-fusion`, kernels/gemm/projections.py).
+would change a row's bits with M). The plain GEMV is a dispatch choice ("gemv"); the fused MMA is
+not, and the fusions reach the models only through `--decode-fusion` (kernels/gemm/projections.py).
 
 Then, per model and row count, the whole decode chain (every projection of every layer once, in model
 order, then the LM head; each weight its own tensor) graphed three ways: all cuBLAS, all ours, and
@@ -180,7 +181,7 @@ def chain_copies(weight_bytes: int, l2_bytes: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class GemmTiming:
-    """One shape at one row count: cuBLAS against the shape's chosen skinny settings."""
+    """One shape at one row count: cuBLAS against the shape's chosen skinny settings and the GEMV."""
 
     model: str
     name: str
@@ -213,7 +214,11 @@ class GemmTiming:
 
     @property
     def winner(self) -> Backend:
-        return Backend.OURS if self.ours_us < self.cublas_us else Backend.CUBLAS
+        """The fastest backend; on a tie the earlier of cuBLAS, ours, the GEMV."""
+        times = [(self.cublas_us, Backend.CUBLAS), (self.ours_us, Backend.OURS)]
+        if self.fused_us is not None:
+            times.append((self.fused_us, Backend.GEMV))
+        return min(times, key=lambda timed: timed[0])[1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,7 +324,7 @@ def dispatch_table(
     device: str = "",
     measured_at: str = "",
 ) -> ChoiceTable:
-    """Per shape its chosen settings; per measured row count the faster backend."""
+    """Per shape its chosen settings; per measured row count the fastest backend."""
     shapes = []
     for (n, k), settings in chosen:
         rows = tuple(sorted((t.rows, t.winner) for t in timings if (t.n, t.k) == (n, k)))

@@ -1,17 +1,20 @@
-"""Chooses cuBLAS or the skinny Triton GEMM per weight shape and row count, from a measured table.
+"""Chooses cuBLAS, the skinny Triton GEMM or the decode GEMV per weight shape and row count, from a
+measured table.
 
 ``infer bench gemm --save-dispatch FILE`` writes a ``ChoiceTable``: per weight shape (N, K, dtype)
-one set of ``SkinnySettings`` and, per measured row count, which of ``F.linear`` (cuBLAS) and the
-skinny kernel was faster. ``SkinnyDispatch(table)`` is a ``linear(x, weight)`` that follows it.
+one set of ``SkinnySettings`` and, per measured row count, which of ``F.linear`` (cuBLAS), the
+skinny kernel and the decode GEMV was fastest. ``SkinnyDispatch(table)`` is a ``linear(x, weight)``
+that follows it.
 
 * A call with M rows uses the smallest measured row count ≥ M (its "M bucket"); "ours" runs
-  ``skinny_gemm`` with the shape's recorded settings, "cublas" runs ``F.linear``.
+  ``skinny_gemm`` with the shape's recorded settings, "gemv" runs ``fused_gemv`` plain (its settings
+  a function of the shape; only for buckets up to its ``MAX_ROWS``), "cublas" runs ``F.linear``.
 * Anything the table does not cover (no entry for the shape or dtype, M beyond the largest measured
   bucket, operands the kernel refuses) runs ``F.linear`` and is logged once per shape and reason,
   naming the shape: never silently, never a wrong result.
-* The settings are one per shape, never per bucket, so every bucket that chose "ours" computes a
-  row the same way: within those buckets the dispatch is batch-invariant. Across a bucket boundary
-  where the choice switches between cuBLAS and ours it is not (docs/kernels.md).
+* The settings are one per shape, never per bucket, so every bucket that chose one Triton kernel
+  computes a row the same way: within those buckets the dispatch is batch-invariant. Across a
+  bucket boundary where the choice switches backend it is not (docs/kernels.md).
 
 The `tuned` policy follows the table measured on the device it runs on (`measured_table`), and
 cuBLAS for every projection on a device with none (kernels/gemm/dispatch.py).
@@ -29,6 +32,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from kernels.triton.fused_gemv import MAX_ROWS as GEMV_MAX_ROWS
+from kernels.triton.fused_gemv import FusedGemvError, fused_gemv
 from kernels.triton.skinny_gemm import MAX_ROWS, SkinnySettings, SkinnyShapeError, json_int, skinny_gemm
 
 log = logging.getLogger("infer.gemm")
@@ -50,6 +55,7 @@ class DispatchTableError(ValueError):
 class Backend(StrEnum):
     OURS = "ours"
     CUBLAS = "cublas"
+    GEMV = "gemv"
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -71,6 +77,12 @@ class ShapeChoice:
         if not counts or counts != sorted(set(counts)) or counts[0] < 1 or counts[-1] > MAX_ROWS:
             raise DispatchTableError(
                 f"[{self.n}, {self.k}] {self.dtype}: row counts {counts} must be distinct, ascending, 1..{MAX_ROWS}"
+            )
+        past = [m for m, backend in self.rows if backend is Backend.GEMV and m > GEMV_MAX_ROWS]
+        if past:
+            raise DispatchTableError(
+                f"[{self.n}, {self.k}] {self.dtype}: row counts {past} choose the GEMV, which takes at "
+                f"most {GEMV_MAX_ROWS} rows"
             )
 
     def backend(self, m: int) -> tuple[int, Backend] | None:
@@ -220,7 +232,10 @@ class SkinnyDispatch:
         if picked[1] is Backend.CUBLAS:
             return F.linear(x, weight)
         try:
-            y = skinny_gemm(rows, weight, choice.settings)
-        except SkinnyShapeError as exc:
+            if picked[1] is Backend.GEMV:
+                y = fused_gemv(rows, weight)
+            else:
+                y = skinny_gemm(rows, weight, choice.settings)
+        except (SkinnyShapeError, FusedGemvError) as exc:
             return self._fall_back(x, weight, "refused", str(exc))
         return y.reshape(*x.shape[:-1], n)

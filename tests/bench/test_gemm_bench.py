@@ -176,6 +176,23 @@ def test_the_dispatch_table_takes_the_faster_backend_per_row_count() -> None:
     assert choice.rows == ((1, Backend.OURS), (64, Backend.CUBLAS))
 
 
+def test_the_gemv_is_chosen_where_it_was_timed_fastest() -> None:
+    settings = SkinnySettings(block_k=None, split_k=5)
+
+    def timing(rows: int, fused_us: float | None) -> GemmTiming:
+        return GemmTiming(
+            "m", "o", 2560, 4096, rows, cublas_us=10.0, ours_us=9.0, floor_us=7.0,
+            settings=settings.label, fused_us=fused_us,
+        )  # fmt: skip
+
+    timings = [timing(1, 8.0), timing(2, 9.5), timing(8, None)]
+    assert [t.winner for t in timings] == [Backend.GEMV, Backend.OURS, Backend.OURS]
+    table = dispatch_table([((2560, 4096), settings)], timings, "bfloat16")
+    choice = table.lookup(2560, 4096, torch.bfloat16)
+    assert choice is not None
+    assert choice.rows == ((1, Backend.GEMV), (2, Backend.OURS), (8, Backend.OURS))
+
+
 # ------------------------------------------------------------------- a whole run, timer replaced
 
 
@@ -256,7 +273,8 @@ def test_a_whole_run_with_the_device_timer_replaced(monkeypatch: pytest.MonkeyPa
         f"[40, 208] M={m} n16·whole·s1·m16·w4·nopdl" for m in (1, 8)
     ]
     assert "failed: [40, 208] M=1" in run.output
-    assert len(saved["timings"]) == 4 and all(t["winner"] == "ours" for t in saved["timings"])
+    # The fused GEMV (4) beats ours (5) where it was timed, M = 1; ours beats cuBLAS (10) at M = 8.
+    assert [t["winner"] for t in saved["timings"]] == ["gemv", "ours"] * 2
     assert all(t["ours_us"] == 5.0 and t["cublas_us"] == 10.0 for t in saved["timings"])
     # The fused GEMV at the row counts it takes (M ≤ 4), for both shapes; none at M = 8.
     assert [(t["rows"], t["fused_us"]) for t in saved["timings"]] == [(1, 4.0), (8, None)] * 2
@@ -278,7 +296,7 @@ def test_a_whole_run_with_the_device_timer_replaced(monkeypatch: pytest.MonkeyPa
     assert partial_saves == [False] * 4 + [True]
     table = ChoiceTable.load(dispatch_file)
     assert {(c.n, c.k) for c in table.shapes} == {(48, 64), (40, 208)}
-    assert all(c.rows == ((1, Backend.OURS), (8, Backend.OURS)) for c in table.shapes)
+    assert all(c.rows == ((1, Backend.GEMV), (8, Backend.OURS)) for c in table.shapes)
 
 
 def test_the_fused_layer_chain_runs_qwen3s_fused_ops(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -83,20 +83,13 @@ def test_policy_linear_by_name() -> None:
 def test_tuned_follows_the_table_measured_on_its_device(monkeypatch: pytest.MonkeyPatch) -> None:
     assert isinstance(policy_linear("tuned", torch.device("cpu")), CpuLinear)
     cuda = torch.device("cuda", 0)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
-    dispatch = policy_linear("tuned", cuda)
-    assert isinstance(dispatch, SkinnyDispatch)
-    # The shipped table covers every decode projection of Qwen3-4B and Gemma 4 12B in bf16.
-    for n, k in ((6144, 2560), (2560, 4096), (19456, 2560), (2560, 9728), (151936, 2560), (262144, 3840)):
-        assert dispatch.table.lookup(n, k, torch.bfloat16) is not None, (n, k)
-    # The H100's table was measured for Qwen3-4B only (docs/benchmarks/gemm.md): its shapes are
-    # there, Gemma 4's are not (they run F.linear, said once per shape).
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
-    h100 = policy_linear("tuned", cuda)
-    assert isinstance(h100, SkinnyDispatch)
-    for n, k in ((6144, 2560), (2560, 4096), (19456, 2560), (2560, 9728), (151936, 2560)):
-        assert h100.table.lookup(n, k, torch.bfloat16) is not None, (n, k)
-    assert h100.table.lookup(262144, 3840, torch.bfloat16) is None
+    # Each shipped table covers every decode projection of Qwen3-4B and Gemma 4 12B in bf16.
+    for device_name in ("NVIDIA H200", "NVIDIA H100 80GB HBM3"):
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None, name=device_name: name)
+        dispatch = policy_linear("tuned", cuda)
+        assert isinstance(dispatch, SkinnyDispatch) and dispatch.table.device == device_name
+        for n, k in ((6144, 2560), (2560, 4096), (19456, 2560), (2560, 9728), (151936, 2560), (262144, 3840)):
+            assert dispatch.table.lookup(n, k, torch.bfloat16) is not None, (device_name, n, k)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Some Other GPU")
     assert policy_linear("tuned", cuda) is F.linear
 

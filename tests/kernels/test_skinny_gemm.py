@@ -37,6 +37,7 @@ from kernels.gemm import skinny_dispatch
 from kernels.gemm.skinny_candidates import candidate_settings
 from kernels.gemm.skinny_dispatch import Backend, ChoiceTable, DispatchTableError, ShapeChoice, SkinnyDispatch
 from kernels.reference import SpecError
+from kernels.triton.fused_gemv import fused_gemv
 from kernels.triton.skinny_aot import SERVING_SHAPES
 from kernels.triton.skinny_gemm import MAX_ROWS, SkinnySettings, SkinnyShapeError, skinny_gemm
 from kernels.triton.storage import pdl_supported
@@ -282,6 +283,28 @@ def test_dispatch_routes_a_table_entry_to_the_kernel(monkeypatch: pytest.MonkeyP
     assert len(calls) == 2
     three_d = linear(x[:16].reshape(2, 8, K), w)
     assert three_d.shape == (2, 8, N)
+
+
+def test_dispatch_routes_a_gemv_bucket_to_the_decode_gemv(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+
+    def spy(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        calls.append(x.shape[0])
+        return fused_gemv(x, w)
+
+    monkeypatch.setattr(skinny_dispatch, "fused_gemv", spy)
+    linear = SkinnyDispatch(_table(SETTINGS["whole-s4"], ((2, Backend.GEMV), (8, Backend.OURS))))
+    x, w = _operands(8, torch.bfloat16)
+    assert torch.equal(linear(x[:2], w), fused_gemv(x[:2], w))
+    assert torch.equal(linear(x[:1], w), fused_gemv(x[:1], w))
+    assert calls == [2, 1]
+    assert torch.equal(linear(x[:3], w), skinny_gemm(x[:3], w, SETTINGS["whole-s4"]))  # bucket 8
+    assert calls == [2, 1]
+
+
+def test_a_gemv_bucket_past_the_gemv_s_rows_is_refused_by_name() -> None:
+    with pytest.raises(DispatchTableError, match=r"\[40, 208\] bfloat16: row counts \[8\] choose the GEMV"):
+        _table(SETTINGS["whole-s4"], ((1, Backend.GEMV), (8, Backend.GEMV)))
 
 
 def test_dispatch_falls_back_by_name_once_per_shape(caplog: pytest.LogCaptureFixture) -> None:
