@@ -33,22 +33,20 @@
 #   PIPELINE="decode-tests sampler-timing gemm-qwen3 qwen3-decode-variants host-profile-async gemma4-decode-variants
 #             qwen3-gates vllm-qwen3" STAGE=all ...
 # then the qwen3 and gemma4 manifests with the flags the variants showed best, before flipping a default.
-# The next stretch (prepared 2026-12-05 after the H100 run at 15a67ed: async scheduling beat vLLM
-# on Qwen3-4B and Qwen3.5-4B, the synchronous 1k prefill stayed host-bound for no known reason).
-# Calls: one carrying .whl-fi (`python3 -m pip install -q --no-index --no-deps --no-compile --target
-# /tmp/site .whl-fi/*.whl`); one carrying .whl-deps that installs those the same way and starts
-#   PIPELINE="conv-pieces-tests prefill-calls async-gates-qwen3 async-gates-qwen35 gemm-gemma4
-#   decode-attention-backends async-gates-gemma4" SYNTH_AHEAD=0 WAIT_S=150 STAGE=all bash docs/benchmarks/scripts/h200_session.sh
-# (its first wait short: a start-up failure can be fixed and the pipeline restarted in the stretch,
-# STAGE=all copying the tree anew), then STAGE=wait calls back to back. No vLLM this stretch: no
-# step reports a decode figure. decode-attention-backends says whether fa3 or the CUDA-core kernel
-# decodes faster than fa2 (Qwen3-4B's step spends 0.40 / 0.67 / 2.42 ms in fa2 at batch 1 / 8 / 64;
-# each backend JIT-builds its modules first, ~1 min each); prefill-calls prints the host's heaviest CUDA
-# calls of the synchronous and async 1k prefill (--breakdown) and a cProfile of the synchronous
-# one; the async-gates steps are the manifests with --async-scheduling, what the default flip
-# waits for (qwen3 ~6 min, qwen35 ~8, gemma4 ~12 on a fresh machine); gemm-gemma4 (~2 min) writes
-# the table to merge into kernels/gemm/skinny_dispatch_h100.json (`ChoiceTable.merged`, as the
-# H200's file merges two). Later stretches: vLLM's
+# The next stretch (prepared 2026-12-05 after the H100 run at 59012de: the qwen3 and qwen35
+# manifests passed under async scheduling; the dispatch table since took the plain decode GEMV at
+# M <= 2 on the H100, from per-shape timings only). Calls: one carrying .whl-fi (`python3 -m pip
+# install -q --no-index --no-deps --no-compile --target /tmp/site .whl-fi/*.whl`); one carrying
+# .whl-deps that installs those the same way and starts
+#   PIPELINE="gemv-ab async-gates-gemma4 async-gates-qwen3 decode-attention-backends host-launch-costs"
+#   SYNTH_AHEAD=0 WAIT_S=150 STAGE=all bash docs/benchmarks/scripts/h200_session.sh
+# then STAGE=wait calls back to back (WAIT_S=540). gemv-ab (~6 min) times the async decode step of
+# Qwen3-4B and Gemma 4 12B at batch 1 and 8 with the shipped table and with its "gemv" rows set
+# back, one session; async-gates-gemma4 (~12 min) is the last manifest the async default waits for,
+# and with async-gates-qwen3 the parity gates under the GEMV table; decode-attention-backends says
+# whether fa3 or the CUDA-core kernel decodes faster than fa2 (each JIT-builds first, ~1 min);
+# host-launch-costs re-measures F.linear's and a launch's host cost (the 1k prefill's cProfile
+# put 73 us in each F.linear call). No vLLM needed. Later stretches: vLLM's
 # Gemma 4 figure beside gemma4-decode-variants (staged as in the 15a67ed stretch: five calls
 # carrying .vllm/partN, the .whl-deps call adding `mkdir -p /tmp/parts && cp
 # .whl-deps/vllm-gemma4/*.whl /tmp/parts/`); Qwen3.5's 1k prefill on FlashInfer's GDN prefill
@@ -336,6 +334,43 @@ prefill-calls() {  # the 1k prefill synchronous and async, with the host's calls
   python3 docs/benchmarks/scripts/host_profile.py $q3 --batch-sizes 1 --prefill 1024 \
     --save $work/qwen3-4b-host-profile-sync.json
 }
+gemv-ab() {  # the decode step with the shipped H100 table (the plain GEMV at M <= 2) against the same
+  # table with every "gemv" row set back to the faster of cuBLAS and ours in the same data; one session
+  synth_q3
+  local table=kernels/gemm/skinny_dispatch_h100.json
+  cp $table $work/skinny-dispatch-h100-gemv.json
+  for model in qwen3 gemma4; do
+    [ $model = gemma4 ] && synth_g4
+    local ckpt=$q3; [ $model = gemma4 ] && ckpt=$g4
+    cp $work/skinny-dispatch-h100-gemv.json $table
+    infer bench latency --model $ckpt --async-scheduling --batch-sizes 1,8 --breakdown \
+      --save-result $work/$model-latency-async-gemv.json
+    python3 - $table <<'PY'
+import json, sys
+from dataclasses import fields
+from pathlib import Path
+from infer_cli.bench.gemm_timing import GemmTiming
+from kernels.gemm.skinny_dispatch import Backend, ChoiceTable, ShapeChoice
+path = Path(sys.argv[1])
+table = ChoiceTable.load(path)
+names = {f.name for f in fields(GemmTiming)}
+timed = {}
+for data in sorted(Path("docs/benchmarks/data").glob("2026-12-05-gemm-*-h100-*.json")):
+    for t in json.loads(data.read_text())["timings"]:
+        t = GemmTiming(**{k: v for k, v in t.items() if k in names})
+        timed[(t.n, t.k, t.rows)] = Backend.OURS if t.ours_us < t.cublas_us else Backend.CUBLAS
+shapes = tuple(
+    ShapeChoice(c.n, c.k, c.dtype, c.settings,
+                tuple((m, timed[(c.n, c.k, m)] if b is Backend.GEMV else b) for m, b in c.rows))
+    for c in table.shapes
+)
+ChoiceTable(shapes, table.device, table.measured_at + " (no gemv)").save(path)
+PY
+    infer bench latency --model $ckpt --async-scheduling --batch-sizes 1,8 --breakdown \
+      --save-result $work/$model-latency-async-nogemv.json
+  done
+  cp $work/skinny-dispatch-h100-gemv.json $table
+}
 q35p=/tmp/ckpt/q35-4b-published
 synth_q35p() { [ -d $q35p ] || infer synth qwen35 --preset 4b --form published --out $q35p --dtype bfloat16 --tokenizer trained --device cuda; }
 qwen35-published-latency() {  # infer's side of the vLLM row, on the directory vLLM reads: default and async
@@ -519,7 +554,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | conv-pieces-tests)
+  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | conv-pieces-tests | gemv-ab)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
