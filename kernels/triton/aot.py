@@ -22,7 +22,12 @@ from kernels.reference import (
     qwen35_full_attention_prep,
 )
 from kernels.triton.attention_prep import DEFAULT_LAUNCH, PrepLaunchConfig, prep_constexprs
-from kernels.triton.offline import compile_offline, pointers_and_strides, run_compile_check
+from kernels.triton.offline import (
+    compile_offline,
+    has_pdl_instructions,
+    pointers_and_strides,
+    run_compile_check,
+)
 from kernels.triton.prep_kernel import attention_prep_kernel
 from kernels.triton.storage import POINTER_TYPES
 
@@ -78,7 +83,7 @@ def main() -> int:
     for spec, q_heads, kv_heads in SERVING_VARIANTS:
         for dtype in POINTER_TYPES:
             ptx = str(compile_variant(spec, q_heads, kv_heads, dtype).asm.get("ptx", ""))  # type: ignore[attr-defined]
-            if "griddepcontrol.wait" not in ptx or "griddepcontrol.launch_dependents" not in ptx:
+            if not has_pdl_instructions(ptx):
                 print(f"FAILED {spec.name} {dtype}: no griddepcontrol instructions", file=sys.stderr)
                 return 1
         print(f"compiled {spec.name} q_heads={q_heads} kv_heads={kv_heads} for sm_90 with PDL")

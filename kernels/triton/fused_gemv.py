@@ -59,7 +59,13 @@ from kernels.reference import GatedActivation, NormSpec, NormWeight
 from kernels.triton.gated_act import _KINDS, _gated_product
 from kernels.triton.invariant_rmsnorm import _MODES, _row_inverse_rms
 from kernels.triton.launch import FastLaunch
-from kernels.triton.offline import compile_offline, pointers_and_strides, run_compile_check, storage_arg_type
+from kernels.triton.offline import (
+    compile_offline,
+    has_pdl_instructions,
+    pointers_and_strides,
+    run_compile_check,
+    storage_arg_type,
+)
 from kernels.triton.prep_kernel import WEIGHT_NONE, _normalise, _round_to_storage
 from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted, next_power_of_2, pdl_supported
 
@@ -436,7 +442,7 @@ def main() -> int:
             asm = getattr(kernel, "asm", {})
             ptx = str(asm.get("ptx", ""))
             problems = [] if asm.get("cubin") else ["no cubin"]
-            if "griddepcontrol.wait" not in ptx or "griddepcontrol.launch_dependents" not in ptx:
+            if not has_pdl_instructions(ptx):
                 problems.append("no griddepcontrol instructions")
             if not any("ld.global" in line and ".v4." in line for line in ptx.splitlines()):
                 problems.append("no 128-bit global loads")

@@ -52,7 +52,13 @@ from kernels.triton.fused_gemv import QWEN3, Fusion, check_fused_operands
 from kernels.triton.gated_act import _KINDS, _gated_product
 from kernels.triton.invariant_rmsnorm import _MODES, _inverse_rms_of_sum
 from kernels.triton.launch import FastLaunch
-from kernels.triton.offline import compile_offline, pointers_and_strides, run_compile_check, storage_arg_type
+from kernels.triton.offline import (
+    compile_offline,
+    has_pdl_instructions,
+    pointers_and_strides,
+    run_compile_check,
+    storage_arg_type,
+)
 from kernels.triton.prep_kernel import WEIGHT_NONE, _normalise, _round_to_storage
 from kernels.triton.skinny_gemm import _accumulate
 from kernels.triton.storage import STORAGE_TYPES, interpreted, pdl_supported
@@ -457,7 +463,7 @@ def ptx_problems(ptx: str, has_cubin: bool, dtype: torch.dtype) -> list[str]:
     instructions for bf16/fp16 (fp32 is IEEE fp32 on the CUDA cores: no TF32), and 16-byte weight
     loads (``cp.async`` 16 B into the pipeline, or ``ld.global.v4``)."""
     problems = [] if has_cubin else ["no cubin"]
-    if "griddepcontrol.wait" not in ptx or "griddepcontrol.launch_dependents" not in ptx:
+    if not has_pdl_instructions(ptx):
         problems.append("no griddepcontrol instructions")
     tensor_cores = "mma.sync" in ptx or "wgmma" in ptx
     if tensor_cores != (dtype != torch.float32):

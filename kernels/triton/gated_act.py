@@ -4,7 +4,9 @@ Input is the fused gate/up projection's output ``[rows, 2I]`` (gate first); outp
 Each program takes one row's block of ``BLOCK`` columns, so a row's bits never depend on the batch.
 The activation is computed in fp32 with libdevice's ``exp`` / ``tanh`` (CUDA's ``expf`` / ``tanhf``,
 which torch's kernels call) in torch's operation order, rounded once to the storage dtype, and the
-product rounded once, as ``F.silu(gate) * up`` rounds. One launch per call; graph-safe.
+product rounded once, as ``F.silu(gate) * up`` rounds. One launch per call; graph-safe. On sm_90+
+it launches with PDL (docs/kernels.md, "PDL"): it reads nothing before its wait, but its launch
+overlaps the projection before it and the next kernel may start at once.
 
 ``python -m kernels.triton.gated_act`` compiles every variant for sm_90 without a GPU.
 """
@@ -18,9 +20,15 @@ import triton.language as tl
 from kernels.kv_layout import ceil_div
 from kernels.reference import GatedActivation
 from kernels.triton.launch import FastLaunch
-from kernels.triton.offline import compile_offline, has_cubin, run_compile_check, storage_arg_type
+from kernels.triton.offline import (
+    compile_offline,
+    has_cubin,
+    has_pdl_instructions,
+    run_compile_check,
+    storage_arg_type,
+)
 from kernels.triton.prep_kernel import _round_to_storage
-from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted
+from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted, pdl_supported
 
 _SILU = tl.constexpr(0)
 _GELU_TANH = tl.constexpr(1)
@@ -82,10 +90,14 @@ def _gated_act_kernel(
     STORAGE: tl.constexpr,
     BLOCK: tl.constexpr,
     LIBDEVICE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < intermediate
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()  # the down projection may start its weight loads
+        tl.extra.cuda.gdc_wait()  # gate and up are the projection's output
     base = gate_up_ptr + row * stride_in
     gate = tl.load(base + cols, mask=ok, other=0.0).to(tl.float32)
     up = tl.load(base + intermediate + cols, mask=ok, other=0.0).to(tl.float32)
@@ -113,6 +125,7 @@ def gated_act(gate_up: torch.Tensor, kind: GatedActivation) -> torch.Tensor:
         rows = rows.contiguous()
     out = torch.empty(rows.shape[0], intermediate, dtype=gate_up.dtype, device=gate_up.device)
     if rows.shape[0]:
+        pdl = pdl_supported(gate_up.device)
         _gated_act_launch[(rows.shape[0], ceil_div(intermediate, BLOCK))](
             rows,
             out,
@@ -123,8 +136,10 @@ def gated_act(gate_up: torch.Tensor, kind: GatedActivation) -> torch.Tensor:
             STORAGE=STORAGE_TYPES[gate_up.dtype],
             BLOCK=BLOCK,
             LIBDEVICE=not interpreted(),
+            PDL=pdl,
             num_warps=8,
             enable_fp_fusion=False,  # keep every multiply and add separately rounded, as torch's are
+            **({"launch_pdl": True} if pdl else {}),
         )
     return out.reshape(*gate_up.shape[:-1], intermediate)
 
@@ -133,12 +148,14 @@ def gated_act(gate_up: torch.Tensor, kind: GatedActivation) -> torch.Tensor:
 
 
 def compile_variant(kind: GatedActivation, dtype: torch.dtype, arch: int = 90) -> object:
-    """The compiled kernel (cubin included) for one variant on ``sm_{arch}``, without a GPU."""
+    """The compiled kernel (cubin included) for one variant on ``sm_{arch}``, without a GPU, with
+    PDL as it launches there."""
     constexprs = {
         "KIND": _KINDS[kind].value,
         "STORAGE": STORAGE_TYPES[dtype],
         "BLOCK": BLOCK,
         "LIBDEVICE": True,
+        "PDL": arch >= 90,
     }
     # Serving shapes have 16-aligned buffers, intermediate sizes and strides, as the JIT specialises.
     return compile_offline(
@@ -149,6 +166,7 @@ def compile_variant(kind: GatedActivation, dtype: torch.dtype, arch: int = 90) -
         arch=arch,
         num_warps=8,
         enable_fp_fusion=False,
+        launch_pdl=arch >= 90,
     )
 
 
@@ -158,6 +176,8 @@ def main() -> int:
             kernel = compile_variant(kind, dtype)
             if not has_cubin(kernel):
                 raise RuntimeError(f"no cubin for {kind.value} {dtype}")
+            if not has_pdl_instructions(str(kernel.asm.get("ptx", ""))):  # type: ignore[attr-defined]
+                raise RuntimeError(f"no PDL instructions for {kind.value} {dtype}")
         print(f"compiled gated activation {kind.value}")
     return 0
 

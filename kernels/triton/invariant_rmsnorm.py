@@ -10,6 +10,10 @@ a delta (normalised first when a delta weight is given) and multiplies by a scal
 each rounded to the storage dtype as torch's ops round, stores that sum, and normalises the stored
 value. Its definition is ``kernels.reference.add_rms_norm``; nothing else about the norm changes.
 
+On sm_90+ it launches with PDL (docs/kernels.md, "PDL"): it lets the next kernel start at once, so
+the projection after a norm streams its weight while the norm runs, and reads only the norm
+weights before it waits for the kernel before it.
+
 ``python -m kernels.triton.invariant_rmsnorm`` compiles every variant for sm_90 without a GPU.
 """
 
@@ -24,6 +28,7 @@ from kernels.triton.launch import FastLaunch
 from kernels.triton.offline import (
     compile_offline,
     has_cubin,
+    has_pdl_instructions,
     pointers_and_strides,
     run_compile_check,
     storage_arg_type,
@@ -35,7 +40,7 @@ from kernels.triton.prep_kernel import (
     _normalise,
     _round_to_storage,
 )
-from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted, next_power_of_2
+from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted, next_power_of_2, pdl_supported
 
 _MODES = {NormWeight.NONE: WEIGHT_NONE, NormWeight.W: WEIGHT_W, NormWeight.ONE_PLUS_W: WEIGHT_ONE_PLUS_W}
 
@@ -66,28 +71,37 @@ def _invariant_rmsnorm_kernel(
     HAS_DELTA: tl.constexpr,
     DELTA_NORM: tl.constexpr,
     HAS_SCALE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)  # row * stride can pass 2³¹ elements at long prefills
     cols = tl.arange(0, BLOCK_H)[None, :]
     ok = cols < H
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()  # the next projection may start its weight loads
+    # Weights first: no kernel of the step writes them, so they are read before the wait.
+    if WEIGHT_MODE == WEIGHT_NONE:
+        weight = tl.zeros([1, BLOCK_H], dtype=tl.float32)  # unused: _normalise takes no weight
+    else:
+        weight = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+    if DELTA_NORM:
+        delta_w = tl.load(delta_w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+    if HAS_SCALE:
+        scale = tl.load(scale_ptr).to(tl.float32)
+    if PDL:
+        tl.extra.cuda.gdc_wait()  # x and delta are earlier kernels' outputs
     x = tl.load(x_ptr + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
     if HAS_DELTA:
         delta = tl.load(delta_ptr + row * stride_delta + cols, mask=ok, other=0.0).to(tl.float32)
         if DELTA_NORM:
             delta_inv = _row_inverse_rms(delta, H, eps)
-            delta_w = tl.load(delta_w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
             delta = _normalise(delta, delta_inv, delta_w, WEIGHT_MODE, ROUND_BEFORE_WEIGHT, STORAGE)
         # torch's `residual + delta` in a 16-bit dtype: one fp32 add, one rounding to storage.
         x = _round_to_storage(x + delta, STORAGE)
         if HAS_SCALE:
-            x = _round_to_storage(x * tl.load(scale_ptr).to(tl.float32), STORAGE)
+            x = _round_to_storage(x * scale, STORAGE)
         # The whole row is loaded above, so sum_ptr may alias x_ptr (an in-place residual update).
         tl.store(sum_ptr + row * stride_sum + cols, x, mask=ok)
     inv_rms = _row_inverse_rms(x, H, eps)
-    if WEIGHT_MODE == WEIGHT_NONE:  # noqa: SIM108 (constexpr branch: no weight pointer to load)
-        weight = x
-    else:
-        weight = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
     y = _normalise(x, inv_rms, weight, WEIGHT_MODE, ROUND_BEFORE_WEIGHT, STORAGE)
     tl.store(y_ptr + row * stride_y + cols, y, mask=ok)
 
@@ -166,6 +180,7 @@ def _launch(
     if not rows.shape[0]:
         return
     h = rows.shape[1]
+    pdl = pdl_supported(rows.device)
     _invariant_rmsnorm_launch[(rows.shape[0],)](
         rows,
         rows if delta is None else delta,  # unread without HAS_DELTA; any valid pointer serves
@@ -187,8 +202,10 @@ def _launch(
         HAS_DELTA=delta is not None,
         DELTA_NORM=delta_weight is not None,
         HAS_SCALE=scale is not None,
+        PDL=pdl,
         num_warps=_num_warps(h),
         enable_fp_fusion=False,  # keep every multiply and add separately rounded, as in the spec
+        **({"launch_pdl": True} if pdl else {}),
     )
 
 
@@ -273,7 +290,8 @@ def compile_variant(
     has_scale: bool = False,
     arch: int = 90,
 ) -> object:
-    """The compiled kernel (cubin included) for one variant on ``sm_{arch}``, without a GPU."""
+    """The compiled kernel (cubin included) for one variant on ``sm_{arch}``, without a GPU, with
+    PDL as it launches there."""
     constexprs = {
         "BLOCK_H": next_power_of_2(hidden),
         "WEIGHT_MODE": _MODES[spec.weight].value,
@@ -282,6 +300,7 @@ def compile_variant(
         "HAS_DELTA": has_delta,
         "DELTA_NORM": delta_norm,
         "HAS_SCALE": has_scale,
+        "PDL": arch >= 90,
     }
     # Buffers from torch are 16-byte aligned and hidden sizes/row strides multiples of 16 at serving
     # shapes, which the runtime JIT specialises on too; without it the loads would not vectorise.
@@ -293,6 +312,7 @@ def compile_variant(
         arch=arch,
         num_warps=_num_warps(hidden),
         enable_fp_fusion=False,
+        launch_pdl=arch >= 90,
     )
 
 
@@ -316,6 +336,8 @@ def main() -> int:
                         )
                         if not has_cubin(kernel):
                             raise RuntimeError(f"no cubin for {spec} {dtype} hidden={hidden}")
+                        if not has_pdl_instructions(str(kernel.asm.get("ptx", ""))):  # type: ignore[attr-defined]
+                            raise RuntimeError(f"no PDL instructions for {spec} {dtype} hidden={hidden}")
                 kind = "add_rms_norm" if has_delta else "rms_norm"
                 print(
                     f"compiled {kind} weight={spec.weight.value} round_before_weight={spec.round_before_weight}"

@@ -85,6 +85,12 @@ def has_cubin(kernel: object) -> bool:
     return bool(getattr(kernel, "asm", {}).get("cubin"))
 
 
+def has_pdl_instructions(ptx: str) -> bool:
+    """Whether PTX holds both PDL instructions (docs/kernels.md, "PDL"): a kernel launched with
+    ``launch_pdl`` that lacks either would start early and never wait, or never let the next start."""
+    return "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx
+
+
 def check_variants(
     module: str, parameter: str, values: Iterable[int], compile_variant: Callable[[int, torch.dtype], object]
 ) -> int:

@@ -53,8 +53,9 @@ def _capability_has_pdl(index: int) -> bool:
 
 
 def pdl_supported(device: torch.device) -> bool:
-    """Whether a launch on ``device`` can use PDL: CUDA, sm_90 or newer, a Triton with the ops."""
-    if interpreted() or device.type != "cuda":
+    """Whether a launch on ``device`` can use PDL: CUDA, sm_90 or newer, a Triton with the ops, and
+    not turned off with ``INFER_PDL=0`` (for measuring what PDL buys, or ruling it out of a bug)."""
+    if interpreted() or device.type != "cuda" or os.environ.get("INFER_PDL", "1") == "0":
         return False
     index = device.index if device.index is not None else torch.cuda.current_device()
     return _capability_has_pdl(index) and _triton_has_pdl()

@@ -300,3 +300,47 @@ def test_every_variant_compiles_for_sm90() -> None:
     # Each spec plain and with a delta; specs with a weight also as Gemma 4's two residual steps.
     weighted = sum(spec.weight is not NormWeight.NONE for spec in COMPILE_SPECS)
     assert len(compiled) == 2 * len(COMPILE_SPECS) + 2 * weighted, compiled
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA GPU (PDL and graphs)")
+@pytest.mark.parametrize("rows", [1, 2])
+def test_gpu_a_pdl_chain_of_layers_replays_as_it_ran(rows: int) -> None:
+    """Norm → GEMV → gated activation → GEMV → in-place residual add + norm, three layers, every
+    launch PDL on sm_90+: a kernel that started early must still read what the one before it wrote.
+    The graph's replays on fresh inputs equal eager runs on the same inputs, bit for bit."""
+    from kernels.reference import GatedActivation
+    from kernels.triton.fused_gemv import fused_gemv
+    from kernels.triton.gated_act import gated_act
+
+    hidden, inner = 2560, 1536  # Qwen3-4B's hidden width; a GEMV-sized MLP
+    g = torch.Generator(device="cuda").manual_seed(5)
+    spec = NormSpec(NormWeight.W, eps=1e-6, round_before_weight=True)
+
+    def randn(*shape: int, scale: float = 1.0) -> torch.Tensor:
+        return (torch.randn(*shape, generator=g, device="cuda") * scale).to(torch.bfloat16)
+
+    layers = [
+        (randn(hidden, scale=0.1) + 1, randn(2 * inner, hidden, scale=0.02), randn(hidden, inner, scale=0.02))
+        for _ in range(3)
+    ]
+
+    def chain(residual: torch.Tensor) -> torch.Tensor:
+        x = invariant_rms_norm(residual, spec, layers[0][0])
+        for norm_w, gate_up, down in layers:
+            activated = gated_act(fused_gemv(x, gate_up), GatedActivation.SILU)
+            residual, x = invariant_add_rms_norm(
+                residual, fused_gemv(activated, down), spec, norm_w, residual_out=residual
+            )
+        return x
+
+    static = randn(rows, hidden)
+    chain(static.clone())  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = chain(static)
+    for _ in range(3):
+        fresh = randn(rows, hidden)
+        expected = chain(fresh.clone())
+        static.copy_(fresh)
+        graph.replay()
+        assert torch.equal(out, expected)

@@ -41,7 +41,7 @@ def record(source, target, options):
 triton.compile = record
 result = compile_offline(
     _gated_act_kernel,
-    {"KIND": 0, "STORAGE": 1, "BLOCK": 1024, "LIBDEVICE": True},
+    {"KIND": 0, "STORAGE": 1, "BLOCK": 1024, "LIBDEVICE": True, "PDL": False},
     storage_arg_type(torch.float16),
     {"gate_up_ptr", "stride_in", "BLOCK"},
     arch=90,
@@ -64,7 +64,8 @@ def test_signature_constexprs_and_divisibility_from_the_module_rules() -> None:
     assert child.returncode == 0, child.stderr[-4000:]
     seen = json.loads(child.stdout)
     assert seen["result"] == "compiled"
-    # _gated_act_kernel(gate_up_ptr, out_ptr, intermediate, stride_in, stride_out, KIND, STORAGE, BLOCK, LIBDEVICE)
+    # _gated_act_kernel(gate_up_ptr, out_ptr, intermediate, stride_in, stride_out, KIND, STORAGE, BLOCK,
+    # LIBDEVICE, PDL)
     assert seen["signature"] == {
         "gate_up_ptr": "*fp16",
         "out_ptr": "*fp16",
@@ -75,8 +76,9 @@ def test_signature_constexprs_and_divisibility_from_the_module_rules() -> None:
         "STORAGE": "constexpr",
         "BLOCK": "constexpr",
         "LIBDEVICE": "constexpr",
+        "PDL": "constexpr",
     }
-    assert seen["constexprs"] == [[[5], "0"], [[6], "1"], [[7], "1024"], [[8], "True"]]
+    assert seen["constexprs"] == [[[5], "0"], [[6], "1"], [[7], "1024"], [[8], "True"], [[9], "False"]]
     # BLOCK is fixed by a constexpr, so it takes no divisibility hint although named aligned.
     assert seen["attrs"] == [[[0], [["tt.divisibility", 16]]], [[3], [["tt.divisibility", 16]]]]
     assert seen["target"] == ["cuda", 90, 32]

@@ -250,6 +250,17 @@ def test_pdl_is_never_used_on_the_cpu_or_under_the_interpreter() -> None:
     assert not pdl_supported(torch.device("cpu"))
 
 
+def test_infer_pdl_0_turns_pdl_off_where_the_device_has_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kernels.triton import storage
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(storage, "_capability_has_pdl", lambda index: True)
+    monkeypatch.setattr(storage, "_triton_has_pdl", lambda: True)
+    assert pdl_supported(torch.device("cuda", 0))
+    monkeypatch.setenv("INFER_PDL", "0")
+    assert not pdl_supported(torch.device("cuda", 0))
+
+
 def test_every_candidate_of_every_serving_shape_is_runnable_and_m_free() -> None:
     for n, k in SERVING_SHAPES:
         candidates = candidate_settings(n, k)

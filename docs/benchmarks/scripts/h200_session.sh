@@ -38,11 +38,12 @@
 # M <= 2 on the H100, from per-shape timings only). Calls: one carrying .whl-fi (`python3 -m pip
 # install -q --no-index --no-deps --no-compile --target /tmp/site .whl-fi/*.whl`); one carrying
 # .whl-deps that installs those the same way and starts
-#   PIPELINE="gemv-ab async-gates-gemma4 async-gates-qwen3 decode-attention-backends host-launch-costs"
+#   PIPELINE="pdl-tests gemv-ab async-gates-gemma4 async-gates-qwen3 decode-attention-backends host-launch-costs"
 #   SYNTH_AHEAD=0 WAIT_S=150 STAGE=all bash docs/benchmarks/scripts/h200_session.sh
-# then STAGE=wait calls back to back (WAIT_S=540). gemv-ab (~6 min) times the async decode step of
-# Qwen3-4B and Gemma 4 12B at batch 1 and 8 with the shipped table and with its "gemv" rows set
-# back, one session; async-gates-gemma4 (~12 min) is the last manifest the async default waits for,
+# then STAGE=wait calls back to back (WAIT_S=540). pdl-tests (~1 min): the RMSNorm and gated
+# activation now launch with PDL; their GPU tests and a PDL chain in a graph. gemv-ab (~7 min) times
+# the async decode step of Qwen3-4B and Gemma 4 12B at batch 1 and 8 with the shipped table and
+# with its "gemv" rows set back, one session, and Qwen3-4B once more with INFER_PDL=0; async-gates-gemma4 (~12 min) is the last manifest the async default waits for,
 # and with async-gates-qwen3 the parity gates under the GEMV table; decode-attention-backends says
 # whether fa3 or the CUDA-core kernel decodes faster than fa2 (each JIT-builds first, ~1 min);
 # host-launch-costs re-measures F.linear's and a launch's host cost (the 1k prefill's cProfile
@@ -370,6 +371,14 @@ PY
       --save-result $work/$model-latency-async-nogemv.json
   done
   cp $work/skinny-dispatch-h100-gemv.json $table
+  # What PDL buys the whole step (every Triton kernel's, the norms and activation included):
+  INFER_PDL=0 infer bench latency --model $q3 --async-scheduling --batch-sizes 1,8 --breakdown \
+    --save-result $work/qwen3-latency-async-gemv-nopdl.json
+}
+pdl-tests() {  # the norms and the activation against their specs on the GPU (PDL on), a PDL chain in a
+  # graph against eager, FastLaunch
+  python3 -m pytest -q --tb=short tests/kernels/test_layer_ops.py tests/kernels/test_gated_act.py \
+    tests/kernels/test_triton_launch_gpu.py tests/kernels/test_fused_gemv.py
 }
 q35p=/tmp/ckpt/q35-4b-published
 synth_q35p() { [ -d $q35p ] || infer synth qwen35 --preset 4b --form published --out $q35p --dtype bfloat16 --tokenizer trained --device cuda; }
@@ -554,7 +563,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | conv-pieces-tests | gemv-ab)
+  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | conv-pieces-tests | gemv-ab | pdl-tests)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac

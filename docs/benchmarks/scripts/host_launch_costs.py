@@ -122,6 +122,7 @@ def main() -> None:
         HAS_DELTA=False,
         DELTA_NORM=False,
         HAS_SCALE=False,
+        PDL=False,
         num_warps=4,
         enable_fp_fusion=False,
     )
