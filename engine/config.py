@@ -42,6 +42,14 @@ class EngineConfig:
         default=True, metadata={"help": "Reuse KV of shared prompt prefixes."}
     )
     enforce_eager: bool = field(default=False, metadata={"help": "Decode without CUDA graphs."})
+    # engine/prefill_graphs.py; docs/engine.md, "Prefill graphs".
+    prefill_graphs: bool = field(
+        default=False,
+        metadata={
+            "help": "Prefill and mixed steps as CUDA graphs cut at attention (Qwen3, Gemma 3, Gemma 4; "
+            "buckets of tokens up to --max-num-batched-tokens); opt-in until measured on a GPU."
+        },
+    )
     gpu_memory_utilization: float = field(
         default=0.9, metadata={"help": "Fraction of GPU memory for weights, activations, graphs and KV."}
     )
@@ -134,6 +142,8 @@ class EngineConfig:
             raise ContractError(
                 "sampling_backend", self.sampling_backend, f"must be one of {', '.join(SAMPLING_BACKENDS)}"
             )
+        if self.prefill_graphs and self.enforce_eager:
+            raise ContractError("prefill_graphs", True, "cannot be combined with enforce_eager (no graphs)")
         if self.async_scheduling and self.async_prefill:
             raise ContractError(
                 "async_scheduling", True, "cannot be combined with async_prefill (one of the two at a time)"

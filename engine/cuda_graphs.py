@@ -15,7 +15,7 @@ from __future__ import annotations
 import gc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import torch
 
@@ -99,8 +99,21 @@ class TrialCapture:
         return max(0, self.captured_bytes - self.persisted_outside)
 
 
+class CapturedGraphs(Protocol):
+    """What start-up measures and captures: a graph set with buckets, captured largest first
+    (`GraphedDecode`, `engine.prefill_graphs.PrefillGraphs`)."""
+
+    buckets: tuple[int, ...]
+    records: list[CaptureRecord]
+
+    def capture(self, on_bucket: Callable[[CaptureRecord], None] | None = None) -> None: ...
+
+
+G = TypeVar("G", bound=CapturedGraphs)
+
+
 def trial_capture(
-    graphs: GraphedDecode, capture: Callable[[GraphedDecode], object], policy: str
+    graphs: G, capture: Callable[[G], object], policy: str, kind: str = "decode"
 ) -> TrialCapture:
     """Capture `graphs` with `capture`, drop them, and say what they took and what stayed. The
     caller must hold no other reference to `graphs`. Running out of device memory on the way is
@@ -112,7 +125,7 @@ def trial_capture(
         # The traceback holds the graphs until the caller lets go of the error; freeing is its job.
         captured = [r.bucket for r in graphs.records]
         failed = max((b for b in graphs.buckets if b not in captured), default=min(graphs.buckets))
-        raise capture_out_of_memory(failed, captured, policy) from exc
+        raise capture_out_of_memory(failed, captured, policy, kind) from exc
     records = tuple(graphs.records)
     del graphs
     gc.collect()

@@ -131,14 +131,21 @@ class ReserveCheck:
         return abs(self.diff_pct) <= pct
 
 
-def capture_out_of_memory(failed: int, captured: Sequence[int], policy: str) -> MemoryBudgetError:
+def capture_out_of_memory(
+    failed: int, captured: Sequence[int], policy: str, kind: str = "decode"
+) -> MemoryBudgetError:
     """The start-up refusal for a trial capture that ran out of device memory at bucket `failed`
     (after `captured`, the larger buckets, in one pool): an error naming what to change, where the
-    trial would otherwise end start-up with a bare out-of-memory error."""
+    trial would otherwise end start-up with a bare out-of-memory error. `kind`: "decode" (buckets
+    of rows) or "prefill" (buckets of tokens)."""
     before = f" after buckets {', '.join(map(str, captured))} (captured largest first)" if captured else ""
+    fewer = (
+        "Capture fewer rows (a smaller --max-num-seqs; with bench --buckets, a shorter bucket list)"
+        if kind == "decode"
+        else "Capture fewer tokens (a smaller --max-num-batched-tokens) or leave out --prefill-graphs"
+    )
     return MemoryBudgetError(
-        f"decode graph capture under numeric policy {policy!r} ran out of device memory at bucket "
+        f"{kind} graph capture under numeric policy {policy!r} ran out of device memory at bucket "
         f"{failed}{before}, before the KV pool was sized: these graphs do not fit beside the "
-        f"weights. Capture fewer rows (a smaller --max-num-seqs; with bench --buckets, a shorter "
-        f"bucket list), use another numeric policy, or --enforce-eager"
+        f"weights. {fewer}, use another numeric policy, or --enforce-eager"
     )

@@ -1,7 +1,8 @@
 """PagedModelRunner: one forward of a paged causal LM per `StepBatch`, then sampling on its device.
 
 Rows become tensors in engine.step_packer; decode-only steps that fit a bucket replay a captured
-graph (engine.cuda_graphs). The model owns its weights and KV pools; the runner owns no policy.
+graph (engine.cuda_graphs), and with `--prefill-graphs` other steps that fit a token bucket replay
+segments cut at attention (engine.prefill_graphs). The model owns its weights and KV pools; the runner owns no policy.
 Overlapped prefill runs its forward on a side CUDA stream with its own attention instance
 (`AttentionBackend.sibling`) and hands only the logits to the main stream (docs/engine.md).
 
@@ -28,6 +29,7 @@ import torch
 from engine.cuda_graphs import GraphedDecode
 from engine.forward_batch import HostStaging, PagedCausalLM, StagingRing
 from engine.kv.state_pool import state_pools_of
+from engine.prefill_graphs import PrefillGraphs
 from engine.runner import (
     BatchRow,
     FeedError,
@@ -70,7 +72,8 @@ def _in_rows(sampled: list[SampledToken], samples: Sequence[bool]) -> list[Sampl
 
 class PagedModelRunner:
     """Runs any `PagedCausalLM`: decode-only steps through captured CUDA graphs when it has them,
-    everything else eagerly. Implements `engine.runner.ModelRunner`."""
+    other steps through prefill graphs when it has those, everything else eagerly. Implements
+    `engine.runner.ModelRunner`."""
 
     def __init__(
         self,
@@ -79,6 +82,7 @@ class PagedModelRunner:
         seeds: SeedSource | None = None,
         graphs: GraphedDecode | None = None,
         side_attention: AttentionBackend | None = None,
+        prefill_graphs: PrefillGraphs | None = None,
         *,
         triton_draw: bool = False,
     ) -> None:
@@ -88,6 +92,7 @@ class PagedModelRunner:
         self.attention = attention
         self.seeds = seeds or SeedSource()
         self.graphs = graphs
+        self.prefill_graphs = prefill_graphs
         # False: graphed steps run their padded buffers eagerly (the graph gate's comparison).
         self.replay_graphs = True
         # Overlapped prefill's stream and attention instance. Start-up passes the instance in when
@@ -131,6 +136,9 @@ class PagedModelRunner:
                 table_cache=self._tables,
             )
             logits: torch.Tensor | None = graphs.logits(step, len(rows), replay=self.replay_graphs)
+        elif self.prefill_graphs is not None and self.prefill_graphs.accepts(rows):
+            step = pack_step(rows, self.model.kv.attention_specs, self.attention, table_cache=self._tables)
+            logits = self._segmented_logits(rows, self.prefill_graphs.load(step))
         else:
             logits = self._eager_logits(rows, self.attention, self._tables)
         self._copy_state(batch.snapshot_state)
@@ -179,6 +187,12 @@ class PagedModelRunner:
                 graphs.load(packed.pinned(staging), fed)
                 self._inputs_queued = _record_event(on_cuda)
                 logits: torch.Tensor | None = graphs.run(bucket, len(rows), replay=self.replay_graphs)
+            elif self.prefill_graphs is not None and self.prefill_graphs.accepts(rows):
+                packed = pack_step(rows, specs, self.attention, table_cache=self._tables)
+                fed = self._feeder(rows, packed.cu_seqlens, feed, staging)
+                bucket = self.prefill_graphs.load(packed.pinned(staging), fed)
+                self._inputs_queued = _record_event(on_cuda)
+                logits = self._segmented_logits(rows, bucket)
             else:
                 step = pack_step(rows, specs, self.attention, table_cache=self._tables)
                 fed = self._feeder(rows, step.cu_seqlens, feed, staging)
@@ -286,6 +300,14 @@ class PagedModelRunner:
         if self._stream is None:
             self._stream = torch.cuda.Stream(device=self.model.device)
         return self._stream
+
+    def _segmented_logits(self, rows: Sequence[BatchRow], bucket: int) -> torch.Tensor | None:
+        """The prefill graphs' forward over what they loaded for `rows` (in `bucket`), then the
+        logits of the rows that sample; None when none does."""
+        assert self.prefill_graphs is not None
+        sampled = sum(r.sample for r in rows)
+        hidden = self.prefill_graphs.run(bucket, sampled, replay=self.replay_graphs)
+        return self.model.logits(hidden) if sampled else None
 
     def _eager_logits(
         self, rows: Sequence[BatchRow], attention: AttentionBackend, table_cache: PageTableCache | None = None

@@ -2,9 +2,10 @@
 
 On CUDA, in order: the attention kernels are built (FlashInfer compiles on first use); a small pool
 and two profiling steps measure what a step's transient tensors take (`measure_activations`); the
-decode graphs are captured once to measure them, then dropped (`cuda_graphs.trial_capture`); the KV
-pools are sized from what is resident then (engine.memory_budget, engine.kv.sizing); the graphs are
-captured again against the real pools. On CPU the pools get a fixed allowance and nothing is
+decode graphs (and with `--prefill-graphs` the prefill graphs, engine/prefill_graphs.py) are
+captured once to measure them, then dropped (`cuda_graphs.trial_capture`); the KV pools are sized
+from what is resident then (engine.memory_budget, engine.kv.sizing); the graphs are captured again
+against the real pools. On CPU the pools get a fixed allowance and nothing is
 captured. docs/engine.md tells the story and the measurements behind each step.
 """
 
@@ -18,7 +19,14 @@ import torch
 
 from engine.config import EngineConfig
 from engine.contract import SamplingParams
-from engine.cuda_graphs import CaptureRecord, GraphedDecode, TrialCapture, decode_buckets, trial_capture
+from engine.cuda_graphs import (
+    CapturedGraphs,
+    CaptureRecord,
+    GraphedDecode,
+    TrialCapture,
+    decode_buckets,
+    trial_capture,
+)
 from engine.forward_batch import PagedCausalLM
 from engine.graph_budget import BucketMemory, graphs_available, require_fit
 from engine.kv.sizing import configured_kv_pages, group_costs, snapshot_slots, split_kv_bytes
@@ -27,6 +35,7 @@ from engine.kv.state_pool import state_pools_of
 from engine.memory_budget import CPU_KV_BYTES, GIB, MemoryBudget
 from engine.model_runner import PagedModelRunner
 from engine.parallel.group import SINGLE_RANK, RankGroup
+from engine.prefill_graphs import PrefillGraphs, prefill_buckets, refuse_unless_supported
 from engine.progress import SILENT, ProgressSink, task
 from engine.runner import BatchRow
 from engine.sampling import sample
@@ -87,7 +96,7 @@ def measure_activations(model: PagedCausalLM, attention: AttentionBackend, confi
     return max(peak, held)
 
 
-def _capture(graphs: GraphedDecode, progress: ProgressSink, label: str) -> None:
+def _capture(graphs: CapturedGraphs, progress: ProgressSink, label: str) -> None:
     def advance(record: CaptureRecord) -> None:
         progress.advance(f"bucket {record.bucket}, {record.free_after / GIB:.1f} GiB free")
 
@@ -165,6 +174,10 @@ def start_paged_model(
     # in the same order and its graphs hold its side of the collectives (NCCL; docs/tensor-parallel.md).
     use_graphs = not config.enforce_eager and attention.supports_graphs
     buckets = decode_buckets(config.max_num_seqs)
+    use_prefill_graphs = use_graphs and config.prefill_graphs
+    if use_prefill_graphs:
+        refuse_unless_supported(model)
+    token_buckets = prefill_buckets(config.max_num_batched_tokens)
     total = torch.cuda.get_device_properties(device).total_memory
     # Overlapped prefill plans on its own attention instance (its own workspace): made now so the
     # "weights" figure below, everything resident before profiling, includes it.
@@ -184,6 +197,14 @@ def start_paged_model(
             lambda g: _capture(g, progress, "measuring decode graphs"),
             config.numeric_policy,
         )
+    prefill_trial: TrialCapture | None = None
+    if use_prefill_graphs:
+        prefill_trial = trial_capture(
+            PrefillGraphs(model, attention, token_buckets, config.max_num_seqs, max_pages_per_seq),
+            lambda g: _capture(g, progress, "measuring prefill graphs"),
+            config.numeric_policy,
+            kind="prefill",
+        )
     kv.allocate([2] * len(groups))  # drop the profiling pool before sizing the real one
     torch.cuda.empty_cache()
     # What stays resident is read off the device rather than summed from earlier figures
@@ -191,6 +212,9 @@ def start_paged_model(
     free, _ = torch.cuda.mem_get_info(device)
     resident = total - free
     graph_estimate = trial.reserve_bytes if trial is not None else 0
+    if prefill_trial is not None:
+        # Their own pool beside the decode graphs'; what their trial left resident is in `resident`.
+        graph_estimate += prefill_trial.reserve_bytes
     if trial is not None:
         # Graphs that cannot fit are refused here, naming the largest bucket that does. The trial's
         # records include what stayed resident, so it is taken out of `resident` to count once.
@@ -220,7 +244,15 @@ def start_paged_model(
         graphs = GraphedDecode(model, attention, buckets, max_pages_per_seq)
         graphs.reserved = trial
         _capture(graphs, progress, "capturing decode graphs")
-    actual = graphs.captured_bytes if graphs else 0
+    prefill_graphs: PrefillGraphs | None = None
+    if use_prefill_graphs:
+        prefill_graphs = PrefillGraphs(
+            model, attention, token_buckets, config.max_num_seqs, max_pages_per_seq
+        )
+        _capture(prefill_graphs, progress, "capturing prefill graphs")
+    actual = (graphs.captured_bytes if graphs else 0) + (
+        prefill_graphs.captured_bytes if prefill_graphs else 0
+    )
     kv_groups = kv.specs()
     # The context a request can reach is what the full groups hold (all of them when none is).
     context = min((g.num_pages for g in kv_groups if g.sliding_window is None), default=max(pages))
@@ -232,6 +264,11 @@ def start_paged_model(
     log.info(message)
     progress.note(message)
     runner = PagedModelRunner(
-        model, attention, graphs=graphs, side_attention=side_attention, triton_draw=triton_draw
+        model,
+        attention,
+        graphs=graphs,
+        prefill_graphs=prefill_graphs,
+        side_attention=side_attention,
+        triton_draw=triton_draw,
     )
     return runner, kv_groups

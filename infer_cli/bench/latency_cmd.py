@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 @knob_options(
     "enforce_eager",
+    "prefill_graphs",
     "gpu_memory_utilization",
     "async_scheduling",
     "gdn_backend",
@@ -114,6 +115,7 @@ def bench_latency_command(
 
     settings = {
         "graphs": not knobs["enforce_eager"],
+        "prefill_graphs": knobs["prefill_graphs"],
         "async_scheduling": knobs["async_scheduling"],
         "attention_backend": knobs["attention_backend"],
         "decode_fusion": knobs["decode_fusion"],

@@ -130,6 +130,8 @@ def run_flags(settings: Mapping[str, object]) -> tuple[str, ...]:
     flags: list[str] = []
     if settings.get("async_scheduling"):
         flags.append("async scheduling")
+    if settings.get("prefill_graphs"):
+        flags.append("prefill graphs")
     if settings.get("attention_backend"):
         flags.append(f"attention {settings['attention_backend']}")
     if settings.get("decode_fusion"):

@@ -75,6 +75,10 @@ class _Layer:
 
 
 class Gemma4Model:
+    # Nothing but attention is planned on the host: prefill graphs may cut the forward there
+    # (engine/prefill_graphs.py).
+    segments_around_attention = True
+
     def __init__(
         self,
         config: Gemma4Config,

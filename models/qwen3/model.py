@@ -56,6 +56,10 @@ class _Layer:
 
 
 class Qwen3Model:
+    # Nothing but attention is planned on the host: prefill graphs may cut the forward there
+    # (engine/prefill_graphs.py).
+    segments_around_attention = True
+
     def __init__(
         self,
         config: Qwen3Config,

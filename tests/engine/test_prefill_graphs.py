@@ -1,0 +1,177 @@
+"""Prefill graphs (engine/prefill_graphs.py): a step padded to a token bucket and cut at attention
+gives the logits the plain eager step gives, and a replay runs segments and attention in the
+forward's order.
+
+On the CPU nothing is captured: `replay=False` runs the padded static buffers eagerly through the
+same cut points a capture uses (filler tokens in the padding row, attention on the live rows only,
+its query and output in the shared static buffers). Under the `per-token` policy every op outside
+attention computes a row alone, so the padded step must give the plain step's logits bit for bit;
+anything a filler token leaked into a live row would show. The capture itself is GPU-only
+(`test_gpu_replay_matches_the_padded_eager_run`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from engine.config import EngineConfig
+from engine.contract import ContractError, SamplingParams
+from engine.model_runner import PagedModelRunner
+from engine.prefill_graphs import PrefillGraphs, PrefillGraphsError, prefill_buckets
+from engine.runner import BatchRow, StepBatch
+from engine.step_packer import pack_step
+from models.registry import ModelOptions, load_model
+
+PAGES = 24
+
+
+def _runner(checkpoint: Path, device: str = "cpu") -> PagedModelRunner:
+    engine = EngineConfig(num_kv_pages=PAGES, numeric_policy="per-token", max_num_seqs=4)
+    loaded = load_model(str(checkpoint), ModelOptions(engine=engine, device=device))
+    runner = loaded.scheduler.runner  # type: ignore[attr-defined]
+    assert isinstance(runner, PagedModelRunner)
+    return runner
+
+
+def _mixed_rows(groups: int) -> tuple[BatchRow, ...]:
+    """A 13-token prefill chunk from position 3, a whole 5-token prompt that does not sample (a
+    chunk), and a decode row at position 20."""
+
+    def row(rid: str, tokens: tuple[int, ...], start: int, pages: tuple[int, ...], sample: bool) -> BatchRow:
+        context = tuple(range(start)) + tokens
+        return BatchRow(rid, tokens, start, (pages,) * groups, sample, SamplingParams(), context, 0)
+
+    return (
+        row("chunk", tuple(range(40, 53)), 3, (1, 2), True),
+        row("partial", (7, 8, 9, 10, 11), 0, (3,), False),
+        row("decode", (99,), 20, (4, 5), True),
+    )
+
+
+def test_buckets_step_by_half_the_power_of_two_past_512_and_end_at_the_budget() -> None:
+    assert prefill_buckets(2048) == (64, 128, 256, 512, 768, 1024, 1536, 2048)
+    assert prefill_buckets(8192)[-4:] == (3072, 4096, 6144, 8192)
+    assert prefill_buckets(1000) == (64, 128, 256, 512, 768, 1000)
+    assert prefill_buckets(40) == (40,)
+
+
+def test_a_line_with_host_planned_work_outside_attention_is_refused_by_name(tiny_qwen35: Path) -> None:
+    runner = _runner(tiny_qwen35)
+    with pytest.raises(PrefillGraphsError, match="--prefill-graphs: Qwen35Model has host-planned work"):
+        PrefillGraphs(runner.model, runner.attention, (64,), 4, 8)
+
+
+def test_prefill_graphs_need_graphs() -> None:
+    with pytest.raises(ContractError, match="prefill_graphs"):
+        EngineConfig(prefill_graphs=True, enforce_eager=True)
+
+
+@pytest.mark.parametrize("line", ["tiny_qwen3", "tiny_gemma4"])
+def test_a_padded_step_cut_at_attention_gives_the_plain_step_s_logits(
+    line: str, request: pytest.FixtureRequest
+) -> None:
+    runner = _runner(request.getfixturevalue(line))
+    model = runner.model
+    rows = _mixed_rows(len(model.kv.attention_specs))
+    plain = runner.forward(StepBatch(rows))
+    graphs = PrefillGraphs(model, runner.attention, (16, 32), max_rows=4, max_pages_per_seq=4)
+    runner.prefill_graphs = graphs
+    runner.replay_graphs = False  # the CPU path: the padded buffers run eagerly
+    assert graphs.accepts(rows)
+    padded = runner.forward(StepBatch(rows))
+    assert graphs.steps_per_bucket == {16: 0, 32: 1}  # 19 tokens: the 32-token bucket
+    assert plain is not None and padded is not None
+    assert padded.shape == plain.shape == (2, plain.shape[1])
+    assert torch.equal(padded, plain)
+    # The filler tokens' row reads only padding pages, and the step left no stale sampled rows.
+    assert int(graphs.seq_index[19:32].unique().item()) == 4
+    assert graphs.page_tables[0][4].eq(0).all()
+    assert graphs.sample_index[2:].eq(0).all()
+
+
+def test_a_step_past_the_largest_bucket_or_the_rows_runs_eagerly(tiny_qwen3: Path) -> None:
+    runner = _runner(tiny_qwen3)
+    graphs = PrefillGraphs(runner.model, runner.attention, (16,), max_rows=2, max_pages_per_seq=4)
+    rows = _mixed_rows(len(runner.model.kv.attention_specs))
+    assert not graphs.accepts(rows)  # 19 tokens, 3 rows
+    assert graphs.accepts(rows[1:])  # 6 tokens, 2 rows
+    assert not graphs.accepts(rows[1:2] * 3)
+
+
+class _FakeGraph:
+    """Records what the prefill graphs ask of a CUDA graph."""
+
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+        self.index = sum(entry == "begin" for entry in log)
+
+    def capture_begin(self, pool: Any = None, capture_error_mode: str = "global") -> None:
+        self.log.append("begin")
+
+    def capture_end(self) -> None:
+        self.log.append("end")
+
+    def replay(self) -> None:
+        self.log.append(f"replay {self.index}")
+
+
+def test_a_replay_runs_each_segment_then_that_layer_s_attention(
+    tiny_qwen3: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The capture's bookkeeping with a stand-in graph (nothing is recorded on the CPU): one segment
+    more than attention calls, and a replay interleaves them in the forward's order."""
+    runner = _runner(tiny_qwen3)
+    model = runner.model
+    log: list[str] = []
+    graphs = PrefillGraphs(
+        model, runner.attention, (16,), max_rows=4, max_pages_per_seq=4, new_graph=lambda: _FakeGraph(log)
+    )
+    rows = _mixed_rows(len(model.kv.attention_specs))[1:]  # 6 tokens
+    graphs.load(pack_step(rows, model.kv.attention_specs, runner.attention))
+    segments: list[Any] = [_FakeGraph(log)]
+    holes: list[Any] = []
+    graphs._capturing = (segments, holes)
+    segments[0].capture_begin()
+    hidden = model.forward(graphs._batches[16])
+    segments[-1].capture_end()
+    graphs._capturing = None
+    layers = len(model.layers)  # type: ignore[attr-defined]
+    assert len(segments) == layers + 1 and len(holes) == layers
+    assert log == ["begin", "end"] * (layers + 1)
+    graphs._segments[16], graphs._holes[16], graphs._hidden[16] = segments, holes, hidden
+    attended: list[int] = []
+    run = runner.attention.run
+
+    def spy(group: int, spec: Any, q: torch.Tensor, pool_layer: torch.Tensor) -> torch.Tensor:
+        attended.append(q.shape[0])
+        log.append("attention")
+        return run(group, spec, q, pool_layer)
+
+    monkeypatch.setattr(runner.attention, "run", spy)
+    log.clear()
+    graphs.run(16, sampled=1)
+    expected = [entry for i in range(layers) for entry in (f"replay {i}", "attention")]
+    assert log == [*expected, f"replay {layers}"]
+    assert attended == [6] * layers  # the live tokens only
+    assert graphs.replays_per_bucket == {16: 1}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_replay_matches_the_padded_eager_run(tiny_qwen3: Path) -> None:
+    runner = _runner(tiny_qwen3, device="cuda")
+    graphs = PrefillGraphs(runner.model, runner.attention, (16, 32), max_rows=4, max_pages_per_seq=4)
+    graphs.capture()
+    runner.prefill_graphs = graphs
+    rows = _mixed_rows(len(runner.model.kv.attention_specs))
+    runner.replay_graphs = False
+    eager = runner.forward(StepBatch(rows))
+    runner.replay_graphs = True
+    for _ in range(2):
+        replayed = runner.forward(StepBatch(rows))
+        assert replayed is not None and eager is not None and torch.equal(replayed, eager)
+    assert graphs.replays_per_bucket[32] == 2
+    assert graphs.segments_per_bucket() == {b: len(runner.model.layers) + 1 for b in (16, 32)}  # type: ignore[attr-defined]
