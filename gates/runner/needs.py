@@ -29,13 +29,14 @@ TENSOR_PARALLEL_ENV = "INFER_GATE_TENSOR_PARALLEL_SIZE"
 # The decode-path knobs `infer gates --decode-fusion` (and its siblings, DECODE_PATH_KNOBS) run every
 # gate's engines with, as a JSON object of knob name to value (unset or empty: the defaults).
 DECODE_PATH_ENV = "INFER_GATE_DECODE_PATH"
-# The engine and model knobs that pick how a decode step runs without changing what it computes:
-# a run of the manifest with them is how a path earns its way to a default.
+# The engine and model knobs that pick how a step runs without changing what it computes: a run of
+# the manifest with them is how a path earns its way to a default.
 DECODE_PATH_KNOBS: tuple[str, ...] = (
     "decode_fusion",
     "attention_backend",
     "sampling_backend",
     "async_scheduling",
+    "prefill_graphs",
 )
 
 

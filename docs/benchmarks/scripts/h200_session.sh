@@ -34,20 +34,25 @@
 #             qwen3-gates vllm-qwen3" STAGE=all ...
 # then the qwen3 and gemma4 manifests with the flags the variants showed best, before flipping a default.
 # The next stretch (prepared 2026-12-05 after the H100 run at 59012de: the qwen3 and qwen35
-# manifests passed under async scheduling; the dispatch table since took the plain decode GEMV at
-# M <= 2 on the H100, from per-shape timings only). Calls: one carrying .whl-fi (`python3 -m pip
-# install -q --no-index --no-deps --no-compile --target /tmp/site .whl-fi/*.whl`); one carrying
-# .whl-deps that installs those the same way and starts
-#   PIPELINE="pdl-tests gemv-ab async-gates-gemma4 async-gates-qwen3 decode-attention-backends host-launch-costs"
+# manifests passed under async scheduling; since then, untimed: the dispatch table takes the plain
+# decode GEMV at M <= 2 on the H100, the RMSNorm and gated activation launch with PDL, and
+# --prefill-graphs exists). Calls: one carrying .whl-fi (`python3 -m pip install -q --no-index
+# --no-deps --no-compile --target /tmp/site .whl-fi/*.whl`); one carrying .whl-deps that installs
+# those the same way and starts
+#   PIPELINE="pdl-tests prefill-graphs-tests gemv-ab prefill-graphs-latency async-gates-gemma4
+#   prefill-graphs-gates-qwen3 decode-attention-backends host-launch-costs"
 #   SYNTH_AHEAD=0 WAIT_S=150 STAGE=all bash docs/benchmarks/scripts/h200_session.sh
-# then STAGE=wait calls back to back (WAIT_S=540). pdl-tests (~1 min): the RMSNorm and gated
-# activation now launch with PDL; their GPU tests and a PDL chain in a graph. gemv-ab (~7 min) times
-# the async decode step of Qwen3-4B and Gemma 4 12B at batch 1 and 8 with the shipped table and
-# with its "gemv" rows set back, one session, and Qwen3-4B once more with INFER_PDL=0; async-gates-gemma4 (~12 min) is the last manifest the async default waits for,
-# and with async-gates-qwen3 the parity gates under the GEMV table; decode-attention-backends says
-# whether fa3 or the CUDA-core kernel decodes faster than fa2 (each JIT-builds first, ~1 min);
-# host-launch-costs re-measures F.linear's and a launch's host cost (the 1k prefill's cProfile
-# put 73 us in each F.linear call). No vLLM needed. Later stretches: vLLM's
+# then STAGE=wait calls back to back (WAIT_S=540). pdl-tests (~1 min): the norms' and activation's
+# GPU tests and a PDL chain in a graph. prefill-graphs-tests (~1 min): a replay against the padded
+# eager run. gemv-ab (~7 min): the async decode step of Qwen3-4B and Gemma 4 12B at batch 1 and 8
+# with the shipped table and with its "gemv" rows set back, one session, and Qwen3-4B once more
+# with INFER_PDL=0. prefill-graphs-latency (~5 min): Qwen3-4B's 1k and 8k prefill with and without
+# --prefill-graphs, sync and async. async-gates-gemma4 (~12 min): the last manifest the async
+# default waits for (and Gemma 4's parity under the GEMV table). prefill-graphs-gates-qwen3 (~4
+# min): the qwen3 manifest with --prefill-graphs and the GEMV rows. decode-attention-backends: fa2
+# against fa3 and the CUDA-core kernel (each JIT-builds first, ~1 min). host-launch-costs: F.linear's
+# and a launch's host cost again (the 1k prefill's cProfile put 73 us in each F.linear call). No
+# vLLM needed. Later stretches: vLLM's
 # Gemma 4 figure beside gemma4-decode-variants (staged as in the 15a67ed stretch: five calls
 # carrying .vllm/partN, the .whl-deps call adding `mkdir -p /tmp/parts && cp
 # .whl-deps/vllm-gemma4/*.whl /tmp/parts/`); Qwen3.5's 1k prefill on FlashInfer's GDN prefill
@@ -375,6 +380,25 @@ PY
   INFER_PDL=0 infer bench latency --model $q3 --async-scheduling --batch-sizes 1,8 --breakdown \
     --save-result $work/qwen3-latency-async-gemv-nopdl.json
 }
+prefill-graphs-tests() {  # a replay of the prefill graphs against the padded eager run (tiny Qwen3)
+  python3 -m pytest -q --tb=short tests/engine/test_prefill_graphs.py
+}
+prefill-graphs-latency() {  # Qwen3-4B's 1k and 8k prefill with and without --prefill-graphs, both schedulers
+  synth_q3
+  local mode
+  for mode in sync async; do
+    local flags=""; [ $mode = async ] && flags="--async-scheduling"
+    infer bench latency --model $q3 $flags --batch-sizes 1 --prefill-lens 1024,8192 --breakdown \
+      --save-result $work/qwen3-4b-prefill-$mode.json
+    infer bench latency --model $q3 $flags --prefill-graphs --batch-sizes 1 --prefill-lens 1024,8192 \
+      --breakdown --save-result $work/qwen3-4b-prefill-$mode-graphs.json
+  done
+}
+prefill-graphs-gates-qwen3() {  # the qwen3 manifest with --prefill-graphs (and the H100 table's GEMV rows)
+  synth_q3
+  infer gates --manifest qwen3 --shared-process --checkpoint $q3 $(gate_args qwen3) --prefill-graphs \
+    --json $work/qwen3-gates-prefill-graphs.json --junit $work/qwen3-gates-prefill-graphs.xml
+}
 pdl-tests() {  # the norms and the activation against their specs on the GPU (PDL on), a PDL chain in a
   # graph against eager, FastLaunch
   python3 -m pytest -q --tb=short tests/kernels/test_layer_ops.py tests/kernels/test_gated_act.py \
@@ -563,7 +587,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | conv-pieces-tests | gemv-ab | pdl-tests)
+  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | conv-pieces-tests | gemv-ab | pdl-tests | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
