@@ -198,10 +198,16 @@ def start_paged_model(
             config.numeric_policy,
         )
     prefill_trial: TrialCapture | None = None
+    prefill_static: list[int] = []  # read inside the trial: only `trial_capture` may hold its graphs
     if use_prefill_graphs:
+
+        def measure_prefill(graphs: PrefillGraphs) -> None:
+            prefill_static.append(graphs.static_bytes)
+            _capture(graphs, progress, "measuring prefill graphs")
+
         prefill_trial = trial_capture(
             PrefillGraphs(model, attention, token_buckets, config.max_num_seqs, max_pages_per_seq),
-            lambda g: _capture(g, progress, "measuring prefill graphs"),
+            measure_prefill,
             config.numeric_policy,
             kind="prefill",
         )
@@ -213,8 +219,9 @@ def start_paged_model(
     resident = total - free
     graph_estimate = trial.reserve_bytes if trial is not None else 0
     if prefill_trial is not None:
-        # Their own pool beside the decode graphs'; what their trial left resident is in `resident`.
-        graph_estimate += prefill_trial.reserve_bytes
+        # Their own pool beside the decode graphs', and their static buffers; what their trial
+        # left resident is in `resident`.
+        graph_estimate += prefill_trial.reserve_bytes + sum(prefill_static)
     if trial is not None:
         # Graphs that cannot fit are refused here, naming the largest bucket that does. The trial's
         # records include what stayed resident, so it is taken out of `resident` to count once.

@@ -151,6 +151,20 @@ class PrefillGraphs:
             if key not in self._queries:
                 self._queries[key] = torch.zeros(top, *key, dtype=dtype, device=device)
                 self._outputs[key] = torch.zeros(top, *key, dtype=dtype, device=device)
+        # What the buffers above take, allocated outside any capture: start-up reserves it beside
+        # the graphs' own pool (the trial capture measures only the captures).
+        self.static_bytes = sum(
+            t.numel() * t.element_size()
+            for t in (
+                self.input_ids,
+                self.positions,
+                self.seq_index,
+                self.sample_index,
+                *self.page_tables,
+                *self._queries.values(),
+                *self._outputs.values(),
+            )
+        )
         cut_points = _CutPoints(self)
         self._batches = {
             b: ForwardBatch(
