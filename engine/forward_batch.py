@@ -4,6 +4,7 @@ implements so the generic runner and the CUDA-graph decoder can drive it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -31,10 +32,21 @@ class ForwardBatch:
     # The rows' token boundaries in the packed step, on the host (row r is tokens cu[r]:cu[r+1]);
     # None when every row is one token. Kept on the host so a varlen kernel's launch needs no sync.
     cu_seqlens: tuple[int, ...] | None = None
+    # Prefill graphs' cut points (engine/prefill_graphs.py); None: `host_planned` ops run as called.
+    cuts: HostPlannedCuts | None = None
 
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[0])
+
+    def host_planned(self, name: str, op: HostPlannedOp, x: torch.Tensor, width: int) -> torch.Tensor:
+        """``op(x, self)``, [tokens, width] from x [tokens, ...]: an op planned on the host from this
+        step's rows other than attention (a recurrent layer's varlen kernels). Under prefill graphs
+        a cut point, where `op` runs between two replayed segments on the live step (docs/engine.md,
+        "Prefill graphs"); `name` tells such ops apart."""
+        if self.cuts is None:
+            return op(x, self)
+        return self.cuts.cut(name, op, x, width)
 
     def pinned(self, staging: HostStaging) -> ForwardBatch:
         """The same batch on the host, in `staging`'s pinned buffers: copies from there to the device
@@ -61,6 +73,7 @@ class ForwardBatch:
             attention=self.attention,
             state_slots=None if self.state_slots is None else staged("state_slots", self.state_slots),
             cu_seqlens=self.cu_seqlens,
+            cuts=self.cuts,
         )
 
     def to(self, device: torch.device) -> ForwardBatch:
@@ -76,7 +89,15 @@ class ForwardBatch:
             attention=self.attention,
             state_slots=None if self.state_slots is None else moved(self.state_slots),
             cu_seqlens=self.cu_seqlens,
+            cuts=self.cuts,
         )
+
+
+HostPlannedOp = Callable[[torch.Tensor, "ForwardBatch"], torch.Tensor]
+
+
+class HostPlannedCuts(Protocol):
+    def cut(self, name: str, op: HostPlannedOp, x: torch.Tensor, width: int) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -202,8 +202,8 @@ def start_paged_model(
     if use_prefill_graphs:
 
         def measure_prefill(graphs: PrefillGraphs) -> None:
-            prefill_static.append(graphs.static_bytes)
             _capture(graphs, progress, "measuring prefill graphs")
+            prefill_static.append(graphs.static_bytes)  # complete once a bucket has run
 
         prefill_trial = trial_capture(
             PrefillGraphs(model, attention, token_buckets, config.max_num_seqs, max_pages_per_seq),

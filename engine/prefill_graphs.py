@@ -1,29 +1,31 @@
 """CUDA graphs for prefill and mixed steps: the forward captured in segments, attention between them.
 
 A step that is not decode-only cannot be one graph: its attention is planned on the host from the
-rows' lengths (FlashInfer's prefill plan sizes its work from them). Everything else in a layer
-(projections, norms, the prep kernel's RoPE and KV writes, residual adds) depends only on the
-number of tokens. So a bucket of T tokens is captured as segments: the model's forward runs once
-under capture, and each call into the attention backend ends the segment it is in and begins the
-next (`_CutPoints`). A step then replays segment 0, runs layer 0's attention eagerly on the step's
-own plan, replays segment 1, and so on: one graph launch and one attention call a layer instead of
-every kernel's launch from Python (a 1k prefill of Qwen3-4B: ~380 launches and ~1,500 torch calls,
-host-bound at 1.9-2.4x its kernels' time; docs/benchmarks/qwen3.md).
+rows' lengths (FlashInfer's prefill plan sizes its work from them), and so are a recurrent layer's
+varlen kernels (Qwen3.5's conv and chunked delta rule). Everything else in a layer (projections,
+norms, the prep kernel's RoPE and KV writes, residual adds) depends only on the number of tokens.
+So a bucket of T tokens is captured as segments: the model's forward runs once under capture, and
+each call into the attention backend (`_CutPoints`) or `ForwardBatch.host_planned` ends the segment
+it is in and begins the next. A step then replays segment 0, runs the first host-planned op
+eagerly on the step itself, replays segment 1, and so on: one graph launch and one eager op a cut
+instead of every kernel's launch from Python (a 1k prefill of Qwen3-4B: ~380 launches and ~1,500
+torch calls, host-bound at 1.9-2.4x its kernels' time; docs/benchmarks/qwen3.md).
 
 Tokens: the step's n tokens, then T - n filler tokens (token 0 at position 0, in a padding row whose
-page table is all the padding page: their KV writes land on page 0 only). Attention runs on the
-first n rows. What it reads and writes sits in static buffers, one pair per attention geometry,
-shared by every layer and bucket: the segment before copies its query in, the eager call writes its
-output, the segment after reads it. So no layer's tensors outlive its segment in the graph pool, and
-rows past n never reach a real row (every op outside attention is per row). The forward's output
+page table is all the padding page: their KV writes land on page 0 only). The eager ops run on the
+first n rows. What they read and write sits in static buffers, one pair per kind of cut (attention
+geometry, or host-planned op), shared by every layer and bucket: the segment before copies the input
+in, the eager op writes its output, the segment after reads it. So no layer's tensors outlive its
+segment in the graph pool, and rows past n never reach a real row (every op outside the cuts is per
+row). The forward's output
 rows are those of a static `sample_index` (the live ones first, the rest 0); logits are computed
 eagerly on the live rows.
 
 `replay=False` runs the same padded buffers eagerly through the same cut points: on the CPU it is
 the whole path, and on a GPU what a replay is compared against (tests/engine/test_prefill_graphs.py).
-The model line must keep every host-planned op behind `AttentionBackend.run`: lines that say so set
-`segments_around_attention = True` (Qwen3, Gemma 4); Qwen3.5's Gated DeltaNet layers plan on the host and
-refuse. docs/engine.md, "Prefill graphs", tells the story.
+The model line must keep every host-planned op behind `AttentionBackend.run` or
+`ForwardBatch.host_planned`; lines that do say so with `segmented_capture = True` (Qwen3, Gemma 3,
+Gemma 4, Qwen3.5). docs/engine.md, "Prefill graphs", tells the story.
 """
 
 from __future__ import annotations
@@ -31,13 +33,13 @@ from __future__ import annotations
 import gc
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 
 from engine.cuda_graphs import CaptureRecord
-from engine.forward_batch import ForwardBatch, PagedCausalLM
+from engine.forward_batch import ForwardBatch, HostPlannedOp, PagedCausalLM
+from engine.kv.state_pool import PADDING_SLOT
 from engine.runner import BatchRow
 from engine.step_packer import pack_step
 from kernels.attention.base import AttentionBackend, AttentionLayerSpec, GroupBatch
@@ -66,11 +68,11 @@ def prefill_buckets(max_tokens: int, smallest: int = 64) -> tuple[int, ...]:
 
 
 def refuse_unless_supported(model: PagedCausalLM) -> None:
-    """Refuse, by name, a model line whose forward plans anything on the host but attention."""
-    if not getattr(model, "segments_around_attention", False):
+    """Refuse, by name, a model line that has not put its host-planned ops behind cut points."""
+    if not getattr(model, "segmented_capture", False):
         raise PrefillGraphsError(
-            f"--prefill-graphs: {type(model).__name__} has host-planned work outside attention "
-            "(prefill graphs serve Qwen3 and Gemma 4)"
+            f"--prefill-graphs: {type(model).__name__} plans work on the host outside the cut points "
+            "(attention, ForwardBatch.host_planned)"
         )
 
 
@@ -80,14 +82,9 @@ class _Graph(Protocol):
     def replay(self) -> None: ...
 
 
-@dataclass(frozen=True, slots=True)
-class _Hole:
-    """One attention call between two segments: its KV group, geometry and pool layer."""
-
-    group: int
-    spec: AttentionLayerSpec
-    pool_layer: torch.Tensor
-    key: tuple[int, int]
+# One eager op between two segments: given the step's live token count, it reads its static input
+# rows and writes its static output rows.
+_Hole = Callable[[int], None]
 
 
 class _CutPoints(AttentionBackend):
@@ -107,7 +104,7 @@ class _CutPoints(AttentionBackend):
     def run(
         self, group: int, layer: AttentionLayerSpec, q: torch.Tensor, pool_layer: torch.Tensor
     ) -> torch.Tensor:
-        return self._owner._cut(group, layer, q, pool_layer)
+        return self._owner._attention_cut(group, layer, q, pool_layer)
 
 
 class PrefillGraphs:
@@ -142,30 +139,14 @@ class PrefillGraphs:
             for _ in range(groups)
         ]
         self.sample_index = torch.zeros(max_rows, dtype=torch.long, device=device)
-        dtype = model.kv.dtype
-        # One query and one output buffer per attention geometry, shared by every layer and bucket.
-        self._queries: dict[tuple[int, int], torch.Tensor] = {}
-        self._outputs: dict[tuple[int, int], torch.Tensor] = {}
-        for spec in model.kv.attention_specs:
-            key = (spec.num_heads, spec.head_dim)
-            if key not in self._queries:
-                self._queries[key] = torch.zeros(top, *key, dtype=dtype, device=device)
-                self._outputs[key] = torch.zeros(top, *key, dtype=dtype, device=device)
-        # What the buffers above take, allocated outside any capture: start-up reserves it beside
-        # the graphs' own pool (the trial capture measures only the captures).
-        self.static_bytes = sum(
-            t.numel() * t.element_size()
-            for t in (
-                self.input_ids,
-                self.positions,
-                self.seq_index,
-                self.sample_index,
-                *self.page_tables,
-                *self._queries.values(),
-                *self._outputs.values(),
-            )
-        )
+        self.state_slots = torch.full((max_rows,), PADDING_SLOT, dtype=torch.long, device=device)
+        # Per kind of cut, its input and output rows, shared by every layer and bucket; made by the
+        # first eager run (the largest bucket's warm-up), never inside a capture.
+        self._inputs: dict[tuple[object, ...], torch.Tensor] = {}
+        self._outputs: dict[tuple[object, ...], torch.Tensor] = {}
         cut_points = _CutPoints(self)
+        # Every static batch says one row of all its tokens: a segment may assume only that a step is
+        # not one token per row (its rows are the eager ops' business, `_live`).
         self._batches = {
             b: ForwardBatch(
                 input_ids=self.input_ids[:b],
@@ -173,9 +154,14 @@ class PrefillGraphs:
                 rows=tuple(PagedRows(self.positions[:b], self.seq_index[:b], t) for t in self.page_tables),
                 sample_index=self.sample_index,
                 attention=cut_points,
+                state_slots=self.state_slots[:1],
+                cu_seqlens=(0, b),
+                cuts=self,
             )
             for b in self.buckets
         }
+        # The step `load` put in place, over the static buffers' live rows: what host-planned ops read.
+        self._live: ForwardBatch | None = None
         # Per bucket: its segments, the holes between them, and the forward's output rows.
         self._segments: dict[int, list[_Graph]] = {}
         self._holes: dict[int, list[_Hole]] = {}
@@ -192,6 +178,25 @@ class PrefillGraphs:
     @property
     def captured_bytes(self) -> int:
         return sum(r.bytes_added for r in self.records)
+
+    @property
+    def static_bytes(self) -> int:
+        """What the static buffers take, allocated outside any capture: start-up reserves it beside
+        the graphs' own pool (a trial capture measures only the captures). Complete once a bucket
+        has run."""
+        return sum(
+            t.numel() * t.element_size()
+            for t in (
+                self.input_ids,
+                self.positions,
+                self.seq_index,
+                self.sample_index,
+                self.state_slots,
+                *self.page_tables,
+                *self._inputs.values(),
+                *self._outputs.values(),
+            )
+        )
 
     def bucket_for(self, tokens: int) -> int | None:
         return next((b for b in self.buckets if b >= tokens), None)
@@ -225,12 +230,27 @@ class PrefillGraphs:
         for static, packed in zip(self.page_tables, step.rows, strict=True):
             static[:rows, : packed.page_table.shape[1]].copy_(packed.page_table, non_blocking=True)
         self.sample_index[:sampled].copy_(step.sample_index, non_blocking=True)
+        slots = None
+        if step.state_slots is not None:
+            slots = self.state_slots[:rows]
+            slots.copy_(step.state_slots, non_blocking=True)
         # What the last step left past this one's tokens and sampled rows.
         self.input_ids[tokens:bucket].fill_(_FILLER_TOKEN)
         self.positions[tokens:bucket].fill_(0)
         self.seq_index[tokens:bucket].fill_(self.max_rows)
         self.sample_index[sampled:].fill_(0)
         self._live_tokens = tokens
+        self._live = ForwardBatch(
+            input_ids=self.input_ids[:tokens],
+            positions=self.positions[:tokens],
+            rows=tuple(
+                PagedRows(self.positions[:tokens], self.seq_index[:tokens], t) for t in self.page_tables
+            ),
+            sample_index=self.sample_index[:sampled],
+            attention=self.attention,
+            state_slots=slots,
+            cu_seqlens=step.cu_seqlens,
+        )
         if feed is not None:
             feed(self.input_ids[:tokens])
         return bucket
@@ -247,28 +267,54 @@ class PrefillGraphs:
         self.replays_per_bucket[bucket] += 1
         for segment, hole in zip(segments, holes, strict=False):
             segment.replay()
-            self._attend(hole)
+            hole(self._live_tokens)
         segments[-1].replay()
         return self._hidden[bucket][:sampled]
 
-    def _attend(self, hole: _Hole) -> None:
-        """One layer's attention on the live rows, between two replayed segments."""
-        n = self._live_tokens
-        query, output = self._queries[hole.key], self._outputs[hole.key]
-        output[:n].copy_(self.attention.run(hole.group, hole.spec, query[:n], hole.pool_layer))
-
-    def _cut(
+    def _attention_cut(
         self, group: int, spec: AttentionLayerSpec, q: torch.Tensor, pool_layer: torch.Tensor
     ) -> torch.Tensor:
-        """A call into attention from the forward over a static batch: its query goes to the static
-        buffer; under capture the segment ends there and the next begins, otherwise the attention
-        runs at once. Returns the static output rows the rest of the forward reads."""
-        key = (int(q.shape[1]), int(q.shape[2]))
-        tokens = q.shape[0]
-        self._queries[key][:tokens].copy_(q)
-        hole = _Hole(group, spec, pool_layer, key)
+        """A call into attention from the forward over a static batch: on the step's own plan."""
+
+        def attend(query: torch.Tensor) -> torch.Tensor:
+            return self.attention.run(group, spec, query, pool_layer)
+
+        return self._cut(("attention", *q.shape[1:]), attend, q, q.shape[1:])
+
+    def cut(self, name: str, op: HostPlannedOp, x: torch.Tensor, width: int) -> torch.Tensor:
+        """`ForwardBatch.host_planned` over a static batch: `op` on the live step's rows."""
+
+        def planned(rows: torch.Tensor) -> torch.Tensor:
+            assert self._live is not None, "a host-planned op ran before any step was loaded"
+            return op(rows, self._live)
+
+        return self._cut((name, *x.shape[1:], width), planned, x, (width,))
+
+    def _cut(
+        self,
+        key: tuple[object, ...],
+        op: Callable[[torch.Tensor], torch.Tensor],
+        x: torch.Tensor,
+        out_shape: Sequence[int],
+    ) -> torch.Tensor:
+        """A cut point: `x` goes to the static input rows; under capture the segment ends there and
+        the next begins, otherwise `op` runs at once on the live rows. Returns the static output
+        rows the rest of the forward reads."""
+        if key not in self._inputs:
+            if self._capturing is not None:
+                raise RuntimeError(f"prefill graphs: cut {key} first met inside a capture (no warm-up ran)")
+            top = self.buckets[-1]
+            self._inputs[key] = torch.zeros(top, *x.shape[1:], dtype=x.dtype, device=x.device)
+            self._outputs[key] = torch.zeros(top, *out_shape, dtype=x.dtype, device=x.device)
+        inputs, outputs = self._inputs[key], self._outputs[key]
+        tokens = x.shape[0]
+        inputs[:tokens].copy_(x)
+
+        def hole(n: int) -> None:
+            outputs[:n].copy_(op(inputs[:n]).reshape(n, *out_shape))
+
         if self._capturing is None:
-            self._attend(hole)
+            hole(self._live_tokens)
         else:
             segments, holes = self._capturing
             segments[-1].capture_end()
@@ -276,7 +322,7 @@ class PrefillGraphs:
             segment = self._new_graph()
             segment.capture_begin(pool=self.pool)
             segments.append(segment)
-        return self._outputs[key][:tokens]
+        return outputs[:tokens]
 
     # -- capture ------------------------------------------------------------------------------
 

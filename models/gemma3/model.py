@@ -78,9 +78,9 @@ class _Layer:
 
 
 class Gemma3Model:
-    # Nothing but attention is planned on the host: prefill graphs may cut the forward there
+    # Nothing but attention is planned on the host, so prefill graphs may cut the forward there
     # (engine/prefill_graphs.py).
-    segments_around_attention = True
+    segmented_capture = True
 
     def __init__(
         self,

@@ -75,9 +75,9 @@ class _Layer:
 
 
 class Gemma4Model:
-    # Nothing but attention is planned on the host: prefill graphs may cut the forward there
+    # Nothing but attention is planned on the host, so prefill graphs may cut the forward there
     # (engine/prefill_graphs.py).
-    segments_around_attention = True
+    segmented_capture = True
 
     def __init__(
         self,

@@ -8,6 +8,8 @@ is one of two:
   (`reference.gdn_gates`); the gated delta rule over the recurrent state (q and k L2-normed inside,
   more value heads than key heads, never repeated); the gated RMSNorm by z; the output projection.
   Conv and recurrent state live in the model's `StatePools`, addressed by each row's state slot.
+  The conv, gates and delta rule (`_gdn_core`) are the layer's one part that reads the step's rows
+  on the host: they run behind `ForwardBatch.host_planned`, where prefill graphs cut the forward.
 - Gated attention (`full_attention`): q_proj is `[q | gate]` per head; the attention-prep op
   normalises (`1+w`), applies partial RoPE to the leading dims and writes K/V to the one KV group;
   paged attention; the output times `sigmoid(gate)`; the output projection.
@@ -39,6 +41,7 @@ collective is the identity.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -98,6 +101,11 @@ class _Layer:
 
 
 class Qwen35Model:
+    # Attention and the GDN layers' varlen core (conv + chunked delta rule, planned on the host
+    # from the rows) are the only host-planned ops, each behind a cut point
+    # (`ForwardBatch.host_planned`), so prefill graphs may cut the forward there.
+    segmented_capture = True
+
     def __init__(
         self,
         config: Qwen35Config,
@@ -172,6 +180,8 @@ class Qwen35Model:
         # state-index order.
         self.decode_mixer: DecodeMixer | None = None
         self._mixer_weights: list[MixerWeights] = []
+        # The last step's rows (`_rows_of`): the batch they were read from, and them.
+        self._rows_cache: tuple[ForwardBatch, StateRows] | None = None
         kernels_run = device.type == "cuda" or interpreted()
         if kernels_run and (self.projections.fuses(1, device) or not isinstance(self.gdn, TorchGDN)):
             from kernels.gdn.decode_mixer import DecodeMixer, MixerWeights
@@ -240,14 +250,18 @@ class Qwen35Model:
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         hidden = vocab_parallel_embedding(batch.input_ids, self.embed, self.vocab, self.group)
-        rows = self._state_rows(batch)
+        # A step of one token per row reads its rows on the device (a captured decode step); any
+        # other step's rows are read by the GDN core, which runs behind `batch.host_planned`.
+        rows = self._state_rows(batch) if batch.cu_seqlens is None else None
+        # Read afresh each forward: a static batch's buffers hold another step's values each time.
+        self._rows_cache = None if rows is None else (batch, rows)
         if self.projections.fuses(hidden.shape[0], hidden.device):
             x = self._fused_layers(hidden, batch, rows)
         else:
             x = self._layers(hidden, batch, rows)
         return x.index_select(0, batch.sample_index)
 
-    def _layers(self, hidden: torch.Tensor, batch: ForwardBatch, rows: StateRows) -> torch.Tensor:
+    def _layers(self, hidden: torch.Tensor, batch: ForwardBatch, rows: StateRows | None) -> torch.Tensor:
         """Every layer as separate projections, each residual add fused with the norm after it; the
         final norm's output of every token."""
         x = layer_ops.rms_norm(hidden, self.norm, self.layers[0].input_norm)
@@ -265,7 +279,9 @@ class Qwen35Model:
             hidden, x = layer_ops.add_rms_norm(hidden, mlp_out, self.norm, next_norm)
         return x
 
-    def _fused_layers(self, hidden: torch.Tensor, batch: ForwardBatch, rows: StateRows) -> torch.Tensor:
+    def _fused_layers(
+        self, hidden: torch.Tensor, batch: ForwardBatch, rows: StateRows | None
+    ) -> torch.Tensor:
         """Every layer through the fused projections: each norm in the prologue of the projection
         that reads it, each residual add in the epilogue of the projection that makes it."""
         p = self.projections
@@ -282,10 +298,10 @@ class Qwen35Model:
             hidden = p.linear_residual(activated, layer.down, hidden, reduce)
         return layer_ops.rms_norm(hidden, self.norm, self.final_norm)
 
-    def _fused_gdn(self, rows: StateRows, device: torch.device) -> bool:
+    def _fused_gdn(self, rows: StateRows | None, device: torch.device) -> bool:
         """Whether this step's GDN layers run the fused decode mixer; decided once per step from host
         facts only, so every GDN layer takes the same path."""
-        return self.decode_mixer is not None and self.decode_mixer.runs(rows, device)
+        return rows is not None and self.decode_mixer is not None and self.decode_mixer.runs(rows, device)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits of the sampling rows; at more than one rank, on rank 0 only (the others get
@@ -293,6 +309,14 @@ class Qwen35Model:
         return vocab_parallel_logits(hidden, self.lm_head, self.group, self.projections)
 
     # -- mixers ----------------------------------------------------------------------------------
+
+    def _rows_of(self, batch: ForwardBatch) -> StateRows:
+        """`_state_rows(batch)`, made once per forward (or per step of prefill graphs, whose GDN
+        cores run on a new live batch each step) whichever GDN layer asks first."""
+        cached = self._rows_cache
+        if cached is None or cached[0] is not batch:
+            cached = self._rows_cache = (batch, self._state_rows(batch))
+        return cached[1]
 
     @staticmethod
     def _state_rows(batch: ForwardBatch) -> StateRows:
@@ -319,17 +343,22 @@ class Qwen35Model:
         mixer: _DeltaNet | _Attention,
         projected: torch.Tensor,
         batch: ForwardBatch,
-        rows: StateRows,
+        rows: StateRows | None,
         fused_gdn: bool = False,
     ) -> torch.Tensor:
         """The token mixer between its two projections: from the input projection's output to the
         output projection's input; ``fused_gdn``: a GDN layer runs the fused decode mixer."""
         if isinstance(mixer, _DeltaNet):
-            return self._deltanet(mixer, projected, rows, fused_gdn)
+            return self._deltanet(mixer, projected, batch, rows, fused_gdn)
         return self._attention(mixer, projected, batch)
 
     def _deltanet(
-        self, layer: _DeltaNet, projected: torch.Tensor, rows: StateRows, fused_gdn: bool = False
+        self,
+        layer: _DeltaNet,
+        projected: torch.Tensor,
+        batch: ForwardBatch,
+        rows: StateRows | None,
+        fused_gdn: bool = False,
     ) -> torch.Tensor:
         """out_proj's input from in_proj's output: this rank's value heads, [tokens, value_dim]."""
         g = self.gdn_geometry
@@ -338,7 +367,7 @@ class Qwen35Model:
             [g.conv_dim, g.value_dim, g.num_value_heads, g.num_value_heads], dim=-1
         )
         if fused_gdn:
-            assert self.decode_mixer is not None
+            assert self.decode_mixer is not None and rows is not None
             return self.decode_mixer.mix(
                 qkv,
                 z,
@@ -349,6 +378,27 @@ class Qwen35Model:
                 self.state.conv_layer(layer.state_index),
                 self.state.recurrent_layer(layer.state_index),
             )
+        core = batch.host_planned(
+            "gdn-core", functools.partial(self._gdn_core, layer), projected, g.value_dim
+        ).reshape(tokens, g.num_value_heads, g.value_head_dim)
+        gate = z.reshape(tokens, g.num_value_heads, g.value_head_dim)
+        eps = self.config.rms_norm_eps
+        mixer = self.decode_mixer
+        if mixer is not None:
+            normed = mixer.gated_norm(core, gate, layer.norm, eps)
+        else:
+            normed = reference.gated_rms_norm(core, gate, layer.norm, eps)
+        return normed.reshape(tokens, g.value_dim)
+
+    def _gdn_core(self, layer: _DeltaNet, projected: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        """The conv, gates and delta rule of one GDN layer over its in_proj output, on `batch`'s rows
+        and state slots (planned on the host from them): [tokens, value_dim] before the gated norm."""
+        g = self.gdn_geometry
+        tokens = projected.shape[0]
+        qkv, _, b, a = projected.split(
+            [g.conv_dim, g.value_dim, g.num_value_heads, g.num_value_heads], dim=-1
+        )
+        rows = self._rows_of(batch)
         # A column view of the projection: every conv takes a strided row view (no copy made), and
         # gives q, k and v dense where its kernel can (the chunked delta rules read them dense).
         q, k, v = self.gdn.conv_pieces(
@@ -372,13 +422,7 @@ class Qwen35Model:
             rows,
             self.state.recurrent_layer(layer.state_index),
         )
-        gate = z.reshape(tokens, g.num_value_heads, g.value_head_dim)
-        eps = self.config.rms_norm_eps
-        if mixer is not None:
-            normed = mixer.gated_norm(core, gate, layer.norm, eps)
-        else:
-            normed = reference.gated_rms_norm(core, gate, layer.norm, eps)
-        return normed.reshape(tokens, g.value_dim)
+        return core.reshape(tokens, g.value_dim)
 
     def _attention(self, layer: _Attention, projected: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """O's input from the QKV projection's output: this rank's heads, gated, [tokens, q_size]."""

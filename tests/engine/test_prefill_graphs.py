@@ -20,6 +20,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.contract import ContractError, SamplingParams
+from engine.kv.state_pool import state_pools_of
 from engine.model_runner import PagedModelRunner
 from engine.prefill_graphs import PrefillGraphs, PrefillGraphsError, prefill_buckets
 from engine.runner import BatchRow, StepBatch
@@ -39,17 +40,32 @@ def _runner(checkpoint: Path, device: str = "cpu") -> PagedModelRunner:
 
 def _mixed_rows(groups: int) -> tuple[BatchRow, ...]:
     """A 13-token prefill chunk from position 3, a whole 5-token prompt that does not sample (a
-    chunk), and a decode row at position 20."""
+    chunk), and a decode row at position 20; state slots 1, 2, 3 (read by recurrent lines only)."""
 
-    def row(rid: str, tokens: tuple[int, ...], start: int, pages: tuple[int, ...], sample: bool) -> BatchRow:
+    def row(
+        rid: str, tokens: tuple[int, ...], start: int, pages: tuple[int, ...], sample: bool, slot: int
+    ) -> BatchRow:
         context = tuple(range(start)) + tokens
-        return BatchRow(rid, tokens, start, (pages,) * groups, sample, SamplingParams(), context, 0)
+        return BatchRow(rid, tokens, start, (pages,) * groups, sample, SamplingParams(), context, 0, slot)
 
     return (
-        row("chunk", tuple(range(40, 53)), 3, (1, 2), True),
-        row("partial", (7, 8, 9, 10, 11), 0, (3,), False),
-        row("decode", (99,), 20, (4, 5), True),
+        row("chunk", tuple(range(40, 53)), 3, (1, 2), True, 1),
+        row("partial", (7, 8, 9, 10, 11), 0, (3,), False, 2),
+        row("decode", (99,), 20, (4, 5), True, 3),
     )
+
+
+def _kept_state(runner: PagedModelRunner) -> list[torch.Tensor]:
+    """Every state pool tensor (a recurrent line's step updates its rows' slots), to put back."""
+    state = state_pools_of(runner.model)
+    return [] if state is None else [state.conv.clone(), state.recurrent.clone()]  # type: ignore[union-attr]
+
+
+def _put_back(runner: PagedModelRunner, kept: list[torch.Tensor]) -> None:
+    state = state_pools_of(runner.model)
+    if state is not None:
+        state.conv.copy_(kept[0])  # type: ignore[union-attr]
+        state.recurrent.copy_(kept[1])  # type: ignore[union-attr]
 
 
 def test_buckets_step_by_half_the_power_of_two_past_512_and_end_at_the_budget() -> None:
@@ -59,9 +75,12 @@ def test_buckets_step_by_half_the_power_of_two_past_512_and_end_at_the_budget() 
     assert prefill_buckets(40) == (40,)
 
 
-def test_a_line_with_host_planned_work_outside_attention_is_refused_by_name(tiny_qwen35: Path) -> None:
-    runner = _runner(tiny_qwen35)
-    with pytest.raises(PrefillGraphsError, match="--prefill-graphs: Qwen35Model has host-planned work"):
+def test_a_line_with_host_planned_work_outside_the_cut_points_is_refused_by_name(
+    tiny_qwen3: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runner = _runner(tiny_qwen3)
+    monkeypatch.setattr(type(runner.model), "segmented_capture", False)
+    with pytest.raises(PrefillGraphsError, match="--prefill-graphs: Qwen3Model plans work on the host"):
         PrefillGraphs(runner.model, runner.attention, (64,), 4, 8)
 
 
@@ -70,14 +89,17 @@ def test_prefill_graphs_need_graphs() -> None:
         EngineConfig(prefill_graphs=True, enforce_eager=True)
 
 
-@pytest.mark.parametrize("line", ["tiny_qwen3", "tiny_gemma4"])
+@pytest.mark.parametrize("line", ["tiny_qwen3", "tiny_gemma4", "tiny_qwen35"])
 def test_a_padded_step_cut_at_attention_gives_the_plain_step_s_logits(
     line: str, request: pytest.FixtureRequest
 ) -> None:
     runner = _runner(request.getfixturevalue(line))
     model = runner.model
     rows = _mixed_rows(len(model.kv.attention_specs))
+    kept = _kept_state(runner)
     plain = runner.forward(StepBatch(rows))
+    after_plain = _kept_state(runner)
+    _put_back(runner, kept)
     graphs = PrefillGraphs(model, runner.attention, (16, 32), max_rows=4, max_pages_per_seq=4)
     runner.prefill_graphs = graphs
     runner.replay_graphs = False  # the CPU path: the padded buffers run eagerly
@@ -87,6 +109,8 @@ def test_a_padded_step_cut_at_attention_gives_the_plain_step_s_logits(
     assert plain is not None and padded is not None
     assert padded.shape == plain.shape == (2, plain.shape[1])
     assert torch.equal(padded, plain)
+    # A recurrent line's slots end where the plain step left them (the GDN core ran on live rows).
+    assert all(torch.equal(a, b) for a, b in zip(_kept_state(runner), after_plain, strict=True))
     # The filler tokens' row reads only padding pages, and the step left no stale sampled rows.
     assert int(graphs.seq_index[19:32].unique().item()) == 4
     assert graphs.page_tables[0][4].eq(0).all()
@@ -132,11 +156,13 @@ def test_a_replay_runs_each_segment_then_that_layer_s_attention(
     )
     rows = _mixed_rows(len(model.kv.attention_specs))[1:]  # 6 tokens
     graphs.load(pack_step(rows, model.kv.attention_specs, runner.attention))
+    graphs.run(16, sampled=1, replay=False)  # the warm-up: makes the cut points' static buffers
     segments: list[Any] = [_FakeGraph(log)]
     holes: list[Any] = []
     graphs._capturing = (segments, holes)
     segments[0].capture_begin()
-    hidden = model.forward(graphs._batches[16])
+    with torch.inference_mode():  # as the runner and start-up run every forward
+        hidden = model.forward(graphs._batches[16])
     segments[-1].capture_end()
     graphs._capturing = None
     layers = len(model.layers)  # type: ignore[attr-defined]
@@ -153,25 +179,32 @@ def test_a_replay_runs_each_segment_then_that_layer_s_attention(
 
     monkeypatch.setattr(runner.attention, "run", spy)
     log.clear()
-    graphs.run(16, sampled=1)
+    with torch.inference_mode():
+        graphs.run(16, sampled=1)
     expected = [entry for i in range(layers) for entry in (f"replay {i}", "attention")]
     assert log == [*expected, f"replay {layers}"]
     assert attended == [6] * layers  # the live tokens only
-    assert graphs.replays_per_bucket == {16: 1}
+    assert graphs.replays_per_bucket == {16: 1} and graphs.steps_per_bucket == {16: 2}
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_gpu_replay_matches_the_padded_eager_run(tiny_qwen3: Path) -> None:
-    runner = _runner(tiny_qwen3, device="cuda")
+@pytest.mark.parametrize("line", ["tiny_qwen3", "tiny_gemma4", "tiny_qwen35"])
+def test_gpu_replay_matches_the_padded_eager_run(line: str, request: pytest.FixtureRequest) -> None:
+    runner = _runner(request.getfixturevalue(line), device="cuda")
     graphs = PrefillGraphs(runner.model, runner.attention, (16, 32), max_rows=4, max_pages_per_seq=4)
     graphs.capture()
     runner.prefill_graphs = graphs
     rows = _mixed_rows(len(runner.model.kv.attention_specs))
+    kept = _kept_state(runner)
     runner.replay_graphs = False
     eager = runner.forward(StepBatch(rows))
+    eager_state = _kept_state(runner)
     runner.replay_graphs = True
     for _ in range(2):
+        _put_back(runner, kept)
         replayed = runner.forward(StepBatch(rows))
         assert replayed is not None and eager is not None and torch.equal(replayed, eager)
+        assert all(torch.equal(a, b) for a, b in zip(_kept_state(runner), eager_state, strict=True))
     assert graphs.replays_per_bucket[32] == 2
-    assert graphs.segments_per_bucket() == {b: len(runner.model.layers) + 1 for b in (16, 32)}  # type: ignore[attr-defined]
+    layers = len(runner.model.layers)  # type: ignore[attr-defined]
+    assert all(segments > layers for segments in graphs.segments_per_bucket().values())

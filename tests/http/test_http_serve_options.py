@@ -144,9 +144,13 @@ def test_serve_hands_every_knob_to_the_model_options(monkeypatch: pytest.MonkeyP
     scheduled = _load_options(monkeypatch, ["--async-scheduling"])
     assert scheduled == ModelOptions(engine=EngineConfig(async_scheduling=True))
     assert _load_options(monkeypatch, ["--no-async-scheduling"]) == ModelOptions()
+    # Prefill graphs exclude --enforce-eager: on their own too.
+    graphed = _load_options(monkeypatch, ["--prefill-graphs"])
+    assert graphed == ModelOptions(engine=EngineConfig(prefill_graphs=True))
     # Every knob was set away from its default above: a knob added later is caught here until it is too.
+    alone = {"async_scheduling": scheduled, "prefill_graphs": graphed}
     for name, knob in KNOBS.items():
-        values = options if name != "async_scheduling" else scheduled
+        values = alone.get(name, options)
         value = getattr(values.engine if knob.owner is EngineConfig else values, name)
         assert value != knob.default, f"{name}: not exercised by this test"
 
