@@ -199,7 +199,8 @@ def start_paged_model(
         )
     prefill_trial: TrialCapture | None = None
     prefill_static: list[int] = []  # read inside the trial: only `trial_capture` may hold its graphs
-    if use_prefill_graphs:
+    # Measured only where the KV pool is sized from what is left (a configured page count is not).
+    if use_prefill_graphs and configured_kv_pages(config, groups) is None:
 
         def measure_prefill(graphs: PrefillGraphs) -> None:
             _capture(graphs, progress, "measuring prefill graphs")

@@ -40,16 +40,18 @@
 # --no-deps --no-compile --target /tmp/site .whl-fi/*.whl`); one carrying .whl-deps that installs
 # those the same way and starts
 #   PIPELINE="pdl-tests prefill-graphs-tests gemv-ab prefill-graphs-latency async-gates-gemma4
-#   prefill-graphs-gates-qwen3 decode-attention-backends host-launch-costs"
+#   prefill-graphs-gates-qwen3 qwen35-prefill-graphs-latency decode-attention-backends host-launch-costs"
 #   SYNTH_AHEAD=0 WAIT_S=150 STAGE=all bash docs/benchmarks/scripts/h200_session.sh
 # then STAGE=wait calls back to back (WAIT_S=540). pdl-tests (~1 min): the norms' and activation's
-# GPU tests and a PDL chain in a graph. prefill-graphs-tests (~1 min): a replay against the padded
-# eager run. gemv-ab (~7 min): the async decode step of Qwen3-4B and Gemma 4 12B at batch 1 and 8
+# GPU tests and a PDL chain in a graph. prefill-graphs-tests (~3 min): a replay against the padded
+# eager run on tiny Qwen3, Gemma 4 and Qwen3.5. The steps run in this order and the stretch ends
+# where the budget does: the last two are the first to give way. gemv-ab (~7 min): the async decode step of Qwen3-4B and Gemma 4 12B at batch 1 and 8
 # with the shipped table and with its "gemv" rows set back, one session, and Qwen3-4B once more
 # with INFER_PDL=0. prefill-graphs-latency (~5 min): Qwen3-4B's 1k and 8k prefill with and without
 # --prefill-graphs, sync and async. async-gates-gemma4 (~12 min): the last manifest the async
 # default waits for (and Gemma 4's parity under the GEMV table). prefill-graphs-gates-qwen3 (~4
-# min): the qwen3 manifest with --prefill-graphs and the GEMV rows. decode-attention-backends: fa2
+# min): the qwen3 manifest with --prefill-graphs and the GEMV rows. qwen35-prefill-graphs-latency
+# (~4 min): Qwen3.5-4B's 1k prefill, async, with and without them. decode-attention-backends: fa2
 # against fa3 and the CUDA-core kernel (each JIT-builds first, ~1 min). host-launch-costs: F.linear's
 # and a launch's host cost again (the 1k prefill's cProfile put 73 us in each F.linear call). No
 # vLLM needed. Later stretches: vLLM's
@@ -394,6 +396,13 @@ prefill-graphs-latency() {  # Qwen3-4B's 1k and 8k prefill with and without --pr
       --breakdown --save-result $work/qwen3-4b-prefill-$mode-graphs.json
   done
 }
+qwen35-prefill-graphs-latency() {  # Qwen3.5-4B's 1k prefill (host-bound at 15a67ed) with and without them
+  synth_q35
+  infer bench latency --model $q35 --async-scheduling --batch-sizes 1 --prefill-lens 1024 --breakdown \
+    --save-result $work/qwen35-4b-prefill-async.json
+  infer bench latency --model $q35 --async-scheduling --prefill-graphs --batch-sizes 1 --prefill-lens 1024 \
+    --breakdown --save-result $work/qwen35-4b-prefill-async-graphs.json
+}
 prefill-graphs-gates-qwen3() {  # the qwen3 manifest with --prefill-graphs (and the H100 table's GEMV rows)
   synth_q3
   infer gates --manifest qwen3 --shared-process --checkpoint $q3 $(gate_args qwen3) --prefill-graphs \
@@ -587,7 +596,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | conv-pieces-tests | gemv-ab | pdl-tests | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3)
+  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | conv-pieces-tests | gemv-ab | pdl-tests | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | qwen35-prefill-graphs-latency)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
