@@ -1,4 +1,4 @@
-"""CUDA graphs for prefill and mixed steps: the forward captured in segments, attention between them.
+"""CUDA graphs for prefill and mixed steps: the forward captured in segments, host-planned ops between.
 
 A step that is not decode-only cannot be one graph: its attention is planned on the host from the
 rows' lengths (FlashInfer's prefill plan sizes its work from them), and so are a recurrent layer's
@@ -17,9 +17,8 @@ first n rows. What they read and write sits in static buffers, one pair per kind
 geometry, or host-planned op), shared by every layer and bucket: the segment before copies the input
 in, the eager op writes its output, the segment after reads it. So no layer's tensors outlive its
 segment in the graph pool, and rows past n never reach a real row (every op outside the cuts is per
-row). The forward's output
-rows are those of a static `sample_index` (the live ones first, the rest 0); logits are computed
-eagerly on the live rows.
+row). The forward's output rows are those of a static `sample_index` (the live ones first, the rest
+0); logits are computed eagerly on the live rows.
 
 `replay=False` runs the same padded buffers eagerly through the same cut points: on the CPU it is
 the whole path, and on a GPU what a replay is compared against (tests/engine/test_prefill_graphs.py).
@@ -108,7 +107,7 @@ class _CutPoints(AttentionBackend):
 
 
 class PrefillGraphs:
-    """Owns the static buffers, segment graphs and attention holes of every token bucket of one
+    """Owns the static buffers, segment graphs and cut points' eager ops of every token bucket of one
     `PagedCausalLM`. Steps of any rows (prefill chunks, decodes, both) whose tokens fit a bucket."""
 
     def __init__(
