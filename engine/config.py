@@ -46,8 +46,9 @@ class EngineConfig:
     prefill_graphs: bool = field(
         default=False,
         metadata={
-            "help": "Prefill and mixed steps as CUDA graphs cut at attention (Qwen3, Gemma 3, Gemma 4; "
-            "buckets of tokens up to --max-num-batched-tokens); opt-in until measured on a GPU."
+            "help": "Prefill and mixed steps as CUDA graphs cut at attention and other host-planned ops "
+            "(buckets of tokens up to --max-num-batched-tokens; none under --enforce-eager); opt-in "
+            "until measured on a GPU."
         },
     )
     gpu_memory_utilization: float = field(
@@ -142,8 +143,6 @@ class EngineConfig:
             raise ContractError(
                 "sampling_backend", self.sampling_backend, f"must be one of {', '.join(SAMPLING_BACKENDS)}"
             )
-        if self.prefill_graphs and self.enforce_eager:
-            raise ContractError("prefill_graphs", True, "cannot be combined with enforce_eager (no graphs)")
         if self.async_scheduling and self.async_prefill:
             raise ContractError(
                 "async_scheduling", True, "cannot be combined with async_prefill (one of the two at a time)"

@@ -175,6 +175,11 @@ def start_paged_model(
     use_graphs = not config.enforce_eager and attention.supports_graphs
     buckets = decode_buckets(config.max_num_seqs)
     use_prefill_graphs = use_graphs and config.prefill_graphs
+    if config.prefill_graphs and not use_graphs:
+        log.warning(
+            "--prefill-graphs does nothing here: no CUDA graphs are captured (--enforce-eager, or an "
+            "attention backend that cannot be captured)"
+        )
     if use_prefill_graphs:
         refuse_unless_supported(model)
     token_buckets = prefill_buckets(config.max_num_batched_tokens)

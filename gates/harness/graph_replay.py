@@ -22,7 +22,8 @@ def _workload(vocab_size: int) -> list[Request]:
 
 def check_graph_replay_matches_eager(checkpoint_path: Path, vocab_size: int, tol: Tolerance) -> None:
     """Decode graphs at bucket straddles (5→8, 17→24) replay bit-identically to the same padded
-    step run eagerly, and agree with unpadded eager decode within the dtype's stream tolerance."""
+    step run eagerly, and agree with unpadded eager decode within the dtype's stream tolerance; with
+    prefill graphs on (`infer gates --prefill-graphs`), the prefill and mixed steps too."""
     requests = _workload(vocab_size)
     graphed = load_for_gate(checkpoint_path, max_num_seqs=32)
     padded_eager = load_for_gate(checkpoint_path, max_num_seqs=32)
@@ -40,6 +41,12 @@ def check_graph_replay_matches_eager(checkpoint_path: Path, vocab_size: int, tol
             f"no decode step ran in bucket {bucket}: {graphs.steps_per_bucket}"
         )
     assert paged_runner(unpadded).graphs is None
+    # Under `infer gates --prefill-graphs` the prompts' prefill and mixed steps replay those too.
+    prefill = paged_runner(graphed).prefill_graphs
+    if prefill is not None:
+        assert sum(prefill.replays_per_bucket.values()) > 0, (
+            f"no prefill or mixed step replayed a prefill graph: {prefill.steps_per_bucket}"
+        )
     for request in requests:
         rid = request.request_id
         a, b = replayed[rid], eager[rid]

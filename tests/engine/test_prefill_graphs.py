@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
-from engine.contract import ContractError, SamplingParams
+from engine.contract import SamplingParams
 from engine.kv.state_pool import state_pools_of
 from engine.model_runner import PagedModelRunner
 from engine.prefill_graphs import PrefillGraphs, PrefillGraphsError, prefill_buckets
@@ -82,11 +82,6 @@ def test_a_line_with_host_planned_work_outside_the_cut_points_is_refused_by_name
     monkeypatch.setattr(type(runner.model), "segmented_capture", False)
     with pytest.raises(PrefillGraphsError, match="--prefill-graphs: Qwen3Model plans work on the host"):
         PrefillGraphs(runner.model, runner.attention, (64,), 4, 8)
-
-
-def test_prefill_graphs_need_graphs() -> None:
-    with pytest.raises(ContractError, match="prefill_graphs"):
-        EngineConfig(prefill_graphs=True, enforce_eager=True)
 
 
 @pytest.mark.parametrize("line", ["tiny_qwen3", "tiny_gemma4", "tiny_qwen35"])
