@@ -2,7 +2,8 @@
 
 Rows become tensors in engine.step_packer; decode-only steps that fit a bucket replay a captured
 graph (engine.cuda_graphs), and with `--prefill-graphs` other steps that fit a token bucket replay
-segments cut at attention (engine.prefill_graphs). The model owns its weights and KV pools; the runner owns no policy.
+segments cut at host-planned ops (engine.prefill_graphs). The model owns its weights and KV pools;
+the runner owns no policy.
 Overlapped prefill runs its forward on a side CUDA stream with its own attention instance
 (`AttentionBackend.sibling`) and hands only the logits to the main stream (docs/engine.md).
 

@@ -5,8 +5,8 @@ and two profiling steps measure what a step's transient tensors take (`measure_a
 decode graphs (and with `--prefill-graphs` the prefill graphs, engine/prefill_graphs.py) are
 captured once to measure them, then dropped (`cuda_graphs.trial_capture`); the KV pools are sized
 from what is resident then (engine.memory_budget, engine.kv.sizing); the graphs are captured again
-against the real pools. On CPU the pools get a fixed allowance and nothing is
-captured. docs/engine.md tells the story and the measurements behind each step.
+against the real pools. On CPU the pools get a fixed allowance and nothing is captured.
+docs/engine.md tells the story and the measurements behind each step.
 """
 
 from __future__ import annotations
