@@ -39,22 +39,26 @@
 # --prefill-graphs exists). Calls: one carrying .whl-fi (`python3 -m pip install -q --no-index
 # --no-deps --no-compile --target /tmp/site .whl-fi/*.whl`); one carrying .whl-deps that installs
 # those the same way and starts
-#   PIPELINE="pdl-tests prefill-graphs-tests gemv-ab prefill-graphs-latency async-gates-gemma4
+#   PIPELINE="pdl-tests gemv-ab prefill-graphs-tests prefill-graphs-latency async-gates-gemma4
 #   prefill-graphs-gates-qwen3 qwen35-prefill-graphs-latency decode-attention-backends host-launch-costs"
 #   SYNTH_AHEAD=0 WAIT_S=150 STAGE=all bash docs/benchmarks/scripts/h200_session.sh
-# then STAGE=wait calls back to back (WAIT_S=540). pdl-tests (~1 min): the norms' and activation's
-# GPU tests and a PDL chain in a graph. prefill-graphs-tests (~3 min): a replay against the padded
-# eager run on tiny Qwen3, Gemma 4 and Qwen3.5. The steps run in this order and the stretch ends
-# where the budget does: the last two are the first to give way. gemv-ab (~7 min): the async decode step of Qwen3-4B and Gemma 4 12B at batch 1 and 8
-# with the shipped table and with its "gemv" rows set back, one session, and Qwen3-4B once more
-# with INFER_PDL=0. prefill-graphs-latency (~5 min): Qwen3-4B's 1k and 8k prefill with and without
-# --prefill-graphs, sync and async. async-gates-gemma4 (~12 min): the last manifest the async
-# default waits for (and Gemma 4's parity under the GEMV table). prefill-graphs-gates-qwen3 (~4
-# min): the qwen3 manifest with --prefill-graphs and the GEMV rows. qwen35-prefill-graphs-latency
-# (~4 min): Qwen3.5-4B's 1k prefill, async, with and without them. decode-attention-backends: fa2
-# against fa3 and the CUDA-core kernel (each JIT-builds first, ~1 min). host-launch-costs: F.linear's
-# and a launch's host cost again (the 1k prefill's cProfile put 73 us in each F.linear call). No
-# vLLM needed. Later stretches: vLLM's
+# then STAGE=wait calls back to back (WAIT_S=540). The steps run in this order and the stretch ends
+# where the budget does: the last ones give way first.
+# - pdl-tests (~1 min): the norms' and activation's GPU tests and a PDL chain in a graph.
+# - gemv-ab (~7 min): the async decode step of Qwen3-4B and Gemma 4 12B at batch 1 and 8 with the
+#   shipped table and with its "gemv" rows set back, one session; Qwen3-4B once more, INFER_PDL=0.
+# - prefill-graphs-tests (~3 min): a replay against the padded eager run, tiny Qwen3, Gemma 4, Qwen3.5.
+# - prefill-graphs-latency (~5 min): Qwen3-4B's 1k and 8k prefill, with and without
+#   --prefill-graphs, sync and async.
+# - async-gates-gemma4 (~12 min): the last manifest the async default waits for (and Gemma 4's
+#   parity under the GEMV table).
+# - prefill-graphs-gates-qwen3 (~4 min): the qwen3 manifest with --prefill-graphs (its graph-replay
+#   gate then holds prefill and mixed steps to their padded eager run) and the GEMV rows.
+# - qwen35-prefill-graphs-latency (~4 min): Qwen3.5-4B's 1k prefill, async, with and without them.
+# - decode-attention-backends: fa2 against fa3 and the CUDA-core kernel (each JIT-builds, ~1 min).
+# - host-launch-costs: F.linear's and a launch's host cost again (the 1k prefill's cProfile put
+#   73 us in each F.linear call).
+# No vLLM needed. Later stretches: vLLM's
 # Gemma 4 figure beside gemma4-decode-variants (staged as in the 15a67ed stretch: five calls
 # carrying .vllm/partN, the .whl-deps call adding `mkdir -p /tmp/parts && cp
 # .whl-deps/vllm-gemma4/*.whl /tmp/parts/`); Qwen3.5's 1k prefill on FlashInfer's GDN prefill
