@@ -23,11 +23,12 @@ from engine.contract import SamplingParams
 from engine.kv.state_pool import state_pools_of
 from engine.model_runner import PagedModelRunner
 from engine.prefill_graphs import PrefillGraphs, PrefillGraphsError, prefill_buckets
-from engine.runner import BatchRow, StepBatch
+from engine.runner import FED_TOKEN, BatchRow, StepBatch
 from engine.step_packer import pack_step
 from models.registry import ModelOptions, load_model
 
 PAGES = 24
+GREEDY = SamplingParams(temperature=0.0, logprobs=1)
 
 
 def _runner(checkpoint: Path, device: str = "cpu") -> PagedModelRunner:
@@ -46,7 +47,7 @@ def _mixed_rows(groups: int) -> tuple[BatchRow, ...]:
         rid: str, tokens: tuple[int, ...], start: int, pages: tuple[int, ...], sample: bool, slot: int
     ) -> BatchRow:
         context = tuple(range(start)) + tokens
-        return BatchRow(rid, tokens, start, (pages,) * groups, sample, SamplingParams(), context, 0, slot)
+        return BatchRow(rid, tokens, start, (pages,) * groups, sample, GREEDY, context, 0, slot)
 
     return (
         row("chunk", tuple(range(40, 53)), 3, (1, 2), True, 1),
@@ -110,6 +111,36 @@ def test_a_padded_step_cut_at_attention_gives_the_plain_step_s_logits(
     assert int(graphs.seq_index[19:32].unique().item()) == 4
     assert graphs.page_tables[0][4].eq(0).all()
     assert graphs.sample_index[2:].eq(0).all()
+
+
+@pytest.mark.parametrize("line", ["tiny_qwen3", "tiny_qwen35"])
+def test_launched_steps_through_prefill_graphs_give_the_eager_tokens(
+    line: str, request: pytest.FixtureRequest
+) -> None:
+    """Async scheduling's path (`launch_step`): the inputs through pinned staging into the static
+    buffers, and a row fed from the previous launch's sampled token rewritten there, in a mixed step
+    with a new prompt."""
+    runner = _runner(request.getfixturevalue(line))
+    groups = len(runner.model.kv.attention_specs)
+    first = _mixed_rows(groups)
+    context = (*range(3), *range(40, 53))
+    fed = BatchRow("chunk", (FED_TOKEN,), 16, ((1, 2),) * groups, True, GREEDY, context, 1, 1, feed_from=0)
+    prompt = BatchRow("new", (5, 6, 7, 8), 0, ((6,),) * groups, True, GREEDY, (5, 6, 7, 8), 0, 4)
+    kept = _kept_state(runner)
+
+    def two_steps() -> list[tuple[int, float]]:
+        _put_back(runner, kept)
+        launched = runner.launch_step(StepBatch(first), None)
+        second = runner.launch_step(StepBatch((fed, prompt)), launched)
+        tokens = [t for t in (*launched.collect(), *second.collect()) if t is not None]
+        return [(t.token_id, t.logprob) for t in tokens]  # type: ignore[misc]
+
+    plain = two_steps()
+    graphs = PrefillGraphs(runner.model, runner.attention, (16, 32), max_rows=4, max_pages_per_seq=4)
+    runner.prefill_graphs = graphs
+    runner.replay_graphs = False
+    assert two_steps() == plain
+    assert graphs.steps_per_bucket == {16: 1, 32: 1}  # 5 tokens, then 19
 
 
 def test_a_step_past_the_largest_bucket_or_the_rows_runs_eagerly(tiny_qwen3: Path) -> None:
