@@ -204,8 +204,9 @@ def start_paged_model(
         )
     prefill_trial: TrialCapture | None = None
     prefill_static: list[int] = []  # read inside the trial: only `trial_capture` may hold its graphs
+    configured = configured_kv_pages(config, groups)
     # Measured only where the KV pool is sized from what is left (a configured page count is not).
-    if use_prefill_graphs and configured_kv_pages(config, groups) is None:
+    if use_prefill_graphs and configured is None:
 
         def measure_prefill(graphs: PrefillGraphs) -> None:
             _capture(graphs, progress, "measuring prefill graphs")
@@ -246,7 +247,7 @@ def start_paged_model(
     budget = MemoryBudget(
         total, config.gpu_memory_utilization, weights, activation_peak, graph_estimate, resident - weights
     )
-    pages = configured_kv_pages(config, groups)
+    pages = configured
     if pages is None:
         budget.pages(per_page)  # refuses, naming every term, when not even 2 pages per group fit
         pages = split_kv_bytes(budget.kv_bytes, groups)
