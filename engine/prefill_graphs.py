@@ -333,8 +333,11 @@ class PrefillGraphs:
         row = BatchRow.whole_prompt("prefill-graph warm-up", (0,) * bucket, (pages,) * len(specs))
         self.load(pack_step([row], specs, self.attention).to(self.model.device))
 
+    @torch.inference_mode()
     def capture(self, on_bucket: Callable[[CaptureRecord], None] | None = None) -> None:
-        """Warm up, then capture every bucket's segments, largest first, into one memory pool."""
+        """Warm up, then capture every bucket's segments, largest first, into one memory pool.
+        All of it in inference mode, as the runner's steps: start-up's profile step made the
+        backend's plan buffers there, and such a tensor takes no in-place update outside it."""
         device = self.model.device
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
@@ -342,23 +345,22 @@ class PrefillGraphs:
         for bucket in sorted(self.buckets, reverse=True):
             self._load_warm_up(bucket)
             start = time.perf_counter()
-            with torch.inference_mode():
-                self.model.forward(self._batches[bucket])  # compiles kernels outside the capture
-                torch.cuda.synchronize(device)
-                gc.collect()
-                torch.cuda.empty_cache()
-                free_before, _ = torch.cuda.mem_get_info(device)
-                reserved_before = torch.cuda.memory_reserved(device)
-                segments: list[_Graph] = [self._new_graph()]
-                holes: list[_Hole] = []
-                self._capturing = (segments, holes)
-                try:
-                    with torch.cuda.stream(stream):
-                        segments[0].capture_begin(pool=self.pool)
-                        hidden = self.model.forward(self._batches[bucket])
-                        segments[-1].capture_end()
-                finally:
-                    self._capturing = None
+            self.model.forward(self._batches[bucket])  # compiles kernels outside the capture
+            torch.cuda.synchronize(device)
+            gc.collect()
+            torch.cuda.empty_cache()
+            free_before, _ = torch.cuda.mem_get_info(device)
+            reserved_before = torch.cuda.memory_reserved(device)
+            segments: list[_Graph] = [self._new_graph()]
+            holes: list[_Hole] = []
+            self._capturing = (segments, holes)
+            try:
+                with torch.cuda.stream(stream):
+                    segments[0].capture_begin(pool=self.pool)
+                    hidden = self.model.forward(self._batches[bucket])
+                    segments[-1].capture_end()
+            finally:
+                self._capturing = None
             torch.cuda.synchronize(device)
             self._segments[bucket], self._holes[bucket], self._hidden[bucket] = segments, holes, hidden
             free_after, _ = torch.cuda.mem_get_info(device)
