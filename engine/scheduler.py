@@ -121,9 +121,6 @@ class _Seq:
     # Its row in the latest launched step, while that row's token is in flight (`pending`): what
     # the next step's row of it is fed from. Only that step can be in flight when the next is built.
     fed_by_row: int = 0
-    # The first position of its row in the latest launched step still in flight: a sliding window
-    # releases nothing that row's queries still see.
-    inflight_start: int | None = None
     # A state snapshot its row in the step being run writes: (the row's end position, the slot).
     snapshot: tuple[int, int] | None = None
     # Every launched step holding a row of it has finished on the device (an abort waited for
@@ -582,7 +579,6 @@ class BatchScheduler:
         fed_rows = 0
         for i, (seq, row) in enumerate(zip(seqs, rows, strict=True)):
             seq.launched_rows += 1
-            seq.inflight_start = row.start_pos
             # The next step schedules from here: this row's KV is being written.
             seq.num_computed = row.end_pos
             if row.sample:
@@ -665,8 +661,6 @@ class BatchScheduler:
         requests retired meanwhile, once no other launch holds a row of theirs, are freed."""
         for seq, row in zip(launch.seqs, launch.rows, strict=True):
             seq.launched_rows -= 1
-            if seq.launched_rows == 0:
-                seq.inflight_start = None
             if row.sample:
                 seq.pending -= 1
             if (
@@ -697,10 +691,9 @@ class BatchScheduler:
         kv = self.kv
         rid = seq.request.request_id
         if kv.has_sliding_window:
-            frontier = (
-                seq.num_computed if seq.inflight_start is None else min(seq.num_computed, seq.inflight_start)
-            )
-            kv.release_window(rid, frontier)
+            # Under async scheduling this can release pages a step in flight still reads: every
+            # later writer of a page runs after that step on the same stream (docs/engine.md).
+            kv.release_window(rid, seq.num_computed)
         return kv.allocate(rid, seq.num_computed + want)
 
     def _reserve(self, seq: _Seq, want: int, scheduled: set[int], may_preempt_self: bool) -> tuple[int, bool]:

@@ -6,8 +6,9 @@ token that is wrong, a page freed while a launched step still writes it, or a fa
 shows up as a wrong token, a `SimKVError` or a `LifecycleError`. `LateDevice` stands in for a
 device that runs launched steps late but in order: a step's forward runs only when it (or a later
 one) is collected, so the scheduler's host work really runs ahead of it, and each row's pages are
-checked to be still held when its forward finally runs (and, with recurrent state, each row's state
-slot and each snapshot slot the step writes; tests/engine/test_async_state.py). The real lines (tiny
+checked to be held when it is launched, a full group's still when its forward finally runs (and,
+with recurrent state, each row's state slot and each snapshot slot the step writes;
+tests/engine/test_async_state.py). The real lines (tiny
 synthetic Qwen3 and Gemma 4 on CPU; Qwen3.5 in test_async_state.py) run
 `PagedModelRunner.launch_step`, whose fed tokens are gathered from the previous step's sampled-id
 tensor, and are compared with their own synchronous runs.
@@ -98,6 +99,7 @@ class LateDevice:
             if row.feed_from is not None:
                 assert row.token_ids == (FED_TOKEN,) and row.sample and len(row.token_ids) == 1
                 assert feed is not None, "a fed row without the step it is fed from"
+        self._check_pages_held(batch, at_launch=True)
         handle = _LateHandle(self, batch, feed)
         self.queue.append(handle)
         self.launched.append(batch)
@@ -113,24 +115,34 @@ class LateDevice:
         """Run the queued launches in order up to `handle` (the device catching up)."""
         while handle.results is None:
             head = self.queue.pop(0)
-            self._check_pages_held(head.batch)
+            self._check_pages_held(head.batch, at_launch=False)
+            self._check_slots_held(head.batch)
             feed = head.feed
             ready = feed.results if isinstance(feed, _LateHandle) else None
             head.results = ReadyPrefill(self.inner.execute(resolve_feeds(head.batch, ready)))
 
-    def _check_pages_held(self, batch: StepBatch) -> None:
-        """Every page a row's forward reads or writes is still referenced when it runs (on a sliding
-        group, those its first query's window reaches); with recurrent state, every row's state slot
-        is still taken and every snapshot slot the step writes is still pending."""
+    def _check_pages_held(self, batch: StepBatch, *, at_launch: bool) -> None:
+        """Every page a row's forward reads or writes is referenced when the step is launched (on a
+        sliding group, those its first query's window reaches), and a full group's still when it
+        runs. A sliding window may release a page while the step is in flight: the device runs
+        launches in order, so whatever writes that page next runs after it (docs/engine.md)."""
         scheduler = self.scheduler
         assert scheduler is not None
         for row in batch.rows:
             for group, table in zip(scheduler.kv.groups, row.page_tables, strict=True):
                 window = group.spec.sliding_window
+                if window is not None and not at_launch:
+                    continue
                 first = 0 if window is None else max(0, row.start_pos - window + 1) // PAGE_SIZE
                 for page in table[first:]:
                     if page != PADDING_PAGE:
                         assert group.pool.refcount(page) > 0, f"{row.request_id}: page {page} freed under it"
+
+    def _check_slots_held(self, batch: StepBatch) -> None:
+        """With recurrent state, when a step runs every row's state slot is still taken and every
+        snapshot slot the step writes is still pending."""
+        scheduler = self.scheduler
+        assert scheduler is not None
         slots = scheduler._slots
         if slots is not None:
             for row in batch.rows:
@@ -359,6 +371,32 @@ def test_randomized_pressure_windows_and_aborts(seed: int) -> None:
             raise AssertionError(f"{r.request_id} never finished")
         elif not isinstance(outcome.terminals[r.request_id], Failed):
             assert got == expected, r.request_id
+
+
+def _most_sliding_pages(request: Request, async_scheduling: bool, window: int, chunk: int) -> tuple[int, int]:
+    """The most pages the request held at once in the sliding group, and that group's bound."""
+    scheduler, _ = make(async_scheduling=async_scheduling, budget=chunk, sliding=window)
+    sliding = next(i for i, g in enumerate(scheduler.kv.groups) if g.spec.sliding_window)
+    seen: list[int] = []
+    outcome = run_staggered(
+        scheduler, [request], arrivals=[0], check=lambda s: seen.append(s.kv.live_pages("long")[sliding])
+    )
+    assert_matches_sim(outcome, [request])
+    positions = len(request.prompt_token_ids) + request.sampling.max_tokens
+    return max(seen), scheduler.kv.groups[sliding].spec.max_live_pages(positions, chunk)
+
+
+def test_a_chunked_prefill_holds_a_window_and_one_chunk_of_a_sliding_group_as_sync_does() -> None:
+    """The sliding group's bound (`KVGroupSpec.max_live_pages`, which start-up sizes the group by)
+    holds with a chunk in flight: the window releases from the positions scheduled, not from the
+    step the device has finished (a window of 8 pages and chunks of 4 held up to 16 pages)."""
+    request = Request(
+        "long", prompts(1, 1000, 1000, seed=7)[0], SamplingParams(max_tokens=3, ignore_eos=True)
+    )
+    held = {mode: _most_sliding_pages(request, mode, window=128, chunk=64) for mode in (False, True)}
+    for mode, (worst, bound) in held.items():
+        assert 0 < worst <= bound, f"async={mode}: {worst} sliding pages held, bound {bound}"
+    assert held[True] == held[False]
 
 
 def test_a_runner_that_cannot_keep_tokens_on_a_device_runs_each_launch_at_once() -> None:
