@@ -33,31 +33,35 @@
 #   PIPELINE="decode-tests sampler-timing gemm-qwen3 qwen3-decode-variants host-profile-async gemma4-decode-variants
 #             qwen3-gates vllm-qwen3" STAGE=all ...
 # then the qwen3 and gemma4 manifests with the flags the variants showed best, before flipping a default.
-# The next stretch (prepared 2026-12-05 after the H100 run at 59012de: the qwen3 and qwen35
-# manifests passed under async scheduling; since then, untimed: the dispatch table takes the plain
-# decode GEMV at M <= 2 on the H100, the RMSNorm and gated activation launch with PDL, and
-# --prefill-graphs exists). Calls: one carrying .whl-fi (`python3 -m pip install -q --no-index
-# --no-deps --no-compile --target /tmp/site .whl-fi/*.whl`); one carrying .whl-deps that installs
-# those the same way and starts
-#   PIPELINE="pdl-tests gemv-ab prefill-graphs-tests prefill-graphs-latency async-gates-gemma4
-#   prefill-graphs-gates-qwen3 qwen35-prefill-graphs-latency decode-attention-backends host-launch-costs"
+# The next stretch (prepared 2026-12-05 after the H100 run at da31a49, whose figures are in the
+# pages: the decode GEMV and PDL on the norms measured; prefill graphs failed at start-up, fixed in
+# d8a1fb0; a sliding window under async scheduling fixed in f5403a9; the synchronous gemma4 headroom
+# gate did not finish). Carrying: the tree, .git and the 62 MB flashinfer wheel pass 64 MiB
+# together, so the wheel travels split (`split -b 52M`): chunk aa in .whl-fi, chunk ab and the
+# wheel's sha256 in .whl-deps/fi-tail. Calls: one carrying .whl-fi
+# (`mkdir -p /tmp/fi && cp .whl-fi/fi.chunk-aa /tmp/fi/`); one carrying .whl-deps that joins the
+# wheel, checks it, installs (`cp .whl-deps/fi-tail/* /tmp/fi/ && (cd /tmp/fi && cat fi.chunk-aa
+# fi.chunk-ab > flashinfer_python-0.7.2.post1-py3-none-any.whl && sha256sum -c fi.sha) &&
+# python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/fi/*.whl
+# .whl-deps/*.whl`) and starts
+#   PIPELINE="sync-probe prefill-graphs-tests prefill-graphs-latency prefill-graphs-gates-qwen3
+#   qwen35-prefill-graphs-latency async-gates-qwen3"
 #   SYNTH_AHEAD=0 WAIT_S=150 STAGE=all bash docs/benchmarks/scripts/h200_session.sh
-# then STAGE=wait calls back to back (WAIT_S=540). The steps run in this order and the stretch ends
-# where the budget does: the last ones give way first.
-# - pdl-tests (~1 min): the norms' and activation's GPU tests and a PDL chain in a graph.
-# - gemv-ab (~7 min): the async decode step of Qwen3-4B and Gemma 4 12B at batch 1 and 8 with the
-#   shipped table and with its "gemv" rows set back, one session; Qwen3-4B once more, INFER_PDL=0.
-# - prefill-graphs-tests (~3 min): a replay against the padded eager run, tiny Qwen3, Gemma 4, Qwen3.5.
+# then STAGE=wait calls back to back (WAIT_S=540). Order is priority:
+# - sync-probe (~4 min): where the synchronous gate waits, and whether the synchronous default
+#   step runs at all at this commit (nothing synchronous completed on the GPU at da31a49).
+# - prefill-graphs-tests (~2 min): the replay against the padded eager run, tiny Qwen3, Gemma 4,
+#   Qwen3.5 (torch attention: FlashInfer has no prefill kernel for their head dims).
 # - prefill-graphs-latency (~5 min): Qwen3-4B's 1k and 8k prefill, with and without
 #   --prefill-graphs, sync and async.
-# - async-gates-gemma4 (~12 min): the last manifest the async default waits for (and Gemma 4's
-#   parity under the GEMV table).
 # - prefill-graphs-gates-qwen3 (~4 min): the qwen3 manifest with --prefill-graphs (its graph-replay
-#   gate then holds prefill and mixed steps to their padded eager run) and the GEMV rows.
-# - qwen35-prefill-graphs-latency (~4 min): Qwen3.5-4B's 1k prefill, async, with and without them.
-# - decode-attention-backends: fa2 against fa3 and the CUDA-core kernel (each JIT-builds, ~1 min).
-# - host-launch-costs: F.linear's and a launch's host cost again (the 1k prefill's cProfile put
-#   73 us in each F.linear call).
+#   gate then holds prefill and mixed steps to their padded eager run).
+# - qwen35-prefill-graphs-latency (~4 min): Qwen3.5-4B's 1k prefill (58.6 ms, 41.9 of it host gap,
+#   at da31a49), async, with and without them.
+# - async-gates-qwen3 (~4 min): the qwen3 manifest under async with the window fix.
+# Gemma 4's manifest (async and sync) needs an H200: on 80 GB its fp32-reference gates run out of
+# memory under --shared-process (da31a49). With needs_h200: PIPELINE="async-gates-gemma4
+# qwen35-9b-parity" (the last two acceptance runs of issues 18's async default and 19).
 # No vLLM needed. Later stretches: vLLM's
 # Gemma 4 figure beside gemma4-decode-variants (staged as in the 15a67ed stretch: five calls
 # carrying .vllm/partN, the .whl-deps call adding `mkdir -p /tmp/parts && cp
@@ -412,6 +416,18 @@ prefill-graphs-gates-qwen3() {  # the qwen3 manifest with --prefill-graphs (and 
   infer gates --manifest qwen3 --shared-process --checkpoint $q3 $(gate_args qwen3) --prefill-graphs \
     --json $work/qwen3-gates-prefill-graphs.json --junit $work/qwen3-gates-prefill-graphs.xml
 }
+sync-probe() {  # gemma4.chunked_prefill_leaves_headroom did not finish in 150-200 s synchronously on
+  # an H100 at da31a49 (twice; 8 s under async scheduling between them), with nothing logged past
+  # preflight: run it with faulthandler dumping every thread's stack when the timeout sends SIGABRT,
+  # then the synchronous Qwen3-4B step, so a synchronous default that hangs shows where.
+  synth_g4; synth_q3
+  PYTHONFAULTHANDLER=1 timeout -s ABRT 150 python3 -m infer_cli.main gates --manifest gemma4 --shared-process \
+    --checkpoint $g4 --gate gemma4.chunked_prefill_leaves_headroom --json $work/gemma4-headroom-sync.json
+  echo "headroom sync rc=$?"
+  PYTHONFAULTHANDLER=1 timeout -s ABRT 300 python3 -m infer_cli.main bench latency --model $q3 --batch-sizes 1,8 \
+    --prefill-lens 1024 --breakdown --save-result $work/qwen3-4b-latency-sync.json
+  echo "qwen3 sync latency rc=$?"
+}
 pdl-tests() {  # the norms and the activation against their specs on the GPU (PDL on), a PDL chain in a
   # graph against eager, FastLaunch
   python3 -m pytest -q --tb=short tests/kernels/test_layer_ops.py tests/kernels/test_gated_act.py \
@@ -600,7 +616,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | conv-pieces-tests | gemv-ab | pdl-tests | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | qwen35-prefill-graphs-latency)
+  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | qwen35-prefill-graphs-latency)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
