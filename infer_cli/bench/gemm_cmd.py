@@ -25,12 +25,12 @@ if TYPE_CHECKING:  # the module imports torch and Triton; the command imports it
 # The skinny kernel's row limit (kernels.triton.skinny_gemm.MAX_ROWS; a test holds them equal),
 # written here so that parsing the CLI does not import torch and Triton.
 MAX_ROWS = 64
-MODEL_CHOICES = ("qwen3-4b", "gemma4-12b")
+MODEL_CHOICES = ("qwen3-4b", "gemma4-12b", "qwen35-4b")
 DEFAULT_ROWS = (1, 2, 4, 8, 16, 32, 64)
 
 
 def parse_models(raw: str) -> tuple[str, ...]:
-    """``qwen3-4b``, ``gemma4-12b`` or ``all`` (both, in that order)."""
+    """``qwen3-4b``, ``gemma4-12b``, ``qwen35-4b`` or ``all`` (every one, in that order)."""
     name = raw.strip()
     if name == "all":
         return MODEL_CHOICES
@@ -50,7 +50,7 @@ def parse_gemm_rows(raw: str | None) -> tuple[int, ...]:
 
 
 def bench_gemm_command(
-    model: str = typer.Option("all", "--model", help="qwen3-4b, gemma4-12b or all."),
+    model: str = typer.Option("all", "--model", help="qwen3-4b, gemma4-12b, qwen35-4b or all."),
     rows: str | None = typer.Option(
         None, "--rows", help="Row counts M, comma-separated (default 1,2,4,8,16,32,64)."
     ),

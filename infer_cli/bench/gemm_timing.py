@@ -70,8 +70,9 @@ from kernels.triton.skinny_gemm import MAX_ROWS, SkinnySettings
 from kernels.triton.storage import pdl_supported
 from models.synth.families.gemma4 import GEMMA4
 from models.synth.families.qwen3 import QWEN3
+from models.synth.families.qwen35 import QWEN35
 
-MODEL_NAMES: tuple[str, ...] = ("qwen3-4b", "gemma4-12b")
+MODEL_NAMES: tuple[str, ...] = ("qwen3-4b", "gemma4-12b", "qwen35-4b")
 # Qwen3's decode layer through the fused GEMV, by projection name (models/qwen3/model.py).
 _QWEN3_NORM = NormSpec(NormWeight.W, round_before_weight=True)
 FUSED_LAYER: dict[str, Fusion] = {
@@ -138,11 +139,37 @@ def gemma4_projections(preset: str = "12b") -> tuple[Projection, ...]:
     )
 
 
+def qwen35_projections(preset: str = "4b") -> tuple[Projection, ...]:
+    """A GDN layer's in_proj (qkv | z | b | a, as models/qwen35 concatenates them) and out_proj; a
+    gated full-attention layer's QKV (q and its gate per head) and O; every layer's MLP."""
+    f = QWEN35.preset(preset).fields
+    model = f"qwen35-{preset}"
+    hidden, head = f["hidden_size"], f["head_dim"]
+    kinds = list(f["layer_types"])
+    gdn, full = kinds.count("linear_attention"), kinds.count("full_attention")
+    key_dim = f["linear_num_key_heads"] * f["linear_key_head_dim"]
+    value_dim = f["linear_num_value_heads"] * f["linear_value_head_dim"]
+    in_proj = 2 * key_dim + value_dim + value_dim + 2 * f["linear_num_value_heads"]
+    q = f["num_attention_heads"] * head
+    gated_q = 2 * q if f["attn_output_gate"] else q
+    return (
+        Projection(model, "in-proj", in_proj, hidden, gdn),
+        Projection(model, "out-proj", hidden, value_dim, gdn),
+        Projection(model, "qkv", gated_q + 2 * f["num_key_value_heads"] * head, hidden, full),
+        Projection(model, "o", hidden, q, full),
+        Projection(model, "gate-up", 2 * f["intermediate_size"], hidden, len(kinds)),
+        Projection(model, "down", hidden, f["intermediate_size"], len(kinds)),
+        Projection(model, "lm-head", f["vocab_size"], hidden, 1),
+    )
+
+
 def model_projections(model: str) -> tuple[Projection, ...]:
     if model == "qwen3-4b":
         return qwen3_projections("4b")
     if model == "gemma4-12b":
         return gemma4_projections("12b")
+    if model == "qwen35-4b":
+        return qwen35_projections("4b")
     raise ValueError(f"model {model!r} is not benchmarked; choose one of {', '.join(MODEL_NAMES)}")
 
 
@@ -151,11 +178,17 @@ def decode_chain(model: str) -> list[Projection]:
     if model == "qwen3-4b":
         qkv, o, gate_up, down, head = qwen3_projections("4b")
         return [qkv, o, gate_up, down] * qkv.per_step + [head]
-    qkv, o, qk_g, o_g, gate_up, down, head = gemma4_projections("12b")
+    if model == "qwen35-4b":
+        in_proj, out_proj, qkv, o, gate_up, down, head = qwen35_projections("4b")
+        kinds = QWEN35.preset("4b").fields["layer_types"]
+        mixers = {"linear_attention": (in_proj, out_proj), "full_attention": (qkv, o)}
+    else:
+        qkv, o, qk_g, o_g, gate_up, down, head = model_projections(model)
+        kinds = GEMMA4.preset("12b").fields["layer_types"]
+        mixers = {"sliding_attention": (qkv, o), "full_attention": (qk_g, o_g)}
     chain: list[Projection] = []
-    for kind in GEMMA4.preset("12b").fields["layer_types"]:
-        attention = (qkv, o) if kind == "sliding_attention" else (qk_g, o_g)
-        chain += [*attention, gate_up, down]
+    for kind in kinds:
+        chain += [*mixers[kind], gate_up, down]
     return [*chain, head]
 
 

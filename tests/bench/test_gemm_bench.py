@@ -69,6 +69,41 @@ def test_gemma4_12b_projection_shapes_come_from_the_preset() -> None:
     ]
 
 
+def test_qwen35_projection_shapes_are_the_weights_the_model_line_multiplies(tiny_qwen35: Path) -> None:
+    """Held to the line's own weights (the tiny preset through the real loader), not to numbers
+    written here: every 2-D weight a decode step multiplies, with how many steps multiply it."""
+    from engine.config import EngineConfig
+    from models.registry import ModelOptions, load_model
+
+    loaded = load_model(str(tiny_qwen35), ModelOptions(engine=EngineConfig(num_kv_pages=8), device="cpu"))
+    model = loaded.scheduler.runner.model  # type: ignore[attr-defined]
+    weights: dict[tuple[int, int], int] = {}
+    for layer in model.layers:
+        mixer = layer.mixer
+        pair = (mixer.in_proj, mixer.out) if hasattr(mixer, "in_proj") else (mixer.qkv, mixer.o)
+        for w in (*pair, layer.gate_up, layer.down):
+            weights[tuple(w.shape)] = weights.get(tuple(w.shape), 0) + 1
+    weights[tuple(model.lm_head.shape)] = weights.get(tuple(model.lm_head.shape), 0) + 1
+    bench: dict[tuple[int, int], int] = {}
+    for p in gemm_timing.qwen35_projections("tiny"):
+        bench[p.shape] = bench.get(p.shape, 0) + p.per_step
+    assert bench == weights
+    # The 4B: 24 GDN layers (in_proj 2·16·128 + 2·32·128 + 2·32 = 12352), 8 gated attention layers
+    # (QKV 2·16·256 + 2·4·256 = 10240), intermediate 9216, vocab 248320 (tied: the embedding).
+    assert [(p.name, p.n, p.k, p.per_step) for p in model_projections("qwen35-4b")] == [
+        ("in-proj", 12352, 2560, 24),
+        ("out-proj", 2560, 4096, 24),
+        ("qkv", 10240, 2560, 8),
+        ("o", 2560, 4096, 8),
+        ("gate-up", 18432, 2560, 32),
+        ("down", 2560, 9216, 32),
+        ("lm-head", 248320, 2560, 1),
+    ]
+    chain = decode_chain("qwen35-4b")
+    assert [p.name for p in chain[:8]] == ["in-proj", "out-proj", "gate-up", "down"] * 2
+    assert [p.name for p in chain[12:16]] == ["qkv", "o", "gate-up", "down"] and chain[-1].name == "lm-head"
+
+
 def test_decode_chains_hold_every_projection_of_every_layer_once_in_model_order() -> None:
     qwen = decode_chain("qwen3-4b")
     assert len(qwen) == 36 * 4 + 1
@@ -78,7 +113,7 @@ def test_decode_chains_hold_every_projection_of_every_layer_once_in_model_order(
     assert len(gemma) == 48 * 4 + 1
     attention = [p.name for p in gemma[::4][:48]]
     assert [i for i, name in enumerate(attention) if name == "qk-global"] == [5, 11, 17, 23, 29, 35, 41, 47]
-    for model in ("qwen3-4b", "gemma4-12b"):
+    for model in gemm_timing.MODEL_NAMES:
         counts = {p.name: p.per_step for p in model_projections(model)}
         assert {name: sum(p.name == name for p in decode_chain(model)) for name in counts} == counts
 
@@ -106,7 +141,7 @@ def test_chain_copies_exceed_four_l2s_and_at_least_eight() -> None:
 
 
 def test_model_option() -> None:
-    assert parse_models("all") == ("qwen3-4b", "gemma4-12b")
+    assert parse_models("all") == ("qwen3-4b", "gemma4-12b", "qwen35-4b")
     assert parse_models("gemma4-12b") == ("gemma4-12b",)
     with pytest.raises(typer.BadParameter, match="llama"):
         parse_models("llama")

@@ -45,7 +45,7 @@
 # python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/fi/*.whl
 # .whl-deps/*.whl`) and starts
 #   PIPELINE="sync-probe prefill-graphs-tests prefill-graphs-latency prefill-graphs-gates-qwen3
-#   qwen35-prefill-graphs-latency async-gates-qwen3"
+#   qwen35-prefill-graphs-latency gemm-qwen35 async-gates-qwen3"
 #   SYNTH_AHEAD=0 WAIT_S=150 STAGE=all bash docs/benchmarks/scripts/h200_session.sh
 # then STAGE=wait calls back to back (WAIT_S=540). Order is priority:
 # - sync-probe (~4 min): where the synchronous gate waits, and whether the synchronous default
@@ -58,6 +58,8 @@
 #   gate then holds prefill and mixed steps to their padded eager run).
 # - qwen35-prefill-graphs-latency (~4 min): Qwen3.5-4B's 1k prefill (58.6 ms, 41.9 of it host gap,
 #   at da31a49), async, with and without them.
+# - gemm-qwen35 (~4 min): Qwen3.5-4B's projections for the card's dispatch table (merge the
+#   --save-dispatch file into kernels/gemm/skinny_dispatch_h100.json back here, ChoiceTable.merged).
 # - async-gates-qwen3 (~4 min): the qwen3 manifest under async with the window fix.
 # Gemma 4's manifest (async and sync) needs an H200: on 80 GB its fp32-reference gates run out of
 # memory under --shared-process (da31a49). With needs_h200: PIPELINE="async-gates-gemma4
@@ -228,6 +230,11 @@ gemm-qwen3() {  # cuBLAS / skinny / fused GEMV / fused MMA per Qwen3-4B projecti
 gemm-gemma4() {  # the same for Gemma 4 12B's projections: the H100's shipped table has Qwen3-4B's only
   COLUMNS=200 infer bench gemm --model gemma4-12b --rows ${GEMM_ROWS:-1,2,4,8,16,64} \
     --save-result $work/gemm-gemma4-12b.json --save-dispatch $work/skinny-dispatch-gemma4-12b.json
+}
+gemm-qwen35() {  # Qwen3.5-4B's projections: neither shipped table has them (only its O projection
+  # matches a Qwen3-4B shape), so its decode runs cuBLAS where the other lines take the GEMV
+  COLUMNS=200 infer bench gemm --model qwen35-4b --rows ${GEMM_ROWS:-1,2,4,8,16,64} \
+    --save-result $work/gemm-qwen35-4b.json --save-dispatch $work/skinny-dispatch-qwen35-4b.json
 }
 # Qwen3-4B decode per path, one model load each (issue 18). NAME|FLAGS; the first is the default.
 # On an H100 at 51e18f3 the fused kernels and the Triton attention were slower than the default and
@@ -616,7 +623,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | qwen35-prefill-graphs-latency)
+  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | qwen35-prefill-graphs-latency)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
