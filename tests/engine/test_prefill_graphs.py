@@ -12,6 +12,7 @@ anything a filler token leaked into a live row would show. The capture itself is
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -214,6 +215,46 @@ def test_a_replay_runs_each_segment_then_that_layer_s_attention(
     assert log == [*expected, f"replay {layers}"]
     assert attended == [6] * layers  # the live tokens only
     assert graphs.replays_per_bucket == {16: 1} and graphs.steps_per_bucket == {16: 2}
+
+
+def test_capture_plans_and_runs_every_forward_in_inference_mode(
+    tiny_qwen3: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`capture` end to end with the CUDA calls stood in for: the warm-up's plan and both forwards
+    run in inference mode, as the runner's steps do. FlashInfer's plan buffers are made there by
+    start-up's profile step and take no in-place update outside it (the H100 start-up at da31a49
+    failed on that), so a plan outside that mode is the bug this holds off."""
+    runner = _runner(tiny_qwen3)
+    log: list[str] = []
+    graphs = PrefillGraphs(
+        runner.model,
+        runner.attention,
+        (16, 32),
+        max_rows=4,
+        max_pages_per_seq=4,
+        new_graph=lambda: _FakeGraph(log),
+    )
+    cuda = torch.cuda
+    monkeypatch.setattr(cuda, "graph_pool_handle", lambda: "pool")
+    monkeypatch.setattr(cuda, "Stream", lambda device=None: "stream")
+    monkeypatch.setattr(cuda, "stream", lambda stream: contextlib.nullcontext())
+    monkeypatch.setattr(cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(cuda, "mem_get_info", lambda device=None: (1 << 30, 1 << 31))
+    monkeypatch.setattr(cuda, "memory_reserved", lambda device=None: 0)
+    modes: list[bool] = []
+    plan = runner.attention.plan
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        modes.append(torch.is_inference_mode_enabled())
+        return plan(*args, **kwargs)
+
+    monkeypatch.setattr(runner.attention, "plan", spy)
+    graphs.capture()
+    assert modes and all(modes)
+    assert [r.bucket for r in graphs.records] == [32, 16]
+    layers = len(runner.model.layers)  # type: ignore[attr-defined]
+    assert graphs.segments_per_bucket() == {32: layers + 1, 16: layers + 1}
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
