@@ -101,8 +101,9 @@ class PagedModelRunner:
         # it is made on the first launch.
         self._stream: torch.cuda.Stream | None = None
         self._side_backend: AttentionBackend | None = side_attention
-        # Async scheduling: the pinned buffers launches pass through, and an event behind the last
-        # launch's input copies (the attention backend's plan copies included).
+        # The pinned buffers launches pass through (async scheduling), and an event behind the last
+        # main-stream step's input copies (the attention backend's plan copies included), which the
+        # next plan waits for (`_wait_for_inputs`).
         self._staging = StagingRing(model.device)
         self._inputs_queued: torch.cuda.Event | None = None
         # The main stream's steps (eager, graphed, launched) pack their page tables from the last
@@ -127,6 +128,11 @@ class PagedModelRunner:
         rows, None when no row samples. What every tensor-parallel rank runs; rank 0 then samples."""
         rows = batch.rows
         graphs = self.graphs
+        on_cuda = self.model.device.type == "cuda"
+        # A step that samples nothing (a prefill chunk) returns without the host waiting for the
+        # device, so the next plan could rewrite the pinned buffers its queued input copies still
+        # read; as in `launch_step`, planning waits for the previous step's input copies.
+        self._wait_for_inputs()
         self._copy_state(batch.restore_state)
         if graphs is not None and graphs.accepts(rows):
             step = pack_step(
@@ -137,13 +143,23 @@ class PagedModelRunner:
                 table_cache=self._tables,
             )
             logits: torch.Tensor | None = graphs.logits(step, len(rows), replay=self.replay_graphs)
+            self._inputs_queued = _record_event(on_cuda)
         elif self.prefill_graphs is not None and self.prefill_graphs.accepts(rows):
             step = pack_step(rows, self.model.kv.attention_specs, self.attention, table_cache=self._tables)
-            logits = self._segmented_logits(rows, self.prefill_graphs.load(step))
+            bucket = self.prefill_graphs.load(step)
+            self._inputs_queued = _record_event(on_cuda)
+            logits = self._segmented_logits(rows, bucket)
         else:
-            logits = self._eager_logits(rows, self.attention, self._tables)
+            logits = self._eager_logits(rows, self.attention, self._tables, mark_inputs=True)
         self._copy_state(batch.snapshot_state)
         return logits
+
+    def _wait_for_inputs(self) -> None:
+        """Wait until the previous step's input copies (and the plan copies queued before them)
+        have run: only then may a plan rewrite the pinned buffers they read."""
+        if self._inputs_queued is not None:
+            self._inputs_queued.synchronize()
+            self._inputs_queued = None
 
     def _copy_state(self, copies: Sequence[tuple[int, int]]) -> None:
         """A step's state-slot copies (source, destination), in order, queued on the current stream:
@@ -171,9 +187,7 @@ class PagedModelRunner:
         rows = batch.rows
         device = self.model.device
         on_cuda = device.type == "cuda"
-        if self._inputs_queued is not None:
-            self._inputs_queued.synchronize()
-            self._inputs_queued = None
+        self._wait_for_inputs()
         slot, staging = self._staging.take()
         try:
             # Before the forward, as `forward` makes them; the snapshots follow the logits.
@@ -311,11 +325,20 @@ class PagedModelRunner:
         return self.model.logits(hidden) if sampled else None
 
     def _eager_logits(
-        self, rows: Sequence[BatchRow], attention: AttentionBackend, table_cache: PageTableCache | None = None
+        self,
+        rows: Sequence[BatchRow],
+        attention: AttentionBackend,
+        table_cache: PageTableCache | None = None,
+        *,
+        mark_inputs: bool = False,
     ) -> torch.Tensor | None:
-        """One forward over `rows` through `attention`; None when no row samples."""
+        """One forward over `rows` through `attention`; None when no row samples. `mark_inputs`:
+        the main stream's step, whose input copies the next plan waits for (`_wait_for_inputs`)."""
         step = pack_step(rows, self.model.kv.attention_specs, attention, table_cache=table_cache)
-        hidden = self.model.forward(step.to(self.model.device))
+        step = step.to(self.model.device)
+        if mark_inputs:
+            self._inputs_queued = _record_event(self.model.device.type == "cuda")
+        hidden = self.model.forward(step)
         if not any(r.sample for r in rows):
             return None
         return self.model.logits(hidden)

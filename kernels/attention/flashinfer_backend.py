@@ -249,9 +249,10 @@ class _DeviceIndices:
 
     One pair of buffers per group: an eager planner keeps the tensor it is given and its kernels
     read it later in the step, and a step plans every group before any runs. A group's pinned
-    buffer is rewritten only at its next plan; the runner waits for the previous launch's input
-    copies before it plans another (engine/model_runner.py, `launch_step`), and the device buffer
-    is reused in stream order.
+    buffer is rewritten only at its next plan; the runner waits for the previous step's input
+    copies before it plans another (engine/model_runner.py, `_wait_for_inputs`, synchronous steps
+    and launched ones alike: FlashInfer's own pinned plan buffer needs the same), and the device
+    buffer is reused in stream order.
 
     The buffers are ordinary tensors even when the first plan runs under ``torch.inference_mode``
     (start-up's profiling steps do; the graph captures plan outside it): an inference tensor cannot
