@@ -48,8 +48,10 @@
 #   qwen35-prefill-graphs-latency gemm-qwen35 async-gates-qwen3"
 #   SYNTH_AHEAD=0 WAIT_S=150 STAGE=all bash docs/benchmarks/scripts/h200_session.sh
 # then STAGE=wait calls back to back (WAIT_S=540). Order is priority:
-# - sync-probe (~4 min): where the synchronous gate waits, and whether the synchronous default
-#   step runs at all at this commit (nothing synchronous completed on the GPU at da31a49).
+# - sync-probe (~4 min): whether the synchronous gate finishes now that synchronous steps wait for
+#   the previous step's input copies before planning (1564fc5, the suspected cause), where it waits
+#   if not, and whether the synchronous default step runs (nothing synchronous completed on the GPU
+#   at da31a49).
 # - prefill-graphs-tests (~2 min): the replay against the padded eager run, tiny Qwen3, Gemma 4,
 #   Qwen3.5 (torch attention: FlashInfer has no prefill kernel for their head dims).
 # - prefill-graphs-latency (~5 min): Qwen3-4B's 1k and 8k prefill, with and without
