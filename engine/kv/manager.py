@@ -213,7 +213,10 @@ class KVManager:
 
     def release_window(self, request_id: str, frontier: int) -> None:
         """Sliding groups: release pages wholly before the window of the token at `frontier`
-        (it needs positions > frontier - W)."""
+        (it needs positions > frontier - W), each only once `computed` has indexed it, so that a
+        later request can still hit it. Under async scheduling the frontier can run a step ahead of
+        what is indexed; with a window no shorter than a chunk the pages it passes were indexed
+        already (docs/engine.md)."""
         if not self._sliding:
             return
         state = self._requests.get(request_id)
@@ -225,6 +228,8 @@ class KVManager:
             first_needed = frontier - window + 1
             table = state.tables[gi]
             stop = min(len(table), max(0, first_needed) // PAGE_SIZE)
+            if self.prefix_caching:
+                stop = min(stop, state.num_indexed)
             start = state.released[gi]
             if stop <= start:
                 continue

@@ -156,12 +156,18 @@ def test_sliding_group_releases_pages_behind_the_window() -> None:
     kv = _manager(sliding=20)
     assert kv.prefix_caching is True  # sliding groups cache too (their hits start window-released)
     assert kv.allocate("a", 64)
-    # The token at position 36 needs positions 17..36: page 0 (0..15) is out, page 1 is not.
+    tokens = list(range(100, 164))
+    # The token at position 36 needs positions 17..36: page 0 (0..15) is out, page 1 is not. A
+    # page is released only once indexed, so that a later request can still hit it.
+    kv.release_window("a", 36)
+    assert kv.live_pages("a") == [4, 4]
+    kv.computed("a", tokens, 36)
     kv.release_window("a", 36)
     full, sliding = kv.page_tables("a", 64)
     assert sliding[0] == PADDING_PAGE and all(p != PADDING_PAGE for p in sliding[1:])
     assert all(p != PADDING_PAGE for p in full)
     assert kv.live_pages("a") == [4, 3]
+    kv.computed("a", tokens, 52)
     kv.release_window("a", 52)  # needs 33..52: pages 0 and 1 go
     assert kv.live_pages("a") == [4, 2]
     sliding_load = kv.load()[1]
