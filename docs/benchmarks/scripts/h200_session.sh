@@ -37,8 +37,8 @@
 # pages: the decode GEMV and PDL on the norms measured; prefill graphs failed at start-up, fixed in
 # d8a1fb0; a sliding window under async scheduling fixed in f5403a9; the synchronous gemma4 headroom
 # gate did not finish). Carrying: the tree, .git and the 62 MB flashinfer wheel pass 64 MiB
-# together, so the wheel travels split (`split -b 52M`): chunk aa in .whl-fi, chunk ab and the
-# wheel's sha256 in .whl-deps/fi-tail. Calls: one carrying .whl-fi
+# together, so the wheel travels split (scripts/split_flashinfer_wheel.sh after stage-wheels.sh):
+# chunk aa in .whl-fi, chunk ab and the wheel's sha256 in .whl-deps/fi-tail. Calls: one carrying .whl-fi
 # (`mkdir -p /tmp/fi && cp .whl-fi/fi.chunk-aa /tmp/fi/`); one carrying .whl-deps that joins the
 # wheel, checks it, installs (`cp .whl-deps/fi-tail/* /tmp/fi/ && (cd /tmp/fi && cat fi.chunk-aa
 # fi.chunk-ab > flashinfer_python-0.7.2.post1-py3-none-any.whl && sha256sum -c fi.sha) &&
