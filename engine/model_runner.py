@@ -348,6 +348,7 @@ class PagedModelRunner:
         """Float32 logits [len(token_ids), vocab] at every position of one sequence, computed by a
         single prefill into `page_table` (one table for every KV group). A diagnostic for parity
         gates: the caller owns those pages, so it must not run while the scheduler holds them."""
+        self._wait_for_inputs()  # it plans too
         specs = self.model.kv.attention_specs
         row = BatchRow.whole_prompt("score", token_ids, (tuple(page_table),) * len(specs))
         step = pack_step([row], specs, self.attention, logits_last=len(row.token_ids))
