@@ -363,9 +363,7 @@ class Qwen35Model:
         """out_proj's input from in_proj's output: this rank's value heads, [tokens, value_dim]."""
         g = self.gdn_geometry
         tokens = projected.shape[0]
-        qkv, z, b, a = projected.split(
-            [g.conv_dim, g.value_dim, g.num_value_heads, g.num_value_heads], dim=-1
-        )
+        qkv, z, b, a = self._in_proj_parts(projected)
         if fused_gdn:
             assert self.decode_mixer is not None and rows is not None
             return self.decode_mixer.mix(
@@ -390,14 +388,17 @@ class Qwen35Model:
             normed = reference.gated_rms_norm(core, gate, layer.norm, eps)
         return normed.reshape(tokens, g.value_dim)
 
+    def _in_proj_parts(self, projected: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """in_proj's output as column views: qkv (the conv's input), z, b, a."""
+        g = self.gdn_geometry
+        return projected.split([g.conv_dim, g.value_dim, g.num_value_heads, g.num_value_heads], dim=-1)
+
     def _gdn_core(self, layer: _DeltaNet, projected: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """The conv, gates and delta rule of one GDN layer over its in_proj output, on `batch`'s rows
         and state slots (planned on the host from them): [tokens, value_dim] before the gated norm."""
         g = self.gdn_geometry
         tokens = projected.shape[0]
-        qkv, _, b, a = projected.split(
-            [g.conv_dim, g.value_dim, g.num_value_heads, g.num_value_heads], dim=-1
-        )
+        qkv, _, b, a = self._in_proj_parts(projected)
         rows = self._rows_of(batch)
         # A column view of the projection: every conv takes a strided row view (no copy made), and
         # gives q, k and v dense where its kernel can (the chunked delta rules read them dense).
