@@ -46,6 +46,7 @@ CATEGORIES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
 OTHER = "other"
 TOP_KERNELS = 8
 TOP_HOST_CALLS = 6
+TIMELINE_NAME_CHARS = 96
 # What the profiler names a host call into CUDA: the runtime's `cudaLaunchKernel`, the driver's
 # `cuLaunchKernelEx` (Triton's launcher), `cudaStreamSynchronize`, ...
 _CUDA_CALL = re.compile(r"^cu(da)?[A-Z]")
@@ -77,6 +78,10 @@ class StepBreakdown:
     top: tuple[tuple[str, float], ...]  # the heaviest kernel names, ms per step
     # The host's calls into CUDA by name, the heaviest first: (name, calls per step, ms per step).
     host_calls: tuple[tuple[str, float, float], ...] = ()
+    # The last profiled step's kernels in start order: (name, start µs after the step's first
+    # kernel, duration µs). Where a step's time goes between kernels (gaps, PDL overlap) shows here
+    # and nowhere in the sums above.
+    timeline: tuple[tuple[str, float, float], ...] = ()
 
     @property
     def host_gap_ms(self) -> float:
@@ -98,6 +103,9 @@ class StepBreakdown:
             top=tuple((str(name), float(ms)) for name, ms in saved["top"]),
             host_calls=tuple(
                 (str(name), float(calls), float(ms)) for name, calls, ms in saved.get("host_calls", ())
+            ),
+            timeline=tuple(
+                (str(name), float(start), float(us)) for name, start, us in saved.get("timeline", ())
             ),
         )
 
@@ -143,7 +151,19 @@ def summarize(
         by_category=tuple((c, per_category[c] / steps / 1e3) for c in order),
         top=tuple((name, us / steps / 1e3) for name, us in heaviest),
         host_calls=tuple((name, call_count[name] / steps, us / steps / 1e3) for name, us in slowest_calls),
+        timeline=last_step_timeline(kernels, steps),
     )
+
+
+def last_step_timeline(kernels: Iterable[Kernel], steps: int) -> tuple[tuple[str, float, float], ...]:
+    """The last of `steps` equal steps' kernels in start order, timed from its first kernel; names
+    cut to ``TIMELINE_NAME_CHARS`` (FlashInfer's template names run to hundreds)."""
+    ordered = sorted(kernels, key=lambda k: k.start_us)
+    last = ordered[len(ordered) - round(len(ordered) / max(steps, 1)) :]
+    if not last:
+        return ()
+    origin = last[0].start_us
+    return tuple((k.name[:TIMELINE_NAME_CHARS], k.start_us - origin, k.duration_us) for k in last)
 
 
 def profiled_kernels(

@@ -16,6 +16,7 @@ from engine.scheduler import BatchScheduler
 from infer_cli.bench.latency import Ceilings, PolicyRun, bench_decode, bench_prefill, results_json
 from infer_cli.bench.step_profile import (
     OTHER,
+    TIMELINE_NAME_CHARS,
     Kernel,
     StepBreakdown,
     category_of,
@@ -136,3 +137,23 @@ def test_a_profiler_that_fails_leaves_the_timings(
     decode = bench_decode(scheduler, facts, ceilings, batch=2, context=20, iters=2, breakdown=True)
     assert decode.breakdown is None and decode.step_ms > 0
     assert "CUPTI_ERROR_NOT_INITIALIZED" in caplog.text
+
+
+def test_the_timeline_is_the_last_steps_kernels_timed_from_its_first() -> None:
+    kernels = [
+        Kernel("norm", 0, 5),
+        Kernel("gemv", 4, 10),
+        Kernel("gemv", 130, 10),  # listed out of order: the timeline sorts by start
+        Kernel("norm", 100, 5),
+        Kernel("x" * 200, 150, 1),
+    ]
+    b = summarize(kernels, busy_us=30, steps=2, host_ms=0.1)
+    # 5 kernels over 2 steps: the last step is the last round(2.5) = 2 by start (130 and 150).
+    assert [name for name, _, _ in b.timeline] == ["gemv", "x" * TIMELINE_NAME_CHARS]
+    assert [start for _, start, _ in b.timeline] == [0.0, 20.0]
+    saved = json.loads(json.dumps(asdict(b)))
+    assert StepBreakdown.from_saved(saved) == b
+    even = summarize(
+        [Kernel("a", 0, 1), Kernel("b", 3, 1), Kernel("a", 10, 1), Kernel("b", 14, 2)], 5, 2, 0.1
+    )
+    assert even.timeline == (("a", 0.0, 1.0), ("b", 4.0, 2.0))
