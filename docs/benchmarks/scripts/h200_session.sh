@@ -445,6 +445,29 @@ qwen3-timeline() {  # async decode steps with each kernel's start and duration (
   # timeline): the shipped kernels against --decode-fusion, batch 1 and 8
   DECODE_VARIANTS="async|--async-scheduling fusedasync|--async-scheduling,--decode-fusion" qwen3-decode-variants
 }
+qwen3-table() {  # this card's Qwen3-4B dispatch rows measured anew (the H200's table predates the decode
+  # GEMV), written over the running tree's table for the card (copy it back from the run), then the
+  # async decode step that follows them
+  synth_q3
+  gemm-qwen3
+  python3 - $work/skinny-dispatch-qwen3-4b.json <<'PY'
+import sys
+from pathlib import Path
+import torch
+import kernels.gemm.skinny_dispatch as dispatch
+from kernels.gemm.skinny_dispatch import ChoiceTable
+fresh = ChoiceTable.load(Path(sys.argv[1]))
+path = Path(dispatch.__file__).with_name(dispatch.MEASURED_TABLES[torch.cuda.get_device_name()])
+new = {(c.n, c.k, c.dtype) for c in fresh.shapes}
+old = ChoiceTable.load(path)
+kept = ChoiceTable(tuple(c for c in old.shapes if (c.n, c.k, c.dtype) not in new), old.device, old.measured_at)
+ChoiceTable.merged([kept, fresh]).save(path)
+print(f"{path}: {len(fresh.shapes)} shapes measured now, {len(kept.shapes)} kept")
+PY
+  cp kernels/gemm/skinny_dispatch_h*.json $work/
+  infer bench latency --model $q3 --async-scheduling --batch-sizes 1,8,64 --prefill-lens 1024 --breakdown \
+    --save-result $work/qwen3-4b-latency-async-table.json
+}
 pdl-tests() {  # the norms and the activation against their specs on the GPU (PDL on), a PDL chain in a
   # graph against eager, FastLaunch
   python3 -m pytest -q --tb=short tests/kernels/test_layer_ops.py tests/kernels/test_gated_act.py \
@@ -633,7 +656,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | gemv-sweep | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | qwen35-prefill-graphs-latency)
+  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | qwen35-prefill-graphs-latency)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
