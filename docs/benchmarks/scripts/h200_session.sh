@@ -442,8 +442,9 @@ gemv-sweep() {  # the decode GEMV's rows per program and warps per Qwen3-4B proj
   python3 docs/benchmarks/scripts/gemv_sweep.py --save $work/gemv-sweep-m1.json
 }
 qwen3-timeline() {  # async decode steps with each kernel's start and duration (the breakdown's
-  # timeline): the shipped kernels against --decode-fusion, batch 1 and 8
-  DECODE_VARIANTS="async|--async-scheduling fusedasync|--async-scheduling,--decode-fusion" qwen3-decode-variants
+  # timeline): the shipped kernels, --decode-fusion, the Triton decode attention
+  DECODE_VARIANTS="async|--async-scheduling fusedasync|--async-scheduling,--decode-fusion
+    tritonasync|--async-scheduling,--attention-backend=triton" qwen3-decode-variants
 }
 qwen3-table() {  # this card's Qwen3-4B dispatch rows measured anew (the H200's table predates the decode
   # GEMV), written over the running tree's table for the card (copy it back from the run), then the
