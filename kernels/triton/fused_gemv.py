@@ -47,6 +47,7 @@ CUDA-graph safe: a call reads tensor metadata only and allocates only its output
 
 from __future__ import annotations
 
+import itertools
 import sys
 from dataclasses import dataclass
 
@@ -98,6 +99,9 @@ class GemvSettings:
     rows_per_program: int
     num_warps: int = 4
     pdl: bool = True
+    # K loaded as a power-of-two head and a power-of-two tail (``k_blocks``) instead of one masked
+    # power-of-two block: at K = 9728 the one block holds 16384 lanes, 41 % of them masked.
+    k_tail: bool = False
 
     def __post_init__(self) -> None:
         if not _is_pow2(self.rows_per_program):
@@ -105,13 +109,26 @@ class GemvSettings:
         if self.num_warps not in (1, 2, 4, 8, 16):
             raise FusedGemvError(f"num_warps={self.num_warps}: must be 1, 2, 4, 8 or 16")
 
+    def k_blocks(self, k: int) -> tuple[int, int]:
+        """The head and tail widths a row of K is loaded in (tail 0: one block).
+
+        One block: ``next_power_of_2(k)``, masked past K. With ``k_tail``: the largest power of two
+        ≤ K, unmasked, and the smallest power of two ≥ the rest (2560 = 2048 + 512 exactly,
+        9728 = 8192 + 2048 with 512 masked).
+        """
+        if not self.k_tail or _is_pow2(k):
+            return next_power_of_2(k), 0
+        head = 1 << (k.bit_length() - 1)
+        return head, next_power_of_2(k - head)
+
     def slice_elements(self, k: int, *, gated: bool = False) -> int:
         """Weight elements one program loads before it waits."""
-        return (2 if gated else 1) * self.rows_per_program * next_power_of_2(k)
+        return (2 if gated else 1) * self.rows_per_program * sum(self.k_blocks(k))
 
     @property
     def label(self) -> str:
-        return f"r{self.rows_per_program}·w{self.num_warps}·{'pdl' if self.pdl else 'nopdl'}"
+        tail = "·tail" if self.k_tail else ""
+        return f"r{self.rows_per_program}·w{self.num_warps}{tail}·{'pdl' if self.pdl else 'nopdl'}"
 
 
 def gemv_settings(n: int, k: int, *, gated: bool = False) -> GemvSettings:
@@ -141,6 +158,8 @@ def _fused_gemv_kernel(
     eps,
     ROWS: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    HEAD_K: tl.constexpr,
+    TAIL_K: tl.constexpr,
     NORM: tl.constexpr,
     WEIGHT_MODE: tl.constexpr,
     ROUND_BEFORE_WEIGHT: tl.constexpr,
@@ -154,34 +173,63 @@ def _fused_gemv_kernel(
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()  # the next kernel may start its own weight loads
     cols = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    ks = tl.arange(0, BLOCK_K)[None, :]
-    col_ok = cols < N_OUT
+    col_ok = cols[:, None] < N_OUT
+    # A row of K in two pieces, [0, HEAD_K) and [HEAD_K, HEAD_K + TAIL_K) (TAIL_K 0: one piece).
+    ks = tl.arange(0, HEAD_K)[None, :]
     k_ok = ks < K
+    row_at = cols[:, None].to(tl.int64) * K  # int64: an LM head's N·K passes 2³¹ at larger vocabularies
     # The program's whole weight slice (both halves when gated), requested before anything waits.
-    # Offsets in int64: an LM head's N·K passes 2³¹ at larger vocabularies.
-    w = tl.load(w_ptr + cols[:, None].to(tl.int64) * K + ks, mask=col_ok[:, None] & k_ok, other=0.0)
+    w = tl.load(w_ptr + row_at + ks, mask=col_ok & k_ok, other=0.0)
     if GATED:  # the up half's same rows, I rows further on
-        up_rows = (cols + N_OUT)[:, None].to(tl.int64)
-        up_w = tl.load(w_ptr + up_rows * K + ks, mask=col_ok[:, None] & k_ok, other=0.0)
+        up_at = (cols + N_OUT)[:, None].to(tl.int64) * K
+        up_w = tl.load(w_ptr + up_at + ks, mask=col_ok & k_ok, other=0.0)
+    if TAIL_K > 0:
+        ks_tail = HEAD_K + tl.arange(0, TAIL_K)[None, :]
+        tail_ok = ks_tail < K
+        w_tail = tl.load(w_ptr + row_at + ks_tail, mask=col_ok & tail_ok, other=0.0)
+        if GATED:
+            up_w_tail = tl.load(w_ptr + up_at + ks_tail, mask=col_ok & tail_ok, other=0.0)
     if NORM and WEIGHT_MODE != WEIGHT_NONE:
         norm_w = tl.load(norm_w_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
+        if TAIL_K > 0:
+            norm_w_tail = tl.load(norm_w_ptr + ks_tail, mask=tail_ok, other=0.0).to(tl.float32)
     else:
         norm_w = ks.to(tl.float32)  # unread: _normalise ignores the weight without one
+        if TAIL_K > 0:
+            norm_w_tail = ks_tail.to(tl.float32)
     if PDL:
         tl.extra.cuda.gdc_wait()  # x, residual and out belong to the previous kernel until now
+    ks_row = tl.arange(0, BLOCK_K)[None, :]  # the whole row, for the norm's sum of squares
     for m in range(M):  # the same code for every row: a row's bits never depend on M
-        x = tl.load(x_ptr + m * stride_xm + ks, mask=k_ok, other=0.0).to(tl.float32)
+        x_at = x_ptr + m * stride_xm
+        x = tl.load(x_at + ks, mask=k_ok, other=0.0).to(tl.float32)
         if NORM:
-            x = _normalise(x, _row_inverse_rms(x, K, eps), norm_w, WEIGHT_MODE, ROUND_BEFORE_WEIGHT, STORAGE)
+            # The inverse RMS over the whole row as one block: the same sum as the RMSNorm kernel's.
+            if TAIL_K > 0:  # noqa: SIM108 (a Triton constexpr branch)
+                whole = tl.load(x_at + ks_row, mask=ks_row < K, other=0.0).to(tl.float32)
+            else:
+                whole = x
+            inverse_rms = _row_inverse_rms(whole, K, eps)
+            x = _normalise(x, inverse_rms, norm_w, WEIGHT_MODE, ROUND_BEFORE_WEIGHT, STORAGE)
         acc = tl.sum(w.to(tl.float32) * x, axis=1)
+        if GATED:
+            up_acc = tl.sum(up_w.to(tl.float32) * x, axis=1)
+        if TAIL_K > 0:
+            x_tail = tl.load(x_at + ks_tail, mask=tail_ok, other=0.0).to(tl.float32)
+            if NORM:
+                x_tail = _normalise(
+                    x_tail, inverse_rms, norm_w_tail, WEIGHT_MODE, ROUND_BEFORE_WEIGHT, STORAGE
+                )
+            acc += tl.sum(w_tail.to(tl.float32) * x_tail, axis=1)
+            if GATED:
+                up_acc += tl.sum(up_w_tail.to(tl.float32) * x_tail, axis=1)
         y = _round_to_storage(acc, STORAGE)
         if GATED:
-            up = _round_to_storage(tl.sum(up_w.to(tl.float32) * x, axis=1), STORAGE)
-            y = _gated_product(y, up, KIND, STORAGE, LIBDEVICE)
+            y = _gated_product(y, _round_to_storage(up_acc, STORAGE), KIND, STORAGE, LIBDEVICE)
         if RESIDUAL:
-            res = tl.load(res_ptr + m * stride_rm + cols, mask=col_ok, other=0.0).to(tl.float32)
+            res = tl.load(res_ptr + m * stride_rm + cols, mask=cols < N_OUT, other=0.0).to(tl.float32)
             y = _round_to_storage(res + y, STORAGE)  # torch's `residual + delta`: one rounding
-        tl.store(out_ptr + m * stride_om + cols, y.to(out_ptr.dtype.element_ty), mask=col_ok)
+        tl.store(out_ptr + m * stride_om + cols, y.to(out_ptr.dtype.element_ty), mask=cols < N_OUT)
 
 
 # -------------------------------------------------------------------------------------- launcher
@@ -349,6 +397,7 @@ def fused_gemv(
     if pdl:
         launch["launch_pdl"] = True
     spec = fusion.norm
+    head_k, tail_k = chosen.k_blocks(k)
     _fused_gemv_launch[(ceil_div(n_out, chosen.rows_per_program),)](
         x,
         x if norm_weight is None else norm_weight,  # unread without a norm weight
@@ -364,6 +413,8 @@ def fused_gemv(
         spec.eps if spec is not None else 0.0,
         ROWS=chosen.rows_per_program,
         BLOCK_K=next_power_of_2(k),
+        HEAD_K=head_k,
+        TAIL_K=tail_k,
         NORM=spec is not None,
         WEIGHT_MODE=_MODES[spec.weight if spec is not None else NormWeight.NONE],
         ROUND_BEFORE_WEIGHT=spec.round_before_weight if spec is not None else False,
@@ -402,15 +453,25 @@ COMPILE_VARIANTS: tuple[tuple[Fusion, int, int], ...] = (
 
 
 def compile_variant(
-    fusion: Fusion, n: int, k: int, dtype: torch.dtype = torch.bfloat16, *, arch: int = 90
+    fusion: Fusion,
+    n: int,
+    k: int,
+    dtype: torch.dtype = torch.bfloat16,
+    *,
+    arch: int = 90,
+    k_tail: bool = False,
 ) -> object:
-    """The compiled kernel (cubin and PTX) for one variant, PDL on, on ``sm_{arch}``, without a GPU."""
+    """The compiled kernel (cubin and PTX) for one variant, PDL on, on ``sm_{arch}``, without a GPU:
+    the shape's default settings, K in a head and a tail when ``k_tail``."""
     gated = fusion.activation is not None
-    settings = gemv_settings(n // 2 if gated else n, k, gated=gated)
+    default = gemv_settings(n // 2 if gated else n, k, gated=gated)
+    settings = GemvSettings(default.rows_per_program, default.num_warps, k_tail=k_tail)
     spec = fusion.norm
     constexprs = {
         "ROWS": settings.rows_per_program,
         "BLOCK_K": next_power_of_2(k),
+        "HEAD_K": settings.k_blocks(k)[0],
+        "TAIL_K": settings.k_blocks(k)[1],
         "NORM": spec is not None,
         "WEIGHT_MODE": _MODES[spec.weight if spec is not None else NormWeight.NONE].value,
         "ROUND_BEFORE_WEIGHT": spec.round_before_weight if spec is not None else False,
@@ -437,8 +498,8 @@ def compile_variant(
 def main() -> int:
     failures = []
     for fusion, n, k in COMPILE_VARIANTS:
-        for dtype in POINTER_TYPES:
-            kernel = compile_variant(fusion, n, k, dtype)
+        for dtype, k_tail in itertools.product(POINTER_TYPES, (False, True)):
+            kernel = compile_variant(fusion, n, k, dtype, k_tail=k_tail)
             asm = getattr(kernel, "asm", {})
             ptx = str(asm.get("ptx", ""))
             problems = [] if asm.get("cubin") else ["no cubin"]
@@ -447,7 +508,8 @@ def main() -> int:
             if not any("ld.global" in line and ".v4." in line for line in ptx.splitlines()):
                 problems.append("no 128-bit global loads")
             if problems:
-                failures.append(f"{fusion.name} [{n}, {k}] {dtype}: {', '.join(problems)}")
+                tail = " (K head + tail)" if k_tail else ""
+                failures.append(f"{fusion.name} [{n}, {k}]{tail} {dtype}: {', '.join(problems)}")
         print(f"compiled {fusion.name} [{n}, {k}]")
     for failure in failures:
         print(f"FAILED {failure}", file=sys.stderr)
