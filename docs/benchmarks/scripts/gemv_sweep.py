@@ -13,6 +13,7 @@ the plain GEMV, and which setting a shape should ship with (docs/benchmarks/gemm
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 from functools import partial
 from pathlib import Path
@@ -39,7 +40,7 @@ FUSED = {
     "down": Fusion(residual=True),
 }
 ROWS_PER_PROGRAM = (1, 2, 4, 8)
-WARPS = (2, 4, 8)
+WARPS = (4, 8)
 
 
 def timed(
@@ -89,18 +90,16 @@ def sweep(
         norm_weight = 1 + 0.1 * torch.randn(k, dtype=dtype, device=device) if fusion.norm else None
         residual = torch.randn(m, n_out, dtype=dtype, device=device) if fusion.residual else None
         default = gemv_settings(n_out, k, gated=gated)
-        for per_program in ROWS_PER_PROGRAM:
-            for warps in WARPS:
-                settings = GemvSettings(rows_per_program=per_program, num_warps=warps)
-                if settings.slice_elements(k, gated=gated) > MAX_SLICE_ELEMENTS:
-                    continue
-                call = partial(
-                    fused_gemv, fusion=fusion, settings=settings, norm_weight=norm_weight, residual=residual
-                )
-                tag = f"{label}{'*' if settings == default else ''}"
-                rows.append(
-                    timed(projection, m, tag, settings, [partial(call, x, w) for w in weights], floor_us)
-                )
+        tails = (False, True) if k & (k - 1) else (False,)  # a power-of-two K has no tail
+        for per_program, warps, k_tail in itertools.product(ROWS_PER_PROGRAM, WARPS, tails):
+            settings = GemvSettings(rows_per_program=per_program, num_warps=warps, k_tail=k_tail)
+            if settings.slice_elements(k, gated=gated) > MAX_SLICE_ELEMENTS:
+                continue
+            call = partial(
+                fused_gemv, fusion=fusion, settings=settings, norm_weight=norm_weight, residual=residual
+            )
+            tag = f"{label}{'*' if settings == default else ''}"
+            rows.append(timed(projection, m, tag, settings, [partial(call, x, w) for w in weights], floor_us))
     del weights
     torch.cuda.empty_cache()
     return [row for row in rows if row is not None]
