@@ -33,10 +33,10 @@
 #   PIPELINE="decode-tests sampler-timing gemm-qwen3 qwen3-decode-variants host-profile-async gemma4-decode-variants
 #             qwen3-gates vllm-qwen3" STAGE=all ...
 # then the qwen3 and gemma4 manifests with the flags the variants showed best, before flipping a default.
-# The next stretch (prepared 2026-12-05 after the H100 run at da31a49, whose figures are in the
-# pages: the decode GEMV and PDL on the norms measured; prefill graphs failed at start-up, fixed in
-# d8a1fb0; a sliding window under async scheduling fixed in f5403a9; the synchronous gemma4 headroom
-# gate did not finish). Carrying: the tree, .git and the 62 MB flashinfer wheel pass 64 MiB
+# The next stretch (prepared 2026-12-06; no machine came that session, so nothing since da31a49 has
+# run on a GPU: the synchronous default's fix 1564fc5, prefill graphs' start-up fix d8a1fb0, the
+# async window fix f5403a9/b12c25e and the GEMV's K head + tail are all unmeasured there).
+# Carrying: the tree, .git and the 62 MB flashinfer wheel pass 64 MiB
 # together, so the wheel travels split (scripts/split_flashinfer_wheel.sh after stage-wheels.sh):
 # chunk aa in .whl-fi, chunk ab and the wheel's sha256 in .whl-deps/fi-tail. Calls: one carrying .whl-fi
 # (`mkdir -p /tmp/fi && cp .whl-fi/fi.chunk-aa /tmp/fi/`); one carrying .whl-deps that joins the
@@ -44,14 +44,20 @@
 # fi.chunk-ab > flashinfer_python-0.7.2.post1-py3-none-any.whl && sha256sum -c fi.sha) &&
 # python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/fi/*.whl
 # .whl-deps/*.whl`) and starts
-#   PIPELINE="sync-probe prefill-graphs-tests prefill-graphs-latency prefill-graphs-gates-qwen3
-#   qwen35-prefill-graphs-latency gemm-qwen35 async-gates-qwen3"
+#   PIPELINE="sync-probe gemv-sweep qwen3-timeline prefill-graphs-tests prefill-graphs-latency
+#   gemm-qwen35 async-gates-qwen3 prefill-graphs-gates-qwen3 qwen35-prefill-graphs-latency"
 #   SYNTH_AHEAD=0 WAIT_S=150 STAGE=all bash docs/benchmarks/scripts/h200_session.sh
+# (on an H200 put qwen3-table after qwen3-timeline: the H200's table predates the decode GEMV)
 # then STAGE=wait calls back to back (WAIT_S=540). Order is priority:
 # - sync-probe (~4 min): whether the synchronous gate finishes now that synchronous steps wait for
 #   the previous step's input copies before planning (1564fc5, the suspected cause), where it waits
 #   if not, and whether the synchronous default step runs (nothing synchronous completed on the GPU
 #   at da31a49).
+# - gemv-sweep (~4 min): the decode GEMV's rows per program, warps and K head + tail per Qwen3-4B
+#   projection at M = 1, plain and fused, cuBLAS beside; the fastest settings become gemv_settings'
+#   rule (kernels/triton/fused_gemv.py).
+# - qwen3-timeline (~5 min): async decode steps with each kernel's start and duration (shipped,
+#   --decode-fusion, Triton attention): where the 0.45 ms outside the projections goes at batch 1.
 # - prefill-graphs-tests (~2 min): the replay against the padded eager run, tiny Qwen3, Gemma 4,
 #   Qwen3.5 (torch attention: FlashInfer has no prefill kernel for their head dims).
 # - prefill-graphs-latency (~5 min): Qwen3-4B's 1k and 8k prefill, with and without
