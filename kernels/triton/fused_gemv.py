@@ -47,6 +47,7 @@ CUDA-graph safe: a call reads tensor metadata only and allocates only its output
 
 from __future__ import annotations
 
+import functools
 import itertools
 import sys
 from dataclasses import dataclass
@@ -102,12 +103,17 @@ class GemvSettings:
     # K loaded as a power-of-two head and a power-of-two tail (``k_blocks``) instead of one masked
     # power-of-two block: at K = 9728 the one block holds 16384 lanes, 41 % of them masked.
     k_tail: bool = False
+    # 0: one program per tile of rows. n > 0: n programs per SM (at most one per tile), each walking
+    # the tiles P apart (P programs) with the next tile's slice requested before this one's dot.
+    persistent: int = 0
 
     def __post_init__(self) -> None:
         if not _is_pow2(self.rows_per_program):
             raise FusedGemvError(f"rows_per_program={self.rows_per_program}: must be a power of two")
         if self.num_warps not in (1, 2, 4, 8, 16):
             raise FusedGemvError(f"num_warps={self.num_warps}: must be 1, 2, 4, 8 or 16")
+        if self.persistent < 0:
+            raise FusedGemvError(f"persistent={self.persistent}: programs per SM must be 0 (off) or more")
 
     def k_blocks(self, k: int) -> tuple[int, int]:
         """The head and tail widths a row of K is loaded in (tail 0: one block).
@@ -128,7 +134,27 @@ class GemvSettings:
     @property
     def label(self) -> str:
         tail = "·tail" if self.k_tail else ""
-        return f"r{self.rows_per_program}·w{self.num_warps}{tail}·{'pdl' if self.pdl else 'nopdl'}"
+        persistent = f"·p{self.persistent}" if self.persistent else ""
+        pdl = "pdl" if self.pdl else "nopdl"
+        return f"r{self.rows_per_program}·w{self.num_warps}{tail}{persistent}·{pdl}"
+
+    def grid(self, n_out: int, device: torch.device) -> int:
+        """Programs for ``n_out`` output rows: one per tile, or ``persistent`` per SM (never more
+        than the tiles). A function of the shape and the device only, never of M."""
+        tiles = ceil_div(n_out, self.rows_per_program)
+        return tiles if not self.persistent else min(tiles, self.persistent * multiprocessors(device))
+
+
+# What the interpreter counts as the device's SMs: few, so a persistent program walks several tiles.
+INTERPRETED_MULTIPROCESSORS = 2
+
+
+@functools.cache
+def multiprocessors(device: torch.device) -> int:
+    """The device's SM count (the interpreter's stand-in on the CPU)."""
+    if device.type != "cuda":
+        return INTERPRETED_MULTIPROCESSORS
+    return int(torch.cuda.get_device_properties(device).multi_processor_count)
 
 
 def gemv_settings(n: int, k: int, *, gated: bool = False) -> GemvSettings:
@@ -139,6 +165,102 @@ def gemv_settings(n: int, k: int, *, gated: bool = False) -> GemvSettings:
 
 
 # ---------------------------------------------------------------------------------------- kernel
+
+
+@triton.jit
+def _weight_slice(
+    w_ptr, tile, N_OUT, K, ROWS: tl.constexpr, HEAD_K: tl.constexpr, TAIL_K: tl.constexpr, GATED: tl.constexpr
+):
+    """Tile ``tile``'s weight rows, K's head and tail, and the up half's same rows when gated, all
+    requested at once (a tile past the last loads nothing). Returns (w, up, w_tail, up_tail); what
+    the constexprs leave out is a stand-in never read."""
+    cols = tile * ROWS + tl.arange(0, ROWS)
+    col_ok = cols[:, None] < N_OUT
+    ks = tl.arange(0, HEAD_K)[None, :]
+    row_at = cols[:, None].to(tl.int64) * K  # int64: an LM head's N·K passes 2³¹ at larger vocabularies
+    up_at = (cols + N_OUT)[:, None].to(tl.int64) * K  # the up half: the same rows, I rows further on
+    w = tl.load(w_ptr + row_at + ks, mask=col_ok & (ks < K), other=0.0)
+    up = w
+    if GATED:
+        up = tl.load(w_ptr + up_at + ks, mask=col_ok & (ks < K), other=0.0)
+    w_tail = w
+    up_tail = w
+    if TAIL_K > 0:
+        ks_tail = HEAD_K + tl.arange(0, TAIL_K)[None, :]
+        w_tail = tl.load(w_ptr + row_at + ks_tail, mask=col_ok & (ks_tail < K), other=0.0)
+        if GATED:
+            up_tail = tl.load(w_ptr + up_at + ks_tail, mask=col_ok & (ks_tail < K), other=0.0)
+    return w, up, w_tail, up_tail
+
+
+@triton.jit
+def _tile_rows(
+    x_ptr,
+    res_ptr,
+    out_ptr,
+    tile,
+    w,
+    up,
+    w_tail,
+    up_tail,
+    norm_w,
+    norm_w_tail,
+    M,
+    N_OUT,
+    K,
+    stride_xm,
+    stride_rm,
+    stride_om,
+    eps,
+    ROWS: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    HEAD_K: tl.constexpr,
+    TAIL_K: tl.constexpr,
+    NORM: tl.constexpr,
+    WEIGHT_MODE: tl.constexpr,
+    ROUND_BEFORE_WEIGHT: tl.constexpr,
+    RESIDUAL: tl.constexpr,
+    GATED: tl.constexpr,
+    KIND: tl.constexpr,
+    STORAGE: tl.constexpr,
+    LIBDEVICE: tl.constexpr,
+):
+    """Every activation row against one tile's weight slice: its ROWS outputs of each row stored."""
+    cols = tile * ROWS + tl.arange(0, ROWS)
+    ks = tl.arange(0, HEAD_K)[None, :]
+    k_ok = ks < K
+    ks_row = tl.arange(0, BLOCK_K)[None, :]  # the whole row, for the norm's sum of squares
+    for m in range(M):  # the same code for every row: a row's bits never depend on M
+        x_at = x_ptr + m * stride_xm
+        x = tl.load(x_at + ks, mask=k_ok, other=0.0).to(tl.float32)
+        if NORM:
+            # The inverse RMS over the whole row as one block: the same sum as the RMSNorm kernel's.
+            if TAIL_K > 0:  # noqa: SIM108 (a Triton constexpr branch)
+                whole = tl.load(x_at + ks_row, mask=ks_row < K, other=0.0).to(tl.float32)
+            else:
+                whole = x
+            inverse_rms = _row_inverse_rms(whole, K, eps)
+            x = _normalise(x, inverse_rms, norm_w, WEIGHT_MODE, ROUND_BEFORE_WEIGHT, STORAGE)
+        acc = tl.sum(w.to(tl.float32) * x, axis=1)
+        if GATED:
+            up_acc = tl.sum(up.to(tl.float32) * x, axis=1)
+        if TAIL_K > 0:
+            ks_tail = HEAD_K + tl.arange(0, TAIL_K)[None, :]
+            x_tail = tl.load(x_at + ks_tail, mask=ks_tail < K, other=0.0).to(tl.float32)
+            if NORM:
+                x_tail = _normalise(
+                    x_tail, inverse_rms, norm_w_tail, WEIGHT_MODE, ROUND_BEFORE_WEIGHT, STORAGE
+                )
+            acc += tl.sum(w_tail.to(tl.float32) * x_tail, axis=1)
+            if GATED:
+                up_acc += tl.sum(up_tail.to(tl.float32) * x_tail, axis=1)
+        y = _round_to_storage(acc, STORAGE)
+        if GATED:
+            y = _gated_product(y, _round_to_storage(up_acc, STORAGE), KIND, STORAGE, LIBDEVICE)
+        if RESIDUAL:
+            res = tl.load(res_ptr + m * stride_rm + cols, mask=cols < N_OUT, other=0.0).to(tl.float32)
+            y = _round_to_storage(res + y, STORAGE)  # torch's `residual + delta`: one rounding
+        tl.store(out_ptr + m * stride_om + cols, y.to(out_ptr.dtype.element_ty), mask=cols < N_OUT)
 
 
 # M is never specialised: one compiled kernel serves every row count (and no capture compiles).
@@ -167,69 +289,47 @@ def _fused_gemv_kernel(
     GATED: tl.constexpr,
     KIND: tl.constexpr,
     STORAGE: tl.constexpr,
+    PERSISTENT: tl.constexpr,
     PDL: tl.constexpr,
     LIBDEVICE: tl.constexpr,
 ):
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()  # the next kernel may start its own weight loads
-    cols = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    col_ok = cols[:, None] < N_OUT
-    # A row of K in two pieces, [0, HEAD_K) and [HEAD_K, HEAD_K + TAIL_K) (TAIL_K 0: one piece).
+    tile = tl.program_id(0)
+    # The program's (first) weight slice, requested before anything waits.
+    w, up, w_tail, up_tail = _weight_slice(w_ptr, tile, N_OUT, K, ROWS, HEAD_K, TAIL_K, GATED)
     ks = tl.arange(0, HEAD_K)[None, :]
-    k_ok = ks < K
-    row_at = cols[:, None].to(tl.int64) * K  # int64: an LM head's N·K passes 2³¹ at larger vocabularies
-    # The program's whole weight slice (both halves when gated), requested before anything waits.
-    w = tl.load(w_ptr + row_at + ks, mask=col_ok & k_ok, other=0.0)
-    if GATED:  # the up half's same rows, I rows further on
-        up_at = (cols + N_OUT)[:, None].to(tl.int64) * K
-        up_w = tl.load(w_ptr + up_at + ks, mask=col_ok & k_ok, other=0.0)
-    if TAIL_K > 0:
-        ks_tail = HEAD_K + tl.arange(0, TAIL_K)[None, :]
-        tail_ok = ks_tail < K
-        w_tail = tl.load(w_ptr + row_at + ks_tail, mask=col_ok & tail_ok, other=0.0)
-        if GATED:
-            up_w_tail = tl.load(w_ptr + up_at + ks_tail, mask=col_ok & tail_ok, other=0.0)
+    norm_w = ks.to(tl.float32)  # stand-ins, unread without a norm weight
+    norm_w_tail = norm_w
     if NORM and WEIGHT_MODE != WEIGHT_NONE:
-        norm_w = tl.load(norm_w_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
+        norm_w = tl.load(norm_w_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)
         if TAIL_K > 0:
-            norm_w_tail = tl.load(norm_w_ptr + ks_tail, mask=tail_ok, other=0.0).to(tl.float32)
-    else:
-        norm_w = ks.to(tl.float32)  # unread: _normalise ignores the weight without one
-        if TAIL_K > 0:
-            norm_w_tail = ks_tail.to(tl.float32)
+            ks_tail = HEAD_K + tl.arange(0, TAIL_K)[None, :]
+            norm_w_tail = tl.load(norm_w_ptr + ks_tail, mask=ks_tail < K, other=0.0).to(tl.float32)
     if PDL:
         tl.extra.cuda.gdc_wait()  # x, residual and out belong to the previous kernel until now
-    ks_row = tl.arange(0, BLOCK_K)[None, :]  # the whole row, for the norm's sum of squares
-    for m in range(M):  # the same code for every row: a row's bits never depend on M
-        x_at = x_ptr + m * stride_xm
-        x = tl.load(x_at + ks, mask=k_ok, other=0.0).to(tl.float32)
-        if NORM:
-            # The inverse RMS over the whole row as one block: the same sum as the RMSNorm kernel's.
-            if TAIL_K > 0:  # noqa: SIM108 (a Triton constexpr branch)
-                whole = tl.load(x_at + ks_row, mask=ks_row < K, other=0.0).to(tl.float32)
-            else:
-                whole = x
-            inverse_rms = _row_inverse_rms(whole, K, eps)
-            x = _normalise(x, inverse_rms, norm_w, WEIGHT_MODE, ROUND_BEFORE_WEIGHT, STORAGE)
-        acc = tl.sum(w.to(tl.float32) * x, axis=1)
-        if GATED:
-            up_acc = tl.sum(up_w.to(tl.float32) * x, axis=1)
-        if TAIL_K > 0:
-            x_tail = tl.load(x_at + ks_tail, mask=tail_ok, other=0.0).to(tl.float32)
-            if NORM:
-                x_tail = _normalise(
-                    x_tail, inverse_rms, norm_w_tail, WEIGHT_MODE, ROUND_BEFORE_WEIGHT, STORAGE
-                )
-            acc += tl.sum(w_tail.to(tl.float32) * x_tail, axis=1)
-            if GATED:
-                up_acc += tl.sum(up_w_tail.to(tl.float32) * x_tail, axis=1)
-        y = _round_to_storage(acc, STORAGE)
-        if GATED:
-            y = _gated_product(y, _round_to_storage(up_acc, STORAGE), KIND, STORAGE, LIBDEVICE)
-        if RESIDUAL:
-            res = tl.load(res_ptr + m * stride_rm + cols, mask=cols < N_OUT, other=0.0).to(tl.float32)
-            y = _round_to_storage(res + y, STORAGE)  # torch's `residual + delta`: one rounding
-        tl.store(out_ptr + m * stride_om + cols, y.to(out_ptr.dtype.element_ty), mask=cols < N_OUT)
+    if PERSISTENT:
+        # Tiles tile, tile + P, tile + 2P, ... (P programs): the next tile's slice is requested
+        # before this one's rows are computed, so the program always has a slice in flight.
+        step = tl.num_programs(0)
+        for t in range(tile, tl.cdiv(N_OUT, ROWS), step):
+            next_w, next_up, next_w_tail, next_up_tail = _weight_slice(
+                w_ptr, t + step, N_OUT, K, ROWS, HEAD_K, TAIL_K, GATED
+            )
+            _tile_rows(
+                x_ptr, res_ptr, out_ptr, t, w, up, w_tail, up_tail, norm_w, norm_w_tail,
+                M, N_OUT, K, stride_xm, stride_rm, stride_om, eps,
+                ROWS, BLOCK_K, HEAD_K, TAIL_K, NORM, WEIGHT_MODE, ROUND_BEFORE_WEIGHT,
+                RESIDUAL, GATED, KIND, STORAGE, LIBDEVICE,
+            )  # fmt: skip
+            w, up, w_tail, up_tail = next_w, next_up, next_w_tail, next_up_tail
+    else:
+        _tile_rows(
+            x_ptr, res_ptr, out_ptr, tile, w, up, w_tail, up_tail, norm_w, norm_w_tail,
+            M, N_OUT, K, stride_xm, stride_rm, stride_om, eps,
+            ROWS, BLOCK_K, HEAD_K, TAIL_K, NORM, WEIGHT_MODE, ROUND_BEFORE_WEIGHT,
+            RESIDUAL, GATED, KIND, STORAGE, LIBDEVICE,
+        )  # fmt: skip
 
 
 # -------------------------------------------------------------------------------------- launcher
@@ -398,7 +498,7 @@ def fused_gemv(
         launch["launch_pdl"] = True
     spec = fusion.norm
     head_k, tail_k = chosen.k_blocks(k)
-    _fused_gemv_launch[(ceil_div(n_out, chosen.rows_per_program),)](
+    _fused_gemv_launch[(chosen.grid(n_out, x.device),)](
         x,
         x if norm_weight is None else norm_weight,  # unread without a norm weight
         weight,
@@ -422,6 +522,7 @@ def fused_gemv(
         GATED=gated,
         KIND=_KINDS[fusion.activation or GatedActivation.SILU],
         STORAGE=STORAGE_TYPES[x.dtype],
+        PERSISTENT=chosen.persistent > 0,
         PDL=pdl,
         LIBDEVICE=not interpreted(),
         **launch,
@@ -452,6 +553,10 @@ COMPILE_VARIANTS: tuple[tuple[Fusion, int, int], ...] = (
 )
 
 
+# (k_tail, persistent) builds the compile check makes of every variant.
+LAYOUTS = ((False, False), (True, False), (True, True))
+
+
 def compile_variant(
     fusion: Fusion,
     n: int,
@@ -460,9 +565,11 @@ def compile_variant(
     *,
     arch: int = 90,
     k_tail: bool = False,
+    persistent: bool = False,
 ) -> object:
     """The compiled kernel (cubin and PTX) for one variant, PDL on, on ``sm_{arch}``, without a GPU:
-    the shape's default settings, K in a head and a tail when ``k_tail``."""
+    the shape's default settings, K in a head and a tail when ``k_tail``, persistent programs when
+    ``persistent``."""
     gated = fusion.activation is not None
     default = gemv_settings(n // 2 if gated else n, k, gated=gated)
     settings = GemvSettings(default.rows_per_program, default.num_warps, k_tail=k_tail)
@@ -479,6 +586,7 @@ def compile_variant(
         "GATED": gated,
         "KIND": _KINDS[fusion.activation or GatedActivation.SILU].value,
         "STORAGE": STORAGE_TYPES[dtype],
+        "PERSISTENT": persistent,
         "PDL": True,
         "LIBDEVICE": True,
     }
@@ -498,8 +606,8 @@ def compile_variant(
 def main() -> int:
     failures = []
     for fusion, n, k in COMPILE_VARIANTS:
-        for dtype, k_tail in itertools.product(POINTER_TYPES, (False, True)):
-            kernel = compile_variant(fusion, n, k, dtype, k_tail=k_tail)
+        for dtype, (k_tail, persistent) in itertools.product(POINTER_TYPES, LAYOUTS):
+            kernel = compile_variant(fusion, n, k, dtype, k_tail=k_tail, persistent=persistent)
             asm = getattr(kernel, "asm", {})
             ptx = str(asm.get("ptx", ""))
             problems = [] if asm.get("cubin") else ["no cubin"]
@@ -508,8 +616,8 @@ def main() -> int:
             if not any("ld.global" in line and ".v4." in line for line in ptx.splitlines()):
                 problems.append("no 128-bit global loads")
             if problems:
-                tail = " (K head + tail)" if k_tail else ""
-                failures.append(f"{fusion.name} [{n}, {k}]{tail} {dtype}: {', '.join(problems)}")
+                layout = f" (K head + tail: {k_tail}, persistent: {persistent})"
+                failures.append(f"{fusion.name} [{n}, {k}]{layout} {dtype}: {', '.join(problems)}")
         print(f"compiled {fusion.name} [{n}, {k}]")
     for failure in failures:
         print(f"FAILED {failure}", file=sys.stderr)

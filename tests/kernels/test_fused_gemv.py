@@ -60,12 +60,16 @@ KS = (64, 96, 160)
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # K in a power-of-two head and tail: 96 = 64 + 32 and 160 = 128 + 32 (64 stays one block).
 TAIL = GemvSettings(rows_per_program=2, k_tail=True)
+# One program per interpreted "SM" (2), each walking 10 of the 20 two-row tiles of N = 40.
+PERSISTENT = GemvSettings(rows_per_program=2, k_tail=True, persistent=1)
 SETTINGS = {
     "default": None,
     "r16": GemvSettings(rows_per_program=16),
     "r1": GemvSettings(rows_per_program=1),
     "tail": TAIL,
+    "persistent": PERSISTENT,
 }
+LAYOUTS = {"one-block": None, "tail": TAIL, "persistent": PERSISTENT}
 QWEN3_NORM = NormSpec(NormWeight.W, eps=1e-6, round_before_weight=True)
 NORMS = (QWEN3_NORM, NormSpec(NormWeight.ONE_PLUS_W), NormSpec(NormWeight.NONE))
 
@@ -268,13 +272,15 @@ def _plain_kwargs(fusion: Fusion, t: dict[str, torch.Tensor], rows: slice) -> di
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=_ids(DTYPES))
 @pytest.mark.parametrize("name", list(FUSIONS))
-@pytest.mark.parametrize("tail", [False, True], ids=["one-block", "tail"])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_row_offset_one_matches_offset_zero_and_leaves_sentinels(
-    tail: bool, name: str, dtype: torch.dtype
+    layout: str, name: str, dtype: torch.dtype
 ) -> None:
     # K = 112 is a 64-wide head and a 64-wide tail with 16 lanes masked: the junk past K in each
     # input row must not reach the result.
-    fusion, settings, k = FUSIONS[name], TAIL if tail else None, 112 if tail else 96
+    settings = LAYOUTS[layout]
+    tail = settings is not None and settings.k_tail
+    fusion, k = FUSIONS[name], 112 if tail else 96
     for m in (1, MAX_ROWS):
         t = _tensors(m, k, dtype)
         at_zero, kept_zero = _into_sentinels(fusion, t, 0, settings)
@@ -290,11 +296,11 @@ def test_row_offset_one_matches_offset_zero_and_leaves_sentinels(
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=_ids(DTYPES))
 @pytest.mark.parametrize("name", list(FUSIONS))
-@pytest.mark.parametrize("tail", [False, True], ids=["one-block", "tail"])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_a_row_alone_matches_the_row_in_a_batch_of_max_rows(
-    tail: bool, name: str, dtype: torch.dtype
+    layout: str, name: str, dtype: torch.dtype
 ) -> None:
-    fusion, settings = FUSIONS[name], TAIL if tail else None
+    fusion, settings = FUSIONS[name], LAYOUTS[layout]
     t = _tensors(MAX_ROWS, 160, dtype)
     batch = _run(fusion, t, t["x"], settings, **_plain_kwargs(fusion, t, slice(None)))
     for r in range(MAX_ROWS):
@@ -302,6 +308,22 @@ def test_a_row_alone_matches_the_row_in_a_batch_of_max_rows(
         assert torch.equal(alone[0], batch[r]), f"row {r}"
     head = _run(fusion, t, t["x"][:2], settings, **_plain_kwargs(fusion, t, slice(0, 2)))
     assert torch.equal(head, batch[:2])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=_ids(DTYPES))
+@pytest.mark.parametrize("name", list(FUSIONS))
+def test_a_persistent_program_computes_each_tile_as_its_own_program_does(
+    name: str, dtype: torch.dtype
+) -> None:
+    # The same slices, rows and reductions, only walked by fewer programs: the same bits.
+    fusion = FUSIONS[name]
+    for k, per_sm in itertools.product((96, 112), (1, 3)):
+        t = _tensors(MAX_ROWS, k, dtype)
+        kwargs = _plain_kwargs(fusion, t, slice(None))
+        walked = GemvSettings(rows_per_program=2, k_tail=True, persistent=per_sm)
+        assert torch.equal(
+            _run(fusion, t, t["x"], walked, **kwargs), _run(fusion, t, t["x"], TAIL, **kwargs)
+        ), f"K={k}, {per_sm} per SM"
 
 
 @pytest.mark.parametrize("name", list(FUSIONS))
