@@ -423,27 +423,39 @@ SERVING = {
 }
 
 
+def _layout(layout: str, n_out: int, k: int, gated: bool) -> GemvSettings:
+    """The shape's default rows and warps in one of the three layouts (persistent: 2 per SM)."""
+    default = gemv_settings(n_out, k, gated=gated)
+    tail, per_sm = {"one-block": (False, 0), "tail": (True, 0), "persistent": (True, 2)}[layout]
+    return GemvSettings(default.rows_per_program, default.num_warps, k_tail=tail, persistent=per_sm)
+
+
 @needs_cuda
 @pytest.mark.parametrize("name", list(SERVING))
-def test_gpu_serving_shapes_are_batch_invariant_and_within_the_bound(name: str) -> None:
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_gpu_serving_shapes_are_batch_invariant_and_within_the_bound(layout: str, name: str) -> None:
     n, k, fusion = SERVING[name]
+    n_out, gated = (n // 2, True) if fusion.activation else (n, False)
+    settings = _layout(layout, n_out, k, gated)
     g = torch.Generator(device="cuda").manual_seed(5)
     x = torch.randn(MAX_ROWS, k, device="cuda", generator=g).to(torch.bfloat16)
     w = (torch.randn(n, k, device="cuda", generator=g) / k**0.5).to(torch.bfloat16)
     nw = (1 + 0.3 * torch.randn(k, device="cuda", generator=g)).to(torch.bfloat16)
-    n_out = n // 2 if fusion.activation else n
     residual = torch.randn(MAX_ROWS, n_out, device="cuda", generator=g).to(torch.bfloat16)
 
-    def run(rows: slice) -> torch.Tensor:
+    def run(rows: slice, chosen: GemvSettings = settings) -> torch.Tensor:
         return fused_gemv(
             x[rows],
             w,
             fusion,
+            chosen,
             norm_weight=nw if fusion.norm else None,
             residual=residual[rows] if fusion.residual else None,
         )
 
     full = run(slice(None))
+    if layout == "persistent":  # each tile as its own program computes it
+        assert torch.equal(full, run(slice(None), _layout("tail", n_out, k, gated)))
     for m in range(1, MAX_ROWS):
         assert torch.equal(run(slice(0, m)), full[:m]), f"first {m} rows"
     assert torch.equal(run(slice(2, 3))[0], full[2])
@@ -459,11 +471,14 @@ def test_gpu_serving_shapes_are_batch_invariant_and_within_the_bound(name: str) 
             allowed = allowed + ulp(want, torch.bfloat16)
     # Per element only: the share of flips is printed, not held to the interpreter's figures.
     _check(full, want, allowed, share=1.0)
-    print(f"{name}: {int((full.cpu() != want).sum())} of {want.numel()} elements differ from the spec")
+    print(
+        f"{name} {layout}: {int((full.cpu() != want).sum())} of {want.numel()} elements differ from the spec"
+    )
 
 
 @needs_cuda
-def test_gpu_graph_replay_of_a_pdl_chain_matches_eager() -> None:
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_gpu_graph_replay_of_a_pdl_chain_matches_eager(layout: str) -> None:
     from kernels.triton.storage import pdl_supported
 
     assert pdl_supported(torch.device("cuda")) == (torch.cuda.get_device_capability() >= (9, 0))
@@ -474,9 +489,10 @@ def test_gpu_graph_replay_of_a_pdl_chain_matches_eager() -> None:
 
     def chain() -> torch.Tensor:
         h = hidden
+        settings = _layout(layout, 2560, 2560, gated=False)
         for first, second in zip(ws[::2], ws[1::2], strict=True):  # each launch reads the last one's output
-            y = fused_gemv(h, first, Fusion(norm=QWEN3_NORM), norm_weight=nw)
-            h = fused_gemv(y, second, Fusion(residual=True), residual=h)
+            y = fused_gemv(h, first, Fusion(norm=QWEN3_NORM), settings, norm_weight=nw)
+            h = fused_gemv(y, second, Fusion(residual=True), settings, residual=h)
         return h
 
     eager = chain()
