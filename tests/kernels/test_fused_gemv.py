@@ -236,6 +236,7 @@ def _run(
     t: dict[str, torch.Tensor],
     x: torch.Tensor,
     settings: GemvSettings | None = None,
+    /,
     **kw: torch.Tensor,
 ) -> torch.Tensor:
     weight = t["gate_up"] if fusion.activation else t["w"]
