@@ -9,7 +9,9 @@ at 83 % of the floor over Qwen3-4B's 144 projections (cuBLAS: 72 %):
 * One program per ``rows_per_program`` output rows of the weight (``GemvSettings``), no split-K.
   Its whole weight slice ``[rows, next_pow2(K)]`` (masked past K) is ONE ``tl.load`` at the top:
   ~8192 elements, 16 KB of bf16, 64 values per thread at 4 warps, held in registers while the
-  program walks its activation rows.
+  program walks its activation rows. Two opt-in layouts (``GemvSettings``, docs/kernels.md): K as a
+  power-of-two head and tail instead of one masked block (``k_tail``), and persistent programs that
+  walk tiles with the next slice in flight (``persistent``); neither changes a tile's arithmetic.
 * PDL (``launch_pdl=True``): ``gdc_launch_dependents()`` first, then the weight loads (and the norm
   weight: weights are read-only for the whole chain), then ``gdc_wait()``, and only then the
   activation, hidden and residual loads and the stores (the previous kernel writes the first and
