@@ -11,7 +11,7 @@ at 83 % of the floor over Qwen3-4B's 144 projections (cuBLAS: 72 %):
   ~8192 elements, 16 KB of bf16, 64 values per thread at 4 warps, held in registers while the
   program walks its activation rows. Two opt-in layouts (``GemvSettings``, docs/kernels.md): K as a
   power-of-two head and tail instead of one masked block (``k_tail``), and persistent programs that
-  walk tiles with the next slice in flight (``persistent``); neither changes a tile's arithmetic.
+  walk tiles with the next slice in flight (``persistent``, the same bits as one program per tile).
 * PDL (``launch_pdl=True``): ``gdc_launch_dependents()`` first, then the weight loads (and the norm
   weight: weights are read-only for the whole chain), then ``gdc_wait()``, and only then the
   activation, hidden and residual loads and the stores (the previous kernel writes the first and
