@@ -155,6 +155,42 @@ def summarize(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class KernelShare:
+    """What the kernels of one name did in a timeline, µs: how often they ran, their summed
+    duration, ``advance`` (how far each moved the last completion so far on: the advances of all
+    names sum to the union of the kernels' intervals, an overlap under PDL counted once) and
+    ``idle_before`` (device time idle just before each started: a boundary nothing overlapped)."""
+
+    name: str
+    count: int
+    duration_us: float
+    advance_us: float
+    idle_before_us: float
+
+
+def timeline_shares(timeline: Iterable[tuple[str, float, float]]) -> list[KernelShare]:
+    """The timeline's kernels by name (a template's arguments cut at its first ``<``), largest
+    advance first."""
+    count: dict[str, int] = defaultdict(int)
+    duration: dict[str, float] = defaultdict(float)
+    advance: dict[str, float] = defaultdict(float)
+    idle: dict[str, float] = defaultdict(float)
+    reach: float | None = None
+    for name, start, us in sorted(timeline, key=lambda k: k[1]):
+        short, end = name.split("<", 1)[0], start + us
+        count[short] += 1
+        duration[short] += us
+        if reach is None or start >= reach:
+            idle[short] += 0.0 if reach is None else start - reach
+            advance[short] += us
+        else:
+            advance[short] += max(0.0, end - reach)
+        reach = end if reach is None else max(reach, end)
+    shares = [KernelShare(n, count[n], duration[n], advance[n], idle[n]) for n in count]
+    return sorted(shares, key=lambda s: -s.advance_us)
+
+
 def last_step_timeline(kernels: Iterable[Kernel], steps: int) -> tuple[tuple[str, float, float], ...]:
     """The last of `steps` equal steps' kernels in start order, timed from its first kernel; names
     cut to ``TIMELINE_NAME_CHARS`` (FlashInfer's template names run to hundreds)."""

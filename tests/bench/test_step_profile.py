@@ -22,6 +22,7 @@ from infer_cli.bench.step_profile import (
     category_of,
     profile_steps,
     summarize,
+    timeline_shares,
     union_us,
 )
 from models.registry import ModelOptions, load_model
@@ -157,3 +158,20 @@ def test_the_timeline_is_the_last_steps_kernels_timed_from_its_first() -> None:
         [Kernel("a", 0, 1), Kernel("b", 3, 1), Kernel("a", 10, 1), Kernel("b", 14, 2)], 5, 2, 0.1
     )
     assert even.timeline == (("a", 0.0, 1.0), ("b", 4.0, 2.0))
+
+
+def test_timeline_shares_split_the_busy_time_once_and_name_the_gaps() -> None:
+    timeline = [
+        ("norm", 0.0, 2.0),
+        ("gemv", 1.0, 10.0),  # starts under the norm (PDL): advances 9, not 10
+        ("flashinfer::Decode<128, true>", 12.0, 5.0),  # 1 µs idle before it
+        ("gemv", 16.0, 0.5),  # ends inside the attention: advances nothing
+        ("merge", 17.0, 1.0),
+    ]
+    shares = {s.name: s for s in timeline_shares(timeline)}
+    assert set(shares) == {"norm", "gemv", "flashinfer::Decode", "merge"}
+    assert shares["gemv"].count == 2 and shares["gemv"].duration_us == 10.5
+    assert shares["gemv"].advance_us == 9.0 and shares["flashinfer::Decode"].idle_before_us == 1.0
+    busy = union_us(Kernel(n, start, us) for n, start, us in timeline)
+    assert sum(s.advance_us for s in shares.values()) == pytest.approx(busy)
+    assert timeline_shares([])[:1] == []
