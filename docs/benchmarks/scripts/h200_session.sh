@@ -57,7 +57,8 @@
 #   projection at M = 1, plain and fused, cuBLAS beside; the fastest settings become gemv_settings'
 #   rule (kernels/triton/fused_gemv.py).
 # - qwen3-timeline (~5 min): async decode steps with each kernel's start and duration (shipped,
-#   --decode-fusion, Triton attention): where the 0.45 ms outside the projections goes at batch 1.
+#   --decode-fusion, Triton attention): where the 0.45 ms outside the projections goes at batch 1
+#   (read each result with scripts/step_timeline.py).
 # - prefill-graphs-tests (~2 min): the replay against the padded eager run, tiny Qwen3, Gemma 4,
 #   Qwen3.5 (torch attention: FlashInfer has no prefill kernel for their head dims).
 # - prefill-graphs-latency (~5 min): Qwen3-4B's 1k and 8k prefill, with and without
