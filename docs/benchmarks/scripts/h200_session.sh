@@ -44,8 +44,9 @@
 # fi.chunk-ab > flashinfer_python-0.7.2.post1-py3-none-any.whl && sha256sum -c fi.sha) &&
 # python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/fi/*.whl
 # .whl-deps/*.whl`) and starts
-#   PIPELINE="sync-probe gemv-sweep qwen3-timeline prefill-graphs-tests prefill-graphs-latency
-#   gemm-qwen35 async-gates-qwen3 prefill-graphs-gates-qwen3 qwen35-prefill-graphs-latency"
+#   PIPELINE="sync-probe gemv-sweep gemv-layout-ab qwen3-timeline prefill-graphs-tests
+#   prefill-graphs-latency gemm-qwen35 async-gates-qwen3 prefill-graphs-gates-qwen3
+#   qwen35-prefill-graphs-latency"
 #   SYNTH_AHEAD=0 WAIT_S=150 STAGE=all bash docs/benchmarks/scripts/h200_session.sh
 # (on an H200 put qwen3-table after qwen3-timeline: the H200's table predates the decode GEMV)
 # then STAGE=wait calls back to back (WAIT_S=540). Order is priority:
@@ -56,6 +57,8 @@
 # - gemv-sweep (~4 min): the decode GEMV's rows per program, warps and K head + tail per Qwen3-4B
 #   projection at M = 1, plain and fused, cuBLAS beside; the fastest settings become gemv_settings'
 #   rule (kernels/triton/fused_gemv.py).
+# - gemv-layout-ab (~5 min): the whole async decode step with the table's GEMV rows in each layout
+#   (one block, K head + tail, persistent 2 and 4 per SM), one process each, back to back.
 # - qwen3-timeline (~5 min): async decode steps with each kernel's start and duration (shipped,
 #   --decode-fusion, Triton attention): where the 0.45 ms outside the projections goes at batch 1
 #   (read each result with scripts/step_timeline.py).
@@ -476,6 +479,28 @@ PY
   infer bench latency --model $q3 --async-scheduling --batch-sizes 1,8,64 --prefill-lens 1024 --breakdown \
     --save-result $work/qwen3-4b-latency-async-table.json
 }
+# NAME|K_TAIL|PERSISTENT words: the layouts gemv-layout-ab times the decode GEMV in.
+GEMV_LAYOUTS=${GEMV_LAYOUTS:-"oneblock|False|0 tail|True|0 persistent2|True|2 persistent4|True|4"}
+gemv-layout-ab() {  # Qwen3-4B's async decode step with every decode GEMV (the dispatch table's "gemv"
+  # rows) in each layout: gemv_settings wrapped for the one process, the shipped rule otherwise
+  synth_q3
+  local layout
+  for layout in $GEMV_LAYOUTS; do
+    IFS='|' read -r name tail per_sm <<<"$layout"
+    echo "== $name: k_tail=$tail persistent=$per_sm"
+    python3 - bench latency --model $q3 --async-scheduling --batch-sizes 1,8 --prefill-lens 1024 --breakdown \
+      --save-result $work/qwen3-4b-latency-async-gemv-$name.json <<PY
+import dataclasses, sys
+import kernels.triton.fused_gemv as gemv
+shipped = gemv.gemv_settings
+gemv.gemv_settings = lambda n, k, *, gated=False: dataclasses.replace(
+    shipped(n, k, gated=gated), k_tail=$tail, persistent=$per_sm)
+from infer_cli.main import app
+sys.argv[0] = "infer"
+app()
+PY
+  done
+}
 pdl-tests() {  # the norms and the activation against their specs on the GPU (PDL on), a PDL chain in a
   # graph against eager, FastLaunch
   python3 -m pytest -q --tb=short tests/kernels/test_layer_ops.py tests/kernels/test_gated_act.py \
@@ -664,7 +689,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | qwen35-prefill-graphs-latency)
+  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | gemv-layout-ab | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | qwen35-prefill-graphs-latency)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
