@@ -119,9 +119,11 @@ def main() -> None:
     device = torch.device("cuda")
     name, l2_bytes = device_facts(device)
     bandwidth = copy_gb_per_s(device)
-    results = [row for p in qwen3_projections() for row in sweep(p, args.rows, bandwidth, l2_bytes, device)]
-    summary = {"device": name, "copy_gb_per_s": bandwidth, "rows": args.rows, "results": results}
-    args.save.write_text(json.dumps(summary, indent=1))
+    results: list[dict[str, object]] = []
+    for projection in qwen3_projections():  # saved after each projection: a cut-off run keeps what it took
+        results += sweep(projection, args.rows, bandwidth, l2_bytes, device)
+        summary = {"device": name, "copy_gb_per_s": bandwidth, "rows": args.rows, "results": results}
+        args.save.write_text(json.dumps(summary, indent=1))
     print(f"wrote {args.save} ({len(results)} timings; * marks the shipped default setting)")
 
 
