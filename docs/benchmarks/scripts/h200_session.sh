@@ -56,7 +56,9 @@
 #   at da31a49).
 # - gemv-sweep (~4 min): the decode GEMV's rows per program, warps and K head + tail per Qwen3-4B
 #   projection at M = 1, plain and fused, cuBLAS beside; the fastest settings become gemv_settings'
-#   rule (kernels/triton/fused_gemv.py).
+#   rule (kernels/triton/fused_gemv.py). It needs no FlashInfer: with little device time left it runs
+#   in one call carrying nothing, `PYTHONPATH=$PWD python3 docs/benchmarks/scripts/gemv_sweep.py
+#   --save $OUT/gemv-sweep-m1.json` (saved after each projection).
 # - gemv-layout-ab (~5 min): the whole async decode step with the table's GEMV rows in each layout
 #   (one block, K head + tail, persistent 2 and 4 per SM), one process each, back to back.
 # - qwen3-timeline (~5 min): async decode steps with each kernel's start and duration (shipped,
