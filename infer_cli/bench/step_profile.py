@@ -176,17 +176,15 @@ def timeline_shares(timeline: Iterable[tuple[str, float, float]]) -> list[Kernel
     duration: dict[str, float] = defaultdict(float)
     advance: dict[str, float] = defaultdict(float)
     idle: dict[str, float] = defaultdict(float)
-    reach: float | None = None
-    for name, start, us in sorted(timeline, key=lambda k: k[1]):
+    ordered = sorted(timeline, key=lambda k: k[1])
+    reach = ordered[0][1] if ordered else 0.0  # the last completion so far
+    for name, start, us in ordered:
         short, end = name.split("<", 1)[0], start + us
         count[short] += 1
         duration[short] += us
-        if reach is None or start >= reach:
-            idle[short] += 0.0 if reach is None else start - reach
-            advance[short] += us
-        else:
-            advance[short] += max(0.0, end - reach)
-        reach = end if reach is None else max(reach, end)
+        idle[short] += max(0.0, start - reach)
+        advance[short] += max(0.0, end - max(reach, start))
+        reach = max(reach, end)
     shares = [KernelShare(n, count[n], duration[n], advance[n], idle[n]) for n in count]
     return sorted(shares, key=lambda s: -s.advance_us)
 

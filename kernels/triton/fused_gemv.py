@@ -52,7 +52,7 @@ from __future__ import annotations
 import functools
 import itertools
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -574,13 +574,14 @@ def compile_variant(
     ``persistent``."""
     gated = fusion.activation is not None
     default = gemv_settings(n // 2 if gated else n, k, gated=gated)
-    settings = GemvSettings(default.rows_per_program, default.num_warps, k_tail=k_tail)
+    settings = replace(default, k_tail=k_tail, persistent=int(persistent))
+    head_k, tail_k = settings.k_blocks(k)
     spec = fusion.norm
     constexprs = {
         "ROWS": settings.rows_per_program,
         "BLOCK_K": next_power_of_2(k),
-        "HEAD_K": settings.k_blocks(k)[0],
-        "TAIL_K": settings.k_blocks(k)[1],
+        "HEAD_K": head_k,
+        "TAIL_K": tail_k,
         "NORM": spec is not None,
         "WEIGHT_MODE": _MODES[spec.weight if spec is not None else NormWeight.NONE].value,
         "ROUND_BEFORE_WEIGHT": spec.round_before_weight if spec is not None else False,
@@ -588,7 +589,7 @@ def compile_variant(
         "GATED": gated,
         "KIND": _KINDS[fusion.activation or GatedActivation.SILU].value,
         "STORAGE": STORAGE_TYPES[dtype],
-        "PERSISTENT": persistent,
+        "PERSISTENT": settings.persistent > 0,
         "PDL": True,
         "LIBDEVICE": True,
     }
