@@ -43,24 +43,30 @@
 # wheel, checks it, installs (`cp .whl-deps/fi-tail/* /tmp/fi/ && (cd /tmp/fi && cat fi.chunk-aa
 # fi.chunk-ab > flashinfer_python-0.7.2.post1-py3-none-any.whl && sha256sum -c fi.sha) &&
 # python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/fi/*.whl
-# .whl-deps/*.whl`) and starts
-#   PIPELINE="sync-probe gemv-sweep gemv-layout-ab qwen3-timeline prefill-graphs-tests
+# .whl-deps/*.whl && python3 docs/benchmarks/scripts/flashinfer_aot.py install /tmp/site`, carrying
+# .fi-aot too where it exists: FlashInfer's attention modules built on the CPU machine, ~14 MB, so
+# the first FlashInfer step skips its JIT; `scripts/flashinfer_aot.py` says how to build them) and
+# starts
+#   PIPELINE="gemv-sweep gemv-layout-ab sync-probe qwen3-timeline prefill-graphs-tests
 #   prefill-graphs-latency gemm-qwen35 async-gates-qwen3 prefill-graphs-gates-qwen3
 #   qwen35-prefill-graphs-latency"
 #   SYNTH_AHEAD=0 WAIT_S=150 STAGE=all bash docs/benchmarks/scripts/h200_session.sh
-# (on an H200 put qwen3-table after qwen3-timeline: the H200's table predates the decode GEMV)
+# (on an H200 add qwen3-table after qwen3-timeline: the H200's table predates the decode GEMV)
 # then STAGE=wait calls back to back (WAIT_S=540). Order is priority:
-# - sync-probe (~4 min): whether the synchronous gate finishes now that synchronous steps wait for
-#   the previous step's input copies before planning (1564fc5, the suspected cause), where it waits
-#   if not, and whether the synchronous default step runs (nothing synchronous completed on the GPU
-#   at da31a49).
 # - gemv-sweep (~4 min): the decode GEMV's rows per program, warps and K head + tail per Qwen3-4B
 #   projection at M = 1, plain and fused, cuBLAS beside; the fastest settings become gemv_settings'
 #   rule (kernels/triton/fused_gemv.py). It needs no FlashInfer: with little device time left it runs
 #   in one call carrying nothing, `PYTHONPATH=$PWD python3 docs/benchmarks/scripts/gemv_sweep.py
 #   --save $OUT/gemv-sweep-m1.json` (saved after each projection).
-# - gemv-layout-ab (~5 min): the whole async decode step with the table's GEMV rows in each layout
-#   (one block, K head + tail, persistent 2 and 4 per SM), one process each, back to back.
+# - gemv-layout-ab (~7 min): the whole async decode step with the GEMV in each layout (one block,
+#   K head + tail, persistent 2 per SM), plain at M <= 2 and under --decode-fusion (whose norm
+#   prologue variants held 155-158 registers in one block, 95-96 with K head + tail, Triton 3.6
+#   offline: the fused chain ran 4.7 ms against 3.3 ms of per-shape GEMVs on the H100), one
+#   process each, back to back.
+# - sync-probe (~4 min): whether the synchronous gate finishes now that synchronous steps wait for
+#   the previous step's input copies before planning (1564fc5, the suspected cause), where it waits
+#   if not, and whether the synchronous default step runs (nothing synchronous completed on the GPU
+#   at da31a49).
 # - qwen3-timeline (~5 min): async decode steps with each kernel's start and duration (shipped,
 #   --decode-fusion, Triton attention): where the 0.45 ms outside the projections goes at batch 1
 #   (read each result with scripts/step_timeline.py).
@@ -481,26 +487,35 @@ PY
   infer bench latency --model $q3 --async-scheduling --batch-sizes 1,8,64 --prefill-lens 1024 --breakdown \
     --save-result $work/qwen3-4b-latency-async-table.json
 }
-# NAME|K_TAIL|PERSISTENT words: the layouts gemv-layout-ab times the decode GEMV in.
-GEMV_LAYOUTS=${GEMV_LAYOUTS:-"oneblock|False|0 tail|True|0 persistent2|True|2 persistent4|True|4"}
-gemv-layout-ab() {  # Qwen3-4B's async decode step with every decode GEMV (the dispatch table's "gemv"
-  # rows) in each layout: gemv_settings wrapped for the one process, the shipped rule otherwise
+# NAME|K_TAIL|PERSISTENT words: the layouts gemv-layout-ab times the decode GEMV in; NAME|FLAGS words:
+# the projections it times them under (FLAGS ","-separated).
+GEMV_LAYOUTS=${GEMV_LAYOUTS:-"oneblock|False|0 tail|True|0 persistent2|True|2"}
+GEMV_PATHS=${GEMV_PATHS:-"plain| fused|--decode-fusion"}
+gemv-layout-ab() {  # Qwen3-4B's async decode step with the decode GEMV in each layout, plain (every
+  # projection at M <= 2 sent to it, whatever the card's table says: the H200's has no GEMV rows) and
+  # as --decode-fusion fuses it; gemv_settings wrapped for the one process, the shipped rule otherwise
   synth_q3
-  local layout
-  for layout in $GEMV_LAYOUTS; do
-    IFS='|' read -r name tail per_sm <<<"$layout"
-    echo "== $name: k_tail=$tail persistent=$per_sm"
-    python3 - bench latency --model $q3 --async-scheduling --batch-sizes 1,8 --prefill-lens 1024 --breakdown \
-      --save-result $work/qwen3-4b-latency-async-gemv-$name.json <<PY
+  local layout path
+  for path in $GEMV_PATHS; do
+    IFS='|' read -r pname flags <<<"$path"
+    for layout in $GEMV_LAYOUTS; do
+      IFS='|' read -r name tail per_sm <<<"$layout"
+      echo "== $pname $name: k_tail=$tail persistent=$per_sm"
+      python3 - bench latency --model $q3 --async-scheduling ${flags//,/ } --batch-sizes 1,8 --prefill-lens 1024 \
+        --breakdown --save-result $work/qwen3-4b-latency-async-$pname-$name.json <<PY
 import dataclasses, sys
+import kernels.gemm.skinny_dispatch as dispatch
 import kernels.triton.fused_gemv as gemv
 shipped = gemv.gemv_settings
 gemv.gemv_settings = lambda n, k, *, gated=False: dataclasses.replace(
     shipped(n, k, gated=gated), k_tail=$tail, persistent=$per_sm)
+table_backend = dispatch.ShapeChoice.backend
+dispatch.ShapeChoice.backend = lambda self, m: (2, dispatch.Backend.GEMV) if m <= 2 else table_backend(self, m)
 from infer_cli.main import app
 sys.argv[0] = "infer"
 app()
 PY
+    done
   done
 }
 pdl-tests() {  # the norms and the activation against their specs on the GPU (PDL on), a PDL chain in a
