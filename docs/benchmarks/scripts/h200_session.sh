@@ -698,7 +698,7 @@ case "${STAGE:-all}" in
     # Every call copies the working tree anew, and a step that imports while that happens can find
     # modules missing (2026-12-05): the pipeline runs from a copy of its own.
     rm -rf /tmp/tree && mkdir -p /tmp/tree
-    tar -C "$PWD" --exclude=./.vllm --exclude=./.whl-fi --exclude=./.whl-deps --exclude=./.cdsl --exclude=./.g3 \
+    tar -C "$PWD" --exclude=./.vllm --exclude=./.whl-fi --exclude=./.whl-deps --exclude=./.cdsl --exclude=./.g3 --exclude=./.fi-aot \
       -cf - . | tar -C /tmp/tree -xf -
     (cd /tmp/tree && ORIGIN=$OLDPWD STAGE=pipeline setsid bash docs/benchmarks/scripts/h200_session.sh \
       </dev/null >/dev/null 2>&1 &)
