@@ -182,7 +182,10 @@ def start_paged_model(
         )
     if use_prefill_graphs:
         refuse_unless_supported(model)
-    token_buckets = prefill_buckets(config.max_num_batched_tokens)
+    # No step holds more tokens than its rows can: a short context limit caps the largest bucket.
+    token_buckets = prefill_buckets(
+        min(config.max_num_batched_tokens, config.max_num_seqs * max_pages_per_seq * PAGE_SIZE)
+    )
     total = torch.cuda.get_device_properties(device).total_memory
     # Overlapped prefill plans on its own attention instance (its own workspace): made now so the
     # "weights" figure below, everything resident before profiling, includes it.

@@ -42,7 +42,7 @@ from engine.kv.state_pool import PADDING_SLOT
 from engine.runner import BatchRow
 from engine.step_packer import pack_step
 from kernels.attention.base import AttentionBackend, AttentionLayerSpec, GroupBatch
-from kernels.kv_layout import PADDING_PAGE, pages_for
+from kernels.kv_layout import PADDING_PAGE, PAGE_SIZE, pages_for
 from kernels.reference import PagedRows
 
 _FILLER_TOKEN = 0
@@ -120,6 +120,11 @@ class PrefillGraphs:
         new_graph: Callable[[], _Graph] | None = None,
     ) -> None:
         refuse_unless_supported(model)
+        if max(buckets) > max_rows * max_pages_per_seq * PAGE_SIZE:
+            raise PrefillGraphsError(
+                f"a prefill-graph bucket of {max(buckets)} tokens cannot be filled by {max_rows} rows of "
+                f"at most {max_pages_per_seq * PAGE_SIZE} tokens"
+            )
         self.model = model
         self.attention = attention
         self.buckets = tuple(sorted(buckets))
@@ -326,12 +331,20 @@ class PrefillGraphs:
     # -- capture ------------------------------------------------------------------------------
 
     def _load_warm_up(self, bucket: int) -> None:
-        """A one-row prefill of the whole bucket on pages 1.. (start-up's pools hold them), planned
-        on the real backend, in the static inputs."""
+        """A prefill of the whole bucket on pages 1.. (start-up's pools hold them), planned on the
+        real backend, in the static inputs: as few rows as the page tables allow (a row holds at
+        most `max_pages` pages, so a context limit below the bucket splits it)."""
         specs = self.model.kv.attention_specs
-        pages = tuple(range(1, 1 + pages_for(bucket)))
-        row = BatchRow.whole_prompt("prefill-graph warm-up", (0,) * bucket, (pages,) * len(specs))
-        self.load(pack_step([row], specs, self.attention).to(self.model.device))
+        longest = self.max_pages * PAGE_SIZE
+        rows: list[BatchRow] = []
+        first_page = 1
+        for start in range(0, bucket, longest):
+            length = min(longest, bucket - start)
+            pages = tuple(range(first_page, first_page + pages_for(length)))
+            first_page += len(pages)
+            name = f"prefill-graph warm-up {len(rows)}"
+            rows.append(BatchRow.whole_prompt(name, (0,) * length, (pages,) * len(specs)))
+        self.load(pack_step(rows, specs, self.attention).to(self.model.device))
 
     @torch.inference_mode()
     def capture(self, on_bucket: Callable[[CaptureRecord], None] | None = None) -> None:

@@ -217,6 +217,18 @@ def test_a_replay_runs_each_segment_then_that_layer_s_attention(
     assert graphs.replays_per_bucket == {16: 1} and graphs.steps_per_bucket == {16: 2}
 
 
+def _stand_in_for_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA calls `capture` makes around its stand-in graphs, made harmless on the CPU."""
+    cuda = torch.cuda
+    monkeypatch.setattr(cuda, "graph_pool_handle", lambda: "pool")
+    monkeypatch.setattr(cuda, "Stream", lambda device=None: "stream")
+    monkeypatch.setattr(cuda, "stream", lambda stream: contextlib.nullcontext())
+    monkeypatch.setattr(cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(cuda, "mem_get_info", lambda device=None: (1 << 30, 1 << 31))
+    monkeypatch.setattr(cuda, "memory_reserved", lambda device=None: 0)
+
+
 def test_capture_plans_and_runs_every_forward_in_inference_mode(
     tiny_qwen3: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -234,14 +246,7 @@ def test_capture_plans_and_runs_every_forward_in_inference_mode(
         max_pages_per_seq=4,
         new_graph=lambda: _FakeGraph(log),
     )
-    cuda = torch.cuda
-    monkeypatch.setattr(cuda, "graph_pool_handle", lambda: "pool")
-    monkeypatch.setattr(cuda, "Stream", lambda device=None: "stream")
-    monkeypatch.setattr(cuda, "stream", lambda stream: contextlib.nullcontext())
-    monkeypatch.setattr(cuda, "synchronize", lambda device=None: None)
-    monkeypatch.setattr(cuda, "empty_cache", lambda: None)
-    monkeypatch.setattr(cuda, "mem_get_info", lambda device=None: (1 << 30, 1 << 31))
-    monkeypatch.setattr(cuda, "memory_reserved", lambda device=None: 0)
+    _stand_in_for_cuda(monkeypatch)
     modes: list[bool] = []
     plan = runner.attention.plan
 
@@ -255,6 +260,40 @@ def test_capture_plans_and_runs_every_forward_in_inference_mode(
     assert [r.bucket for r in graphs.records] == [32, 16]
     layers = len(runner.model.layers)  # type: ignore[attr-defined]
     assert graphs.segments_per_bucket() == {32: layers + 1, 16: layers + 1}
+
+
+def test_a_bucket_longer_than_the_context_limit_warms_up_in_several_rows(
+    tiny_qwen3: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Page tables hold `max_pages_per_seq` pages a row, so a 96-token bucket under a 32-token
+    context limit warms up as three rows (the qwen3 manifest's context-limit gate failed start-up
+    with --prefill-graphs on the H100 at 3d7ddd4: one 2,048-token row against a 4-page table), and
+    the warm-up's attention sees every token. A bucket more rows than `max_rows` could fill is
+    refused by name."""
+    runner = _runner(tiny_qwen3)
+    _stand_in_for_cuda(monkeypatch)
+    graphs = PrefillGraphs(
+        runner.model,
+        runner.attention,
+        (16, 96),
+        max_rows=4,
+        max_pages_per_seq=2,
+        new_graph=lambda: _FakeGraph([]),
+    )
+    attended: list[int] = []
+    run = runner.attention.run
+
+    def spy(group: int, spec: Any, q: torch.Tensor, pool_layer: torch.Tensor) -> torch.Tensor:
+        attended.append(q.shape[0])
+        return run(group, spec, q, pool_layer)
+
+    monkeypatch.setattr(runner.attention, "run", spy)
+    graphs.capture()
+    assert [r.bucket for r in graphs.records] == [96, 16]
+    assert attended[0] == 96
+    assert graphs.page_tables[0][:3].tolist() == [[1, 2], [3, 4], [5, 6]]
+    with pytest.raises(PrefillGraphsError, match="97 tokens cannot be filled by 3 rows of at most 32"):
+        PrefillGraphs(runner.model, runner.attention, (16, 97), max_rows=3, max_pages_per_seq=2)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
