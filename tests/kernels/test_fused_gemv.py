@@ -58,7 +58,9 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 N = 40
 KS = (64, 96, 160)
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-# K in a power-of-two head and tail: 96 = 64 + 32 and 160 = 128 + 32 (64 stays one block).
+# K as one masked power-of-two block, and in a power-of-two head and tail (the default layout):
+# 96 = 64 + 32 and 160 = 128 + 32 (64 stays one block).
+ONE_BLOCK = GemvSettings(rows_per_program=2)
 TAIL = GemvSettings(rows_per_program=2, k_tail=True)
 # One program per interpreted "SM" (2), each walking 10 of the 20 two-row tiles of N = 40.
 PERSISTENT = GemvSettings(rows_per_program=2, k_tail=True, persistent=1)
@@ -69,7 +71,7 @@ SETTINGS = {
     "tail": TAIL,
     "persistent": PERSISTENT,
 }
-LAYOUTS = {"one-block": None, "tail": TAIL, "persistent": PERSISTENT}
+LAYOUTS = {"one-block": ONE_BLOCK, "tail": TAIL, "persistent": PERSISTENT}
 QWEN3_NORM = NormSpec(NormWeight.W, eps=1e-6, round_before_weight=True)
 NORMS = (QWEN3_NORM, NormSpec(NormWeight.ONE_PLUS_W), NormSpec(NormWeight.NONE))
 
@@ -130,7 +132,7 @@ def test_norm_prologue_is_the_spec_within_the_reordering_bound(spec: NormSpec, d
             assert _norm_order_flips(t["x"], spec, nw) == 0, f"K={k}"
         want = reference.norm_linear(t["x"].cpu(), spec, None if nw is None else nw.cpu(), t["w"].cpu())
         normed = reference.rms_norm(t["x"].cpu(), spec, None if nw is None else nw.cpu())
-        for settings in (None, TAIL):
+        for settings in (ONE_BLOCK, TAIL):
             y = fused_gemv(t["x"], t["w"], Fusion(norm=spec), settings, norm_weight=nw)
             verdict = agreement(y, want, normed, t["w"])
             assert verdict.ok, f"K={k} {settings}: {verdict}"
@@ -145,7 +147,7 @@ def test_residual_epilogue_is_the_spec_within_the_bound(dtype: torch.dtype) -> N
         allowed = _linear_allowed(x, w, reference.linear(x, w))
         if dtype != torch.float32:
             allowed = allowed + ulp(want, dtype)
-        for settings in (None, TAIL):
+        for settings in (ONE_BLOCK, TAIL):
             y = fused_gemv(t["x"], t["w"], Fusion(residual=True), settings, residual=t["residual"])
             _check(y, want, allowed, FLIP_SHARE_BOUND[dtype])
 
@@ -160,7 +162,7 @@ def test_gated_epilogue_is_the_spec_within_the_bound(
         t = _tensors(MAX_ROWS, k, dtype)
         fusion = Fusion(norm=QWEN3_NORM if with_norm else None, activation=kind)
         nw = t["norm_weight"] if with_norm else None
-        y, y_tail = (fused_gemv(t["x"], t["gate_up"], fusion, s, norm_weight=nw) for s in (None, TAIL))
+        y, y_tail = (fused_gemv(t["x"], t["gate_up"], fusion, s, norm_weight=nw) for s in (ONE_BLOCK, TAIL))
         assert y.shape == (MAX_ROWS, N) and y.dtype == dtype
         x = (
             reference.rms_norm(t["x"].cpu(), QWEN3_NORM, t["norm_weight"].cpu())
@@ -180,7 +182,7 @@ def test_fused_variants_are_the_unfused_kernels_composed_bit_for_bit(dtype: torc
     from kernels.triton.gated_act import gated_act
     from kernels.triton.invariant_rmsnorm import invariant_rms_norm
 
-    for k, settings in itertools.product(KS, (None, TAIL)):
+    for k, settings in itertools.product(KS, (ONE_BLOCK, TAIL)):
         t = _tensors(MAX_ROWS, k, dtype)
         x, w, gu, nw = t["x"], t["w"], t["gate_up"], t["norm_weight"]
         normed = invariant_rms_norm(x, QWEN3_NORM, nw)
@@ -280,7 +282,7 @@ def test_row_offset_one_matches_offset_zero_and_leaves_sentinels(
     # K = 112 is a 64-wide head and a 64-wide tail with 16 lanes masked: the junk past K in each
     # input row must not reach the result.
     settings = LAYOUTS[layout]
-    tail = settings is not None and settings.k_tail
+    tail = settings.k_tail
     fusion, k = FUSIONS[name], 112 if tail else 96
     for m in (1, MAX_ROWS):
         t = _tensors(m, k, dtype)
@@ -291,7 +293,7 @@ def test_row_offset_one_matches_offset_zero_and_leaves_sentinels(
         fresh = _run(fusion, t, t["x"], settings, **_plain_kwargs(fusion, t, slice(None)))
         assert torch.equal(fresh, at_zero), f"M={m}: a fresh output differs"
         if tail:  # and the result is the spec's, so a mask that let the junk in cannot pass as equal
-            want = _run(fusion, t, t["x"], **_plain_kwargs(fusion, t, slice(None)))
+            want = _run(fusion, t, t["x"], ONE_BLOCK, **_plain_kwargs(fusion, t, slice(None)))
             assert (fresh.float() - want.float()).abs().max() <= 0.05 * want.float().abs().max() + 1e-3
 
 
@@ -345,7 +347,11 @@ def test_empty_batch() -> None:
 
 
 def test_settings_follow_the_weight_shape_only() -> None:
-    # The probe's rule: 8192 elements per slice (2 rows at K = 2560 or 4096, 1 at 9728).
+    # The probe's rule: 8192 elements per slice (2 rows at K = 2560 or 4096, 1 at 9728), K in a
+    # head and a tail (one block where K is a power of two).
+    assert gemv_settings(6144, 2560).k_blocks(2560) == (2048, 512)
+    assert gemv_settings(2560, 4096).k_blocks(4096) == (4096, 0)
+    assert gemv_settings(2560, 9728).k_blocks(9728) == (8192, 2048)
     assert gemv_settings(6144, 2560).rows_per_program == 2
     assert gemv_settings(2560, 4096).rows_per_program == 2
     assert gemv_settings(2560, 9728).rows_per_program == 1
