@@ -33,54 +33,35 @@
 #   PIPELINE="decode-tests sampler-timing gemm-qwen3 qwen3-decode-variants host-profile-async gemma4-decode-variants
 #             qwen3-gates vllm-qwen3" STAGE=all ...
 # then the qwen3 and gemma4 manifests with the flags the variants showed best, before flipping a default.
-# The next stretch (prepared 2026-12-06; no machine came that session, so nothing since da31a49 has
-# run on a GPU: the synchronous default's fix 1564fc5, prefill graphs' start-up fix d8a1fb0, the
-# async window fix f5403a9/b12c25e and the GEMV's K head + tail are all unmeasured there).
-# Carrying: the tree, .git and the 62 MB flashinfer wheel pass 64 MiB
-# together, so the wheel travels split (scripts/split_flashinfer_wheel.sh after stage-wheels.sh):
-# chunk aa in .whl-fi, chunk ab and the wheel's sha256 in .whl-deps/fi-tail. Calls: one carrying .whl-fi
-# (`mkdir -p /tmp/fi && cp .whl-fi/fi.chunk-aa /tmp/fi/`); one carrying .whl-deps that joins the
-# wheel, checks it, installs (`cp .whl-deps/fi-tail/* /tmp/fi/ && (cd /tmp/fi && cat fi.chunk-aa
-# fi.chunk-ab > flashinfer_python-0.7.2.post1-py3-none-any.whl && sha256sum -c fi.sha) &&
-# python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/fi/*.whl
-# .whl-deps/*.whl && python3 docs/benchmarks/scripts/flashinfer_aot.py install /tmp/site`, carrying
-# .fi-aot too where it exists: FlashInfer's attention modules built on the CPU machine, ~14 MB, so
-# the first FlashInfer step skips its JIT; `scripts/flashinfer_aot.py` says how to build them) and
-# starts
-#   PIPELINE="gemv-sweep gemv-layout-ab sync-probe qwen3-timeline prefill-graphs-tests
-#   prefill-graphs-latency gemm-qwen35 async-gates-qwen3 prefill-graphs-gates-qwen3
-#   qwen35-prefill-graphs-latency"
-#   SYNTH_AHEAD=0 WAIT_S=150 STAGE=all bash docs/benchmarks/scripts/h200_session.sh
-# (on an H200 add qwen3-table after qwen3-timeline: the H200's table predates the decode GEMV)
-# then STAGE=wait calls back to back (WAIT_S=540). Order is priority:
-# - gemv-sweep (~4 min): the decode GEMV's rows per program, warps and K head + tail per Qwen3-4B
-#   projection at M = 1, plain and fused, cuBLAS beside; the fastest settings become gemv_settings'
-#   rule (kernels/triton/fused_gemv.py). It needs no FlashInfer: with little device time left it runs
-#   in one call carrying nothing, `PYTHONPATH=$PWD python3 docs/benchmarks/scripts/gemv_sweep.py
-#   --save $OUT/gemv-sweep-m1.json` (saved after each projection).
-# - gemv-layout-ab (~7 min): the whole async decode step with the GEMV in each layout (one block,
-#   K head + tail, persistent 2 per SM), plain at M <= 2 and under --decode-fusion (whose norm
-#   prologue variants held 155-158 registers in one block, 95-96 with K head + tail, Triton 3.6
-#   offline: the fused chain ran 4.7 ms against 3.3 ms of per-shape GEMVs on the H100), one
-#   process each, back to back.
-# - sync-probe (~4 min): whether the synchronous gate finishes now that synchronous steps wait for
-#   the previous step's input copies before planning (1564fc5, the suspected cause), where it waits
-#   if not, and whether the synchronous default step runs (nothing synchronous completed on the GPU
-#   at da31a49).
-# - qwen3-timeline (~5 min): async decode steps with each kernel's start and duration (shipped,
-#   --decode-fusion, Triton attention): where the 0.45 ms outside the projections goes at batch 1
-#   (read each result with scripts/step_timeline.py).
-# - prefill-graphs-tests (~2 min): the replay against the padded eager run, tiny Qwen3, Gemma 4,
-#   Qwen3.5 (torch attention: FlashInfer has no prefill kernel for their head dims).
-# - prefill-graphs-latency (~5 min): Qwen3-4B's 1k and 8k prefill, with and without
-#   --prefill-graphs, sync and async.
-# - prefill-graphs-gates-qwen3 (~4 min): the qwen3 manifest with --prefill-graphs (its graph-replay
-#   gate then holds prefill and mixed steps to their padded eager run).
-# - qwen35-prefill-graphs-latency (~4 min): Qwen3.5-4B's 1k prefill (58.6 ms, 41.9 of it host gap,
-#   at da31a49), async, with and without them.
-# - gemm-qwen35 (~4 min): Qwen3.5-4B's projections for the card's dispatch table (merge the
-#   --save-dispatch file into kernels/gemm/skinny_dispatch_h100.json back here, ChoiceTable.merged).
-# - async-gates-qwen3 (~4 min): the qwen3 manifest under async with the window fix.
+# The next stretch (prepared 2026-12-06, after the H100 stretch at 1c7ef32: GEMV head + tail now the
+# default, prefill graphs' context-limit fix aafd62f unmeasured on a GPU). Carrying: the tree, .git
+# and the 62 MB flashinfer wheel pass 64 MiB together, so the wheel travels split
+# (scripts/split_flashinfer_wheel.sh after stage-wheels.sh): chunk aa in .whl-fi, chunk ab and the
+# wheel's sha256 in .whl-deps/fi-tail. FlashInfer's attention modules, built on the CPU machine
+# (scripts/flashinfer_aot.py build .fi-aot, ~14 MB, ~20 min on 2 cores), travel in .fi-aot and
+# spare the first FlashInfer step its JIT (1c7ef32: nothing was JIT-built). Calls:
+#  1. carrying .whl-fi: `mkdir -p /tmp/fi && cp .whl-fi/fi.chunk-aa /tmp/fi/ && PIPELINE=gemv-sweep
+#     WAIT_S=0 STAGE=all bash docs/benchmarks/scripts/h200_session.sh` (the sweep needs no
+#     FlashInfer, so it runs while the next call installs);
+#  2. carrying .whl-deps and .fi-aot: `cp .whl-deps/fi-tail/* /tmp/fi/ && (cd /tmp/fi && cat
+#     fi.chunk-aa fi.chunk-ab > flashinfer_python-0.7.2.post1-py3-none-any.whl && sha256sum -c
+#     fi.sha) && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site
+#     /tmp/fi/*.whl .whl-deps/*.whl && python3 docs/benchmarks/scripts/flashinfer_aot.py install
+#     /tmp/site; while [ -f /tmp/runs/pipeline.running ]; do sleep 5; done; cat /tmp/runs/steps.txt;
+#     PIPELINE="..." SYNTH_AHEAD=0 WAIT_S=240 STAGE=all bash docs/benchmarks/scripts/h200_session.sh`
+#  3. STAGE=wait calls back to back (WAIT_S=540, timeout 580); give the machine back at the end.
+# The pipeline, in priority order:
+#   on an H200: "qwen3-table attn-split-ab prefill-graphs-gates-qwen3 async-gates-qwen3
+#   gemma4-decode-variants" (qwen3-table first: the H200's dispatch table has no GEMV rows, so its
+#   Qwen3-4B rows are measured anew with the head + tail GEMV and the async step timed on them;
+#   copy skinny_dispatch_h200.json back from runs.tgz);
+#   on an H100: "attn-split-ab prefill-graphs-gates-qwen3 qwen3-timeline gemm-qwen3".
+# - attn-split-ab (~4 min): the async step with FlashInfer's KV split as planned and switched off;
+#   at batch 1 the split costs a merge kernel a layer (2.3 µs, 82 µs a step on the H100).
+# - prefill-graphs-gates-qwen3 (~4 min): the qwen3 manifest with --prefill-graphs; the context-limit
+#   gate failed start-up at 1c7ef32 (fixed in aafd62f).
+# - qwen3-timeline (~2 min): where HEAD's batch-1 step goes (scripts/step_timeline.py on each file).
+# - gemv-sweep and gemv-layout-ab, as at 1c7ef32, where a card's GEMV rule is in question.
 # Gemma 4's manifest (async and sync) needs an H200: on 80 GB its fp32-reference gates run out of
 # memory under --shared-process (da31a49). With needs_h200: PIPELINE="async-gates-gemma4
 # qwen35-9b-parity" (the last two acceptance runs of issues 18's async default and 19).
@@ -518,6 +499,25 @@ PY
     done
   done
 }
+attn-split-ab() {  # Qwen3-4B's async decode step with FlashInfer's KV split as its planner chooses
+  # (shipped `tuned`) and with it off (what `invariant` plans): at batch 1 the split attention took
+  # 6.0 + 2.3 µs (merge) a layer for 0.7 µs of KV bandwidth on the H100 (1c7ef32)
+  synth_q3
+  local split
+  for split in planner off; do
+    echo "== KV split: $split"
+    python3 - bench latency --model $q3 --async-scheduling --batch-sizes 1,8,64 --prefill-lens 1024 \
+      --breakdown --save-result $work/qwen3-4b-latency-async-split-$split.json <<PY
+import sys
+import kernels.attention.flashinfer_backend as backend
+if "$split" == "off":
+    backend.FlashInferAttention.split_kwargs = lambda self: {"disable_split_kv": True}
+from infer_cli.main import app
+sys.argv[0] = "infer"
+app()
+PY
+  done
+}
 pdl-tests() {  # the norms and the activation against their specs on the GPU (PDL on), a PDL chain in a
   # graph against eager, FastLaunch
   python3 -m pytest -q --tb=short tests/kernels/test_layer_ops.py tests/kernels/test_gated_act.py \
@@ -706,7 +706,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | gemv-layout-ab | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | qwen35-prefill-graphs-latency)
+  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | gemv-layout-ab | attn-split-ab | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | qwen35-prefill-graphs-latency)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
