@@ -267,7 +267,7 @@ def test_a_bucket_longer_than_the_context_limit_warms_up_in_several_rows(
 ) -> None:
     """Page tables hold `max_pages_per_seq` pages a row, so a 96-token bucket under a 32-token
     context limit warms up as three rows (the qwen3 manifest's context-limit gate failed start-up
-    with --prefill-graphs on the H100 at 3d7ddd4: one 2,048-token row against a 4-page table), and
+    with --prefill-graphs on the H100 at 1c7ef32: one 2,048-token row against a 4-page table), and
     the warm-up's attention sees every token. A bucket more rows than `max_rows` could fill is
     refused by name."""
     runner = _runner(tiny_qwen3)
