@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -104,11 +105,19 @@ def sweep(
             call = partial(
                 fused_gemv, fusion=fusion, settings=settings, norm_weight=norm_weight, residual=residual
             )
-            tag = f"{label}{'*' if settings == default else ''}"
+            tag = f"{label}{'*' if _loads_as(settings, default, k) else ''}"
             rows.append(timed(projection, m, tag, settings, [partial(call, x, w) for w in weights], floor_us))
     del weights
     torch.cuda.empty_cache()
     return [row for row in rows if row is not None]
+
+
+def _loads_as(settings: GemvSettings, default: GemvSettings, k: int) -> bool:
+    """Whether ``settings`` run as ``default`` does: K's blocks compared rather than the k_tail flag,
+    which changes nothing at a power-of-two K."""
+    return settings == replace(default, k_tail=settings.k_tail) and settings.k_blocks(k) == default.k_blocks(
+        k
+    )
 
 
 def main() -> None:
