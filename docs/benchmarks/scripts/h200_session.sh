@@ -55,7 +55,10 @@
 #   gemma4-decode-variants" (qwen3-table first: the H200's dispatch table has no GEMV rows, so its
 #   Qwen3-4B rows are measured anew with the head + tail GEMV and the async step timed on them;
 #   copy skinny_dispatch_h200.json back from runs.tgz);
-#   on an H100: "attn-split-ab prefill-graphs-gates-qwen3 qwen3-timeline gemm-qwen3".
+#   on an H100: "attn-split-ab prefill-graphs-gates-qwen3 qwen3-timeline gemm-qwen3 gemm-qwen35"
+#   (the two gemm steps re-measure the H100 table's rows with the head + tail GEMV: Qwen3.5's down
+#   projection [2560, 9216] ran the skinny kernel at M = 1, measured against the one-block GEMV;
+#   merge their --save-dispatch files back here with ChoiceTable.merged).
 # - attn-split-ab (~4 min): the async step with FlashInfer's KV split as planned and switched off;
 #   at batch 1 the split costs a merge kernel a layer (2.3 µs, 82 µs a step on the H100).
 # - prefill-graphs-gates-qwen3 (~4 min): the qwen3 manifest with --prefill-graphs; the context-limit
