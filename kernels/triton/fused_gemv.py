@@ -91,6 +91,15 @@ def _is_pow2(value: int) -> bool:
     return value > 0 and not value & (value - 1)
 
 
+def head_and_tail(k: int) -> tuple[int, int]:
+    """K as the largest power of two ≤ K and the smallest power of two ≥ the rest (tail 0 where K
+    is a power of two)."""
+    if _is_pow2(k):
+        return k, 0
+    head = 1 << (k.bit_length() - 1)
+    return head, next_power_of_2(k - head)
+
+
 @dataclass(frozen=True, slots=True)
 class GemvSettings:
     """Launch settings for one weight shape, never derived from M (that is the batch invariance).
@@ -124,10 +133,7 @@ class GemvSettings:
         ≤ K, unmasked, and the smallest power of two ≥ the rest (2560 = 2048 + 512 exactly,
         9728 = 8192 + 2048 with 512 masked).
         """
-        if not self.k_tail or _is_pow2(k):
-            return next_power_of_2(k), 0
-        head = 1 << (k.bit_length() - 1)
-        return head, next_power_of_2(k - head)
+        return head_and_tail(k) if self.k_tail else (next_power_of_2(k), 0)
 
     def slice_elements(self, k: int, *, gated: bool = False) -> int:
         """Weight elements one program loads before it waits."""
@@ -161,11 +167,14 @@ def multiprocessors(device: torch.device) -> int:
 
 def gemv_settings(n: int, k: int, *, gated: bool = False) -> GemvSettings:
     """The settings for an [n, k] weight (a fused [2I, k] gate/up weight when ``gated``): as many
-    rows as keep the slice at ``TARGET_SLICE_ELEMENTS`` (2 rows at K = 2560 or 4096, 1 at 9728),
-    K in a head and a tail (the H100 sweep, docs/benchmarks/gemm.md: the down projection 24.6 →
-    20.1 µs, the norm prologues 24-27 % faster, the rest level)."""
+    rows as keep the slice at ``TARGET_SLICE_ELEMENTS`` (2 rows at K = 2560 or 4096, 1 at 9728);
+    K in a head and a tail where that loads fewer lanes than one block (K = 2560, 9216, 9728; not
+    3840 or 15360, where both mask the same 6.25 %). On the H100 the head + tail took the down
+    projection [2560, 9728] from 24.6 to 20.1 µs and every norm prologue 24-27 % off, the other
+    Qwen3-4B shapes level (docs/benchmarks/gemm.md)."""
     width = (2 if gated else 1) * next_power_of_2(max(k, 1))
-    return GemvSettings(rows_per_program=max(1, TARGET_SLICE_ELEMENTS // width), k_tail=True)
+    fewer_lanes = sum(head_and_tail(max(k, 1))) < next_power_of_2(max(k, 1))
+    return GemvSettings(rows_per_program=max(1, TARGET_SLICE_ELEMENTS // width), k_tail=fewer_lanes)
 
 
 # ---------------------------------------------------------------------------------------- kernel

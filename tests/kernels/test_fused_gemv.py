@@ -347,11 +347,13 @@ def test_empty_batch() -> None:
 
 
 def test_settings_follow_the_weight_shape_only() -> None:
-    # The probe's rule: 8192 elements per slice (2 rows at K = 2560 or 4096, 1 at 9728), K in a
-    # head and a tail (one block where K is a power of two).
+    # The probe's rule: 8192 elements per slice (2 rows at K = 2560 or 4096, 1 at 9728); K in a
+    # head and a tail where that loads fewer lanes than one block.
     assert gemv_settings(6144, 2560).k_blocks(2560) == (2048, 512)
-    assert gemv_settings(2560, 4096).k_blocks(4096) == (4096, 0)
     assert gemv_settings(2560, 9728).k_blocks(9728) == (8192, 2048)
+    assert gemv_settings(2560, 4096).k_blocks(4096) == (4096, 0)
+    assert gemv_settings(30720, 3840).k_blocks(3840) == (4096, 0)  # 2048 + 2048 masks as many
+    assert gemv_settings(3840, 15360).k_blocks(15360) == (16384, 0)
     assert gemv_settings(6144, 2560).rows_per_program == 2
     assert gemv_settings(2560, 4096).rows_per_program == 2
     assert gemv_settings(2560, 9728).rows_per_program == 1
