@@ -172,9 +172,10 @@ def gemv_settings(n: int, k: int, *, gated: bool = False) -> GemvSettings:
     3840 or 15360, where both mask the same 6.25 %). On the H100 the head + tail took the down
     projection [2560, 9728] from 24.6 to 20.1 µs and every norm prologue 24-27 % off, the other
     Qwen3-4B shapes level (docs/benchmarks/gemm.md)."""
-    width = (2 if gated else 1) * next_power_of_2(max(k, 1))
-    fewer_lanes = sum(head_and_tail(max(k, 1))) < next_power_of_2(max(k, 1))
-    return GemvSettings(rows_per_program=max(1, TARGET_SLICE_ELEMENTS // width), k_tail=fewer_lanes)
+    k = max(k, 1)
+    one_block = next_power_of_2(k)
+    rows = max(1, TARGET_SLICE_ELEMENTS // ((2 if gated else 1) * one_block))
+    return GemvSettings(rows_per_program=rows, k_tail=sum(head_and_tail(k)) < one_block)
 
 
 # ---------------------------------------------------------------------------------------- kernel

@@ -115,9 +115,8 @@ def sweep(
 def _loads_as(settings: GemvSettings, default: GemvSettings, k: int) -> bool:
     """Whether ``settings`` run as ``default`` does: K's blocks compared rather than the k_tail flag,
     which changes nothing at a power-of-two K."""
-    return settings == replace(default, k_tail=settings.k_tail) and settings.k_blocks(k) == default.k_blocks(
-        k
-    )
+    alike_but_the_flag = settings == replace(default, k_tail=settings.k_tail)
+    return alike_but_the_flag and settings.k_blocks(k) == default.k_blocks(k)
 
 
 def main() -> None:

@@ -477,7 +477,7 @@ GEMV_LAYOUTS=${GEMV_LAYOUTS:-"oneblock|False|0 tail|True|0 persistent2|True|2"}
 GEMV_PATHS=${GEMV_PATHS:-"plain| fused|--decode-fusion"}
 gemv-layout-ab() {  # Qwen3-4B's async decode step with the decode GEMV in each layout, plain (every
   # projection at M <= 2 sent to it, whatever the card's table says: the H200's has no GEMV rows) and
-  # as --decode-fusion fuses it; gemv_settings wrapped for the one process, the shipped rule otherwise
+  # as --decode-fusion fuses it; each process wraps gemv_settings to impose its layout
   synth_q3
   local layout path
   for path in $GEMV_PATHS; do
