@@ -35,7 +35,7 @@ from engine.kv.state_pool import state_pools_of
 from engine.memory_budget import CPU_KV_BYTES, GIB, MemoryBudget
 from engine.model_runner import PagedModelRunner
 from engine.parallel.group import SINGLE_RANK, RankGroup
-from engine.prefill_graphs import PrefillGraphs, prefill_buckets, refuse_unless_supported
+from engine.prefill_graphs import PrefillGraphs, fillable_tokens, prefill_buckets, refuse_unless_supported
 from engine.progress import SILENT, ProgressSink, task
 from engine.runner import BatchRow
 from engine.sampling import sample
@@ -184,7 +184,7 @@ def start_paged_model(
         refuse_unless_supported(model)
     # No step holds more tokens than its rows can: a short context limit caps the largest bucket.
     token_buckets = prefill_buckets(
-        min(config.max_num_batched_tokens, config.max_num_seqs * max_pages_per_seq * PAGE_SIZE)
+        min(config.max_num_batched_tokens, fillable_tokens(config.max_num_seqs, max_pages_per_seq))
     )
     total = torch.cuda.get_device_properties(device).total_memory
     # Overlapped prefill plans on its own attention instance (its own workspace): made now so the

@@ -66,6 +66,11 @@ def prefill_buckets(max_tokens: int, smallest: int = 64) -> tuple[int, ...]:
     return tuple(buckets)
 
 
+def fillable_tokens(max_rows: int, max_pages_per_seq: int) -> int:
+    """The most tokens one step can hold: `max_rows` rows, each as long as its page table allows."""
+    return max_rows * max_pages_per_seq * PAGE_SIZE
+
+
 def refuse_unless_supported(model: PagedCausalLM) -> None:
     """Refuse, by name, a model line that has not put its host-planned ops behind cut points."""
     if not getattr(model, "segmented_capture", False):
@@ -120,14 +125,14 @@ class PrefillGraphs:
         new_graph: Callable[[], _Graph] | None = None,
     ) -> None:
         refuse_unless_supported(model)
-        if max(buckets) > max_rows * max_pages_per_seq * PAGE_SIZE:
+        self.buckets = tuple(sorted(buckets))
+        if self.buckets[-1] > fillable_tokens(max_rows, max_pages_per_seq):
             raise PrefillGraphsError(
-                f"a prefill-graph bucket of {max(buckets)} tokens cannot be filled by {max_rows} rows of "
-                f"at most {max_pages_per_seq * PAGE_SIZE} tokens"
+                f"a prefill-graph bucket of {self.buckets[-1]} tokens cannot be filled by {max_rows} rows "
+                f"of at most {max_pages_per_seq * PAGE_SIZE} tokens"
             )
         self.model = model
         self.attention = attention
-        self.buckets = tuple(sorted(buckets))
         self.max_rows = max_rows
         self.max_pages = max_pages_per_seq
         self._new_graph: Callable[[], _Graph] = new_graph or torch.cuda.CUDAGraph

@@ -165,6 +165,7 @@ def multiprocessors(device: torch.device) -> int:
     return int(torch.cuda.get_device_properties(device).multi_processor_count)
 
 
+@functools.cache  # called at every eager launch; a function of the shape alone
 def gemv_settings(n: int, k: int, *, gated: bool = False) -> GemvSettings:
     """The settings for an [n, k] weight (a fused [2I, k] gate/up weight when ``gated``): as many
     rows as keep the slice at ``TARGET_SLICE_ELEMENTS`` (2 rows at K = 2560 or 4096, 1 at 9728);

@@ -8,7 +8,7 @@ logged and built as usual, so a stale one costs nothing but the build it would h
   build OUT    here: writes OUT/<name>.so for every module the served geometries plan (~20 min on
                2 cores). Needs the staged flashinfer wheel, apache-tvm-ffi (the cp311 wheel of the
                staged version) and ninja installed with `pip install --target SITE`, then
-               PYTHONPATH=SITE PATH=SITE/bin:$PATH FLASHINFER_CUDA_ARCH_LIST=9.0a
+               PYTHONPATH=SITE:$PWD PATH=SITE/bin:$PATH FLASHINFER_CUDA_ARCH_LIST=9.0a
                CUDA_HOME=/usr/local/cuda; that toolkit (CUDA 13) lacks curand's headers (copy
                nvidia/cu13/include/curand*.h from the nvidia-curand wheel into its include/) and a
                libcuda.so to link against (`gcc -shared -Wl,-soname,libcuda.so.1 -o
@@ -19,7 +19,7 @@ logged and built as usual, so a stale one costs nothing but the build it would h
 The geometries: bf16 queries, KV and output, int32 indices, no positional encoding in the kernel,
 no soft cap, fp32 QK reduction, with and without a sliding window, as
 kernels/attention/flashinfer_backend.py plans them. A decode wrapper with tensor cores plans the
-same prefill modules. fa3 (sm90) builds only up to head dim 256, so 512 has fa2 alone.
+same prefill modules. fa3 (sm90) builds only up to FA3_MAX_HEAD_DIM, so 512 has fa2 alone.
 """
 
 from __future__ import annotations
@@ -32,12 +32,13 @@ from pathlib import Path
 # (head dim, sliding window): Qwen3 128; Qwen3.5 and Gemma 3 global 256; Gemma 3/4 sliding 256;
 # Gemma 4 global 512.
 GEOMETRIES = ((128, False), (256, False), (256, True), (512, False))
-FA3_MAX_HEAD_DIM = 256
 
 
 def build(out: Path) -> None:
     import torch
     from flashinfer.jit.attention.modules import _gen_batch_prefill_primary_module, gen_batch_prefill_module
+
+    from kernels.attention.flashinfer_backend import FA3_MAX_HEAD_DIM
 
     out.mkdir(parents=True, exist_ok=True)
     bf16 = torch.bfloat16

@@ -471,6 +471,18 @@ PY
   infer bench latency --model $q3 --async-scheduling --batch-sizes 1,8,64 --prefill-lens 1024 --breakdown \
     --save-result $work/qwen3-4b-latency-async-table.json
 }
+# infer in a process whose modules PATCH (Python statements, run first) has changed: an A/B of one
+# setting inside the shipped code without a flag for it.
+infer_patched() {
+  local patch=$1; shift
+  python3 - "$@" <<PY
+import sys
+$patch
+from infer_cli.main import app
+sys.argv[0] = "infer"
+app()
+PY
+}
 # NAME|K_TAIL|PERSISTENT words: the layouts gemv-layout-ab times the decode GEMV in; NAME|FLAGS words:
 # the projections it times them under (FLAGS ","-separated).
 GEMV_LAYOUTS=${GEMV_LAYOUTS:-"oneblock|False|0 tail|True|0 persistent2|True|2"}
@@ -485,20 +497,16 @@ gemv-layout-ab() {  # Qwen3-4B's async decode step with the decode GEMV in each 
     for layout in $GEMV_LAYOUTS; do
       IFS='|' read -r name tail per_sm <<<"$layout"
       echo "== $pname $name: k_tail=$tail persistent=$per_sm"
-      python3 - bench latency --model $q3 --async-scheduling ${flags//,/ } --batch-sizes 1,8 --prefill-lens 1024 \
-        --breakdown --save-result $work/qwen3-4b-latency-async-$pname-$name.json <<PY
-import dataclasses, sys
+      infer_patched "import dataclasses
 import kernels.gemm.skinny_dispatch as dispatch
 import kernels.triton.fused_gemv as gemv
 shipped = gemv.gemv_settings
 gemv.gemv_settings = lambda n, k, *, gated=False: dataclasses.replace(
     shipped(n, k, gated=gated), k_tail=$tail, persistent=$per_sm)
 table_backend = dispatch.ShapeChoice.backend
-dispatch.ShapeChoice.backend = lambda self, m: (2, dispatch.Backend.GEMV) if m <= 2 else table_backend(self, m)
-from infer_cli.main import app
-sys.argv[0] = "infer"
-app()
-PY
+dispatch.ShapeChoice.backend = lambda self, m: (2, dispatch.Backend.GEMV) if m <= 2 else table_backend(self, m)" \
+        bench latency --model $q3 --async-scheduling ${flags//,/ } --batch-sizes 1,8 --prefill-lens 1024 \
+        --breakdown --save-result $work/qwen3-4b-latency-async-$pname-$name.json
     done
   done
 }
@@ -506,19 +514,14 @@ attn-split-ab() {  # Qwen3-4B's async decode step with FlashInfer's KV split as 
   # (shipped `tuned`) and with it off (what `invariant` plans): at batch 1 the split attention took
   # 6.0 + 2.3 µs (merge) a layer for 0.7 µs of KV bandwidth on the H100 (1c7ef32)
   synth_q3
-  local split
+  local split patch
   for split in planner off; do
     echo "== KV split: $split"
-    python3 - bench latency --model $q3 --async-scheduling --batch-sizes 1,8,64 --prefill-lens 1024 \
-      --breakdown --save-result $work/qwen3-4b-latency-async-split-$split.json <<PY
-import sys
-import kernels.attention.flashinfer_backend as backend
-if "$split" == "off":
-    backend.FlashInferAttention.split_kwargs = lambda self: {"disable_split_kv": True}
-from infer_cli.main import app
-sys.argv[0] = "infer"
-app()
-PY
+    patch=""
+    [ $split = off ] && patch="import kernels.attention.flashinfer_backend as backend
+backend.FlashInferAttention.split_kwargs = lambda self: {'disable_split_kv': True}"
+    infer_patched "$patch" bench latency --model $q3 --async-scheduling --batch-sizes 1,8,64 --prefill-lens 1024 \
+      --breakdown --save-result $work/qwen3-4b-latency-async-split-$split.json
   done
 }
 pdl-tests() {  # the norms and the activation against their specs on the GPU (PDL on), a PDL chain in a
