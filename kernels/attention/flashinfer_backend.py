@@ -20,6 +20,15 @@ would follow the KV lengths of the captured step; one setting for eager and grap
 keeps a decode row's bits the same on both paths. The price is parallelism at small batches over
 long contexts (docs/numerics.md). Not covered: a decode row that rides in a mixed step goes
 through the prefill kernel, so its bits depend on whether a prefill chunk shared its step.
+
+Graph-mode decode plans (`tuned`, `pin`) also switch the split off once a bucket's rows times the
+layer's KV heads fill the device's SMs. FlashInfer's graph-mode planner splits every step, however
+large (`PrefillBinarySearchKVChunkSize` returns split = true whenever CUDA graphs are on, so that one
+captured grid serves every replay), and the merge kernel then runs every layer; its eager planner
+splits only a batch too small to fill the GPU, which is what this rule restores. The rule reads the
+bucket and the layer's geometry only, so a bucket's capture and its replays plan alike. Measured on
+Qwen3-4B (H100, 2026-12-06, docs/benchmarks/qwen3.md): with the split off, batch 64 6.38 → 6.20 ms,
+batch 8 4.34 → 4.30 ms, batch 1 3.62 → 3.69 ms (8 work items on 132 SMs: there the split pays).
 """
 
 from __future__ import annotations
@@ -77,6 +86,7 @@ class FlashInferAttention(AttentionBackend):
         self.device = device
         self.dtype = dtype
         self.max_pages_per_seq = max_pages_per_seq
+        self._multiprocessors: int | None = None  # read at the first graph plan (split_kwargs)
         self._workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         self._prefill: dict[tuple[int, int], Any] = {}  # (group, head dim)
         self._decode: dict[tuple[int, int], Any] = {}
@@ -159,7 +169,7 @@ class FlashInferAttention(AttentionBackend):
             window_left=window_left,
             q_data_type=self.dtype,
             kv_data_type=self.dtype,
-            **self.split_kwargs(),
+            **self.split_kwargs(layer, graph_bucket),
         )
         if decode_only:
             wrapper.plan(*paged, **options)
@@ -167,13 +177,24 @@ class FlashInferAttention(AttentionBackend):
             wrapper.plan(_indptr(list(batch.q_lens)), *paged, causal=True, **options)
         self._active[group] = wrapper
 
-    def split_kwargs(self) -> dict[str, bool]:
-        """The KV-split arguments every plan passes: none (the planner decides) unless batch-invariant.
+    def split_kwargs(self, layer: AttentionLayerSpec, graph_bucket: int | None = None) -> dict[str, bool]:
+        """The KV-split arguments a plan passes: the split off when batch-invariant, or for a graph
+        bucket whose rows × KV heads fill the SMs (module doc); otherwise none (the planner decides).
         FlashInfer reads them on its fa2 paths (decode, and prefill at head dim > 256); its Hopper
         (fa3) prefill planner never splits the KV — one work item per 128-row query tile of one
         request over that request's whole KV (PrefillSM90Plan, flashinfer 0.7.2) — so a row's
         reduction order there does not follow the batch either."""
-        return {"disable_split_kv": True} if self.batch_invariant else {}
+        if self.batch_invariant:
+            return {"disable_split_kv": True}
+        if graph_bucket is None:
+            return {}
+        if self._multiprocessors is None:  # 0 off CUDA (stand-in tests): FlashInfer's split stays
+            cuda = self.device.type == "cuda"
+            self._multiprocessors = (
+                torch.cuda.get_device_properties(self.device).multi_processor_count if cuda else 0
+            )
+        fills_the_device = 0 < self._multiprocessors <= graph_bucket * layer.num_kv_heads
+        return {"disable_split_kv": True} if fills_the_device else {}
 
     def sibling(self) -> FlashInferAttention:
         # Its own wrappers and its own float workspace: FlashInfer kernels of two concurrent

@@ -2,8 +2,9 @@
 
 A stand-in `flashinfer` module records every wrapper's `plan` call. Under `batch_invariant` every
 plan (eager prefill, eager decode, graph decode) must disable the KV split, so no row's reduction
-order follows the batch; without it no plan may carry a split argument, so `tuned`/`pin` keep
-FlashInfer's own choice. The numerics themselves are the GPU gate `batch_invariance_is_bitwise`.
+order follows the batch; without it FlashInfer keeps its own choice, except that a graph bucket
+whose rows × KV heads fill the SMs plans without the split (the backend's module doc says why).
+The numerics themselves are the GPU gate `batch_invariance_is_bitwise`.
 """
 
 from __future__ import annotations
@@ -93,6 +94,27 @@ def test_default_plans_leave_the_split_to_flashinfer(plans: list[tuple[str, dict
     assert [kind for kind, _ in plans] == ["prefill", "decode", "graph-decode"]
     for kind, kwargs in plans:
         assert not set(SPLIT_ARGUMENTS) & set(kwargs), f"{kind} plan: {kwargs}"
+
+
+def test_graph_buckets_that_fill_the_sms_plan_without_the_split(
+    plans: list[tuple[str, dict[str, Any]]],
+) -> None:
+    """At 8 SMs and LAYER's 2 KV heads: a 2-row bucket (4 work items) keeps FlashInfer's split, a
+    4-row bucket (8) switches it off; an eager 4-row decode leaves it to FlashInfer's eager planner."""
+    from kernels.attention.flashinfer_backend import FlashInferAttention
+
+    backend = FlashInferAttention(torch.device("cpu"), torch.bfloat16, 8)
+    backend._multiprocessors = 8  # a CPU device has no SM count: the rule is off there
+    two = GroupBatch(q_lens=(1, 1), kv_lens=(17, 40), page_tables=((5, 6), (2, 3, 4)), page_size=16)
+    four = GroupBatch((1,) * 4, (17, 40, 1, 16), ((5, 6), (2, 3, 4), (7,), (8,)), page_size=16)
+    backend.plan(0, two, LAYER, graph_bucket=2)
+    backend.plan(0, four, LAYER, graph_bucket=4)
+    backend.plan(0, four, LAYER)
+    assert [(kind, kwargs.get("disable_split_kv")) for kind, kwargs in plans] == [
+        ("graph-decode", None),
+        ("graph-decode", True),
+        ("decode", None),
+    ]
 
 
 def test_decode_plans_take_each_rows_first_pages_in_order(plans: list[tuple[str, dict[str, Any]]]) -> None:

@@ -519,7 +519,7 @@ attn-split-ab() {  # Qwen3-4B's async decode step with FlashInfer's KV split as 
     echo "== KV split: $split"
     patch=""
     [ $split = off ] && patch="import kernels.attention.flashinfer_backend as backend
-backend.FlashInferAttention.split_kwargs = lambda self: {'disable_split_kv': True}"
+backend.FlashInferAttention.split_kwargs = lambda self, *plan: {'disable_split_kv': True}"
     infer_patched "$patch" bench latency --model $q3 --async-scheduling --batch-sizes 1,8,64 --prefill-lens 1024 \
       --breakdown --save-result $work/qwen3-4b-latency-async-split-$split.json
   done
