@@ -524,6 +524,14 @@ backend.FlashInferAttention.split_kwargs = lambda self, *plan: {'disable_split_k
       --breakdown --save-result $work/qwen3-4b-latency-async-split-$split.json
   done
 }
+split-rule-check() {  # HEAD's async step with the graph-mode KV-split rule (fed81a7: the split off
+  # once a bucket's rows x KV heads fill the SMs), and the graph gate a plan change could break
+  synth_q3
+  infer bench latency --model $q3 --async-scheduling --batch-sizes 1,8,64 --prefill-lens 1024 --breakdown \
+    --save-result $work/qwen3-4b-latency-async-split-rule.json
+  infer gates --manifest qwen3 --checkpoint $q3 --gate qwen3.graph_replay_matches_eager \
+    --gate qwen3.batch_invariance_is_bitwise --json $work/qwen3-split-rule-gates.json
+}
 pdl-tests() {  # the norms and the activation against their specs on the GPU (PDL on), a PDL chain in a
   # graph against eager, FastLaunch
   python3 -m pytest -q --tb=short tests/kernels/test_layer_ops.py tests/kernels/test_gated_act.py \
