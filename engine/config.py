@@ -78,12 +78,13 @@ class EngineConfig:
         },
     )
 
-    # Async scheduling (engine/scheduler.py; docs/engine.md). Off by default: see docs/engine.md.
-    async_scheduling: bool = field(
-        default=False,
+    # Async scheduling (engine/scheduler.py; docs/engine.md). None: on, unless async_prefill overlaps
+    # instead (`async_scheduling_enabled`); True with async_prefill is refused.
+    async_scheduling: bool | None = field(
+        default=None,
         metadata={
             "help": "Schedule and launch the next step while the device runs this one; sampled ids "
-            "stay on the device and feed the next step's inputs.",
+            "stay on the device and feed the next step's inputs. Default: on, unless --async-prefill.",
             "negatable": True,
         },
     )
@@ -112,6 +113,12 @@ class EngineConfig:
             "flag": "--collective-timeout",
         },
     )
+
+    @property
+    def async_scheduling_enabled(self) -> bool:
+        """Whether steps run under async scheduling: as asked, and by default unless async_prefill
+        (the other overlap; one of the two at a time) is on."""
+        return not self.async_prefill if self.async_scheduling is None else self.async_scheduling
 
     @property
     def triton_draw(self) -> bool:

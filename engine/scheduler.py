@@ -349,7 +349,7 @@ class BatchScheduler:
         self._step_index += 1
         if self._config.async_prefill:
             self._step_overlapped()
-        elif self._config.async_scheduling:
+        elif self._config.async_scheduling_enabled:
             self._step_pipelined()
         else:
             rows = self._schedule()

@@ -54,7 +54,7 @@ class Knob:
     def option(self, help_prefix: str = "") -> Any:
         """A fresh `typer.Option` for this knob (typed Any, as typer's own `Option` is)."""
         decls = self.flag
-        if self.annotation is bool and (self.default is True or self.negatable):
+        if self.annotation in (bool, bool | None) and (self.default is True or self.negatable):
             decls = f"{self.flag}/--no-{self.flag.removeprefix('--')}"
         return typer.Option(
             self.default, decls, help=help_prefix + self.help, **_OPTION_EXTRAS.get(self.name, {})

@@ -9,7 +9,8 @@ For every manifests/*.toml:
    the cache by models.gguf.embedded_gemma3_dir), or on the Hugging Face directory its variable in
    REAL_CHECKPOINT_ENV names; `tiny` there asks for the synthetic checkpoint;
 3. for a suite whose cpu-tier gates serve a checkpoint, the same run again with
-   `--async-scheduling` on every gate's engine: both scheduling modes are gated on every run.
+   `--no-async-scheduling` on every gate's engine (async scheduling is the default): both scheduling
+   modes are gated on every run.
 A suite with no cpu-tier gate is reported as such and does not fail the run. Exit 1 if any step
 failed.
 """
@@ -46,7 +47,7 @@ SYNTHETIC = "tiny"
 # real weights infer ships.
 REAL_CHECKPOINT_DEFAULT = {"gemma3": EMBEDDED}
 # The engine flags of the second cpu-tier run of every suite that serves a checkpoint.
-ASYNC_SCHEDULING = ("--async-scheduling",)
+SYNCHRONOUS = ("--no-async-scheduling",)
 
 
 def _real_checkpoint(family: str) -> str | None:
@@ -140,7 +141,7 @@ def run(root: Path, console: Console) -> int:
             steps.append(Step(manifest_path.stem, "--check", code == 0, "" if code == 0 else f"exit {code}"))
             if code == 0:
                 steps.append(_cpu_run(manifest_path, root, Path(scratch), made))
-                steps.append(_cpu_run(manifest_path, root, Path(scratch), made, ASYNC_SCHEDULING))
+                steps.append(_cpu_run(manifest_path, root, Path(scratch), made, SYNCHRONOUS))
     table = Table(title="gate suites")
     for column in ("manifest", "step", "result", "note"):
         table.add_column(column)

@@ -116,7 +116,7 @@ def bench_latency_command(
     settings = {
         "graphs": not knobs["enforce_eager"],
         "prefill_graphs": knobs["prefill_graphs"],
-        "async_scheduling": knobs["async_scheduling"],
+        "async_scheduling": knobs.engine_config().async_scheduling_enabled,
         "attention_backend": knobs["attention_backend"],
         "decode_fusion": knobs["decode_fusion"],
         "temperature": temperature,

@@ -468,10 +468,12 @@ def test_async_scheduling_is_refused_with_async_prefill_and_serves_recurrent_sta
         )
 
 
-def test_the_flag_is_off_by_default_and_both_spellings_reach_the_config() -> None:
+def test_the_flag_is_on_by_default_unless_prefill_overlaps_and_both_spellings_reach_the_config() -> None:
     from infer_cli.engine_options import KNOBS
 
-    assert EngineConfig().async_scheduling is False
+    assert EngineConfig().async_scheduling_enabled
+    assert not EngineConfig(async_scheduling=False).async_scheduling_enabled
+    assert not EngineConfig(async_prefill=True).async_scheduling_enabled  # the other overlap instead
     knob = KNOBS["async_scheduling"]
     option = knob.option()
     assert option.param_decls == ("--async-scheduling/--no-async-scheduling",)

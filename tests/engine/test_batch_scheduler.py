@@ -1,5 +1,9 @@
 """The generic BatchScheduler, driven over the sim's runner (whose tokens depend on the history
-only through the paged KV, so every scheduling mistake shows up as a wrong token)."""
+only through the paged KV, so every scheduling mistake shows up as a wrong token).
+
+Synchronous steps (`async_scheduling=False`): what one step schedules and returns is judged here;
+test_async_scheduling.py drives the same scheduler both ways, where a step returns the tokens of
+the one launched before it."""
 
 from __future__ import annotations
 
@@ -53,7 +57,10 @@ def make(
     prefix: bool = True,
 ) -> tuple[BatchScheduler, SpyRunner]:
     config = EngineConfig(
-        max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, enable_prefix_caching=prefix
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=budget,
+        enable_prefix_caching=prefix,
+        async_scheduling=False,
     )
     groups = SimOptions(engine=config, num_kv_pages=num_pages, sliding_window=sliding).kv_groups()
     spy = SpyRunner(SimRunner(groups))
@@ -500,7 +507,8 @@ def test_runner_that_answers_with_the_wrong_shape_is_an_error() -> None:
             return []
 
     groups = (KVGroupSpec("full", 16),)
-    scheduler = BatchScheduler(Broken(), EngineConfig(), groups, {EOS_TOKEN_ID}, 100, model_id="x")
+    config = EngineConfig(async_scheduling=False)
+    scheduler = BatchScheduler(Broken(), config, groups, {EOS_TOKEN_ID}, 100, model_id="x")
     scheduler.submit(Request("a", (1, 2)))
     with pytest.raises(RunnerContractError):
         scheduler.step()

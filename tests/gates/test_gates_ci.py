@@ -46,10 +46,10 @@ def test_ci_checks_every_manifest_and_runs_cpu_tiers_on_synthetic_checkpoints(su
 
     done = run_ci(suite.root)
     assert done.returncode == 0, done.stdout + done.stderr
-    # Twice: as served by default, then with async scheduling on the gate's engines.
+    # Twice: as served by default (async scheduling), then synchronous on the gate's engines.
     assert suite.executed() == ["test_reads_the_synthetic_checkpoint"] * 2
-    assert scheduling.read_text() == '|{"async_scheduling": true}|'
-    assert "tier cpu --async-scheduling" in done.stdout
+    assert scheduling.read_text() == '|{"async_scheduling": false}|'
+    assert "tier cpu --no-async-scheduling" in done.stdout
     assert "no cpu-tier gate in this suite" in done.stdout
     assert "on a tiny synthetic qwen3 checkpoint" in done.stdout
 

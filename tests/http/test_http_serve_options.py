@@ -143,7 +143,10 @@ def test_serve_hands_every_knob_to_the_model_options(monkeypatch: pytest.MonkeyP
     # Async scheduling excludes --async-prefill, so it is set on its own, both ways.
     scheduled = _load_options(monkeypatch, ["--async-scheduling"])
     assert scheduled == ModelOptions(engine=EngineConfig(async_scheduling=True))
-    assert _load_options(monkeypatch, ["--no-async-scheduling"]) == ModelOptions()
+    assert _load_options(monkeypatch, ["--no-async-scheduling"]) == ModelOptions(
+        engine=EngineConfig(async_scheduling=False)
+    )
+    assert _load_options(monkeypatch, []) == ModelOptions()  # None: on unless --async-prefill
     # Prefill graphs exclude --enforce-eager: on their own too.
     graphed = _load_options(monkeypatch, ["--prefill-graphs"])
     assert graphed == ModelOptions(engine=EngineConfig(prefill_graphs=True))

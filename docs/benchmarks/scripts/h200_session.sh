@@ -33,53 +33,45 @@
 #   PIPELINE="decode-tests sampler-timing gemm-qwen3 qwen3-decode-variants host-profile-async gemma4-decode-variants
 #             qwen3-gates vllm-qwen3" STAGE=all ...
 # then the qwen3 and gemma4 manifests with the flags the variants showed best, before flipping a default.
-# The next stretch (prepared 2026-12-06, after the H100 stretch at 1c7ef32: GEMV head + tail now the
-# default, prefill graphs' context-limit fix aafd62f unmeasured on a GPU). Carrying: the tree, .git
-# and the 62 MB flashinfer wheel pass 64 MiB together, so the wheel travels split
+# The next stretch (prepared 2026-12-06 after the H100 stretches at 957843a and ce02d02: async
+# scheduling now the default, FlashInfer's graph-mode KV split off where a bucket fills the SMs).
+# Carrying: the tree and the 62 MB flashinfer wheel pass 64 MiB together, so the wheel travels split
 # (scripts/split_flashinfer_wheel.sh after stage-wheels.sh): chunk aa in .whl-fi, chunk ab and the
 # wheel's sha256 in .whl-deps/fi-tail. FlashInfer's attention modules, built on the CPU machine
 # (scripts/flashinfer_aot.py build .fi-aot, ~14 MB, ~20 min on 2 cores), travel in .fi-aot and
-# spare the first FlashInfer step its JIT (1c7ef32: nothing was JIT-built). Calls:
-#  1. carrying .whl-fi: `mkdir -p /tmp/fi && cp .whl-fi/fi.chunk-aa /tmp/fi/ && PIPELINE=gemv-sweep
-#     WAIT_S=0 STAGE=all bash docs/benchmarks/scripts/h200_session.sh` (the sweep needs no
-#     FlashInfer, so it runs while the next call installs);
+# spare the first FlashInfer step its JIT. `infer` itself imports fastapi: no step runs before the
+# second call's install. Calls:
+#  1. carrying .whl-fi: `mkdir -p /tmp/fi && cp .whl-fi/fi.chunk-aa /tmp/fi/`;
 #  2. carrying .whl-deps and .fi-aot: `cp .whl-deps/fi-tail/* /tmp/fi/ && (cd /tmp/fi && cat
 #     fi.chunk-aa fi.chunk-ab > flashinfer_python-0.7.2.post1-py3-none-any.whl && sha256sum -c
 #     fi.sha) && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site
 #     /tmp/fi/*.whl .whl-deps/*.whl && python3 docs/benchmarks/scripts/flashinfer_aot.py install
-#     /tmp/site; while [ -f /tmp/runs/pipeline.running ]; do sleep 5; done; cat /tmp/runs/steps.txt;
-#     PIPELINE="..." SYNTH_AHEAD=0 WAIT_S=240 STAGE=all bash docs/benchmarks/scripts/h200_session.sh`
-#  3. STAGE=wait calls back to back (WAIT_S=540, timeout 580); give the machine back at the end.
-# The pipeline, in priority order:
-#   on an H200: "qwen3-table attn-split-ab prefill-graphs-gates-qwen3 async-gates-qwen3
-#   gemma4-decode-variants" (qwen3-table first: the H200's dispatch table has no GEMV rows, so its
-#   Qwen3-4B rows are measured anew with the head + tail GEMV and the async step timed on them;
-#   copy skinny_dispatch_h200.json back from runs.tgz);
-#   on an H100: "attn-split-ab prefill-graphs-gates-qwen3 qwen3-timeline gemm-qwen3 gemm-qwen35"
-#   (the two gemm steps re-measure the H100 table's rows with the head + tail GEMV: Qwen3.5's down
-#   projection [2560, 9216] ran the skinny kernel at M = 1, measured against the one-block GEMV;
-#   merge their --save-dispatch files back here with ChoiceTable.merged).
-# - attn-split-ab (~4 min): the async step with FlashInfer's KV split as planned and switched off;
-#   at batch 1 the split costs a merge kernel a layer (2.3 µs, 82 µs a step on the H100).
-# - prefill-graphs-gates-qwen3 (~4 min): the qwen3 manifest with --prefill-graphs; the context-limit
-#   gate failed start-up at 1c7ef32 (fixed in aafd62f).
-# - qwen3-timeline (~2 min): where HEAD's batch-1 step goes (scripts/step_timeline.py on each file).
+#     /tmp/site; PIPELINE="..." SYNTH_AHEAD=0 WAIT_S=5 STAGE=all bash docs/benchmarks/scripts/h200_session.sh`;
+#  3. vLLM (for a same-session figure): five calls carrying .vllm/part1..5 (each part with the tree
+#     just under 64 MiB), `bash .vllm/partN/stage.sh N`, the fifth `... 5 last` after the timed
+#     steps before vllm-qwen3 (its install and smoke test would share the host with them);
+#  4. STAGE=wait calls back to back (WAIT_S=540, timeout 580); give the machine back at the end.
+# STAGE=NAME copies every JSON of /tmp/runs into $OUT: past 8 files the rest (runs.tgz too) do not
+# come back, so fetch through a wait call's runs.tgz instead.
+# The pipeline, in priority order, with needs_h200 (an H100 cannot hold these):
+#   "qwen3-table vllm-qwen3 gemma4-gates qwen35-9b-parity" (qwen3-table first: the H200's dispatch
+#   table has no GEMV rows; copy skinny_dispatch_h200.json back from runs.tgz; gemma4-gates is the
+#   whole manifest under the new default, its five gates that need the H200's memory included;
+#   qwen35-9b-parity's full_forward_matches_hf has never run alone on an H200).
+# On an H100: "split-rule-check gemm-qwen3 qwen35-latency" (the shipped step, the table's Qwen3-4B
+#   rows with the head + tail GEMV, Qwen3.5-4B under the new default).
+# - attn-split-ab (~2 min): the async step with FlashInfer's KV split as shipped and switched off.
 # - gemv-sweep and gemv-layout-ab, as at 1c7ef32, where a card's GEMV rule is in question.
-# Gemma 4's manifest (async and sync) needs an H200: on 80 GB its fp32-reference gates run out of
-# memory under --shared-process (da31a49). With needs_h200: PIPELINE="async-gates-gemma4
-# qwen35-9b-parity" (the last two acceptance runs of issues 18's async default and 19).
-# No vLLM needed. Later stretches: vLLM's
+# Later stretches: vLLM's
 # Gemma 4 figure beside gemma4-decode-variants (staged as in the 15a67ed stretch: five calls
 # carrying .vllm/partN, the .whl-deps call adding `mkdir -p /tmp/parts && cp
 # .whl-deps/vllm-gemma4/*.whl /tmp/parts/`); Qwen3.5's 1k prefill on FlashInfer's GDN prefill
 # (host-bound on fla's ~10 launches a layer at 15a67ed: 62.6 ms for 17.7 of kernels), i.e. the
 # CUTLASS DSL staged (scripts/stage_cutlass_dsl.sh, two calls carrying .cdsl/part1..2) and
 # PIPELINE="cutlass_dsl qwen35-published-latency vllm-qwen35" (auto then picks FlashInfer where it
-# measures faster); the invariance step at the current commit (last run 261eee0); and Qwen3.5's 9b
-# parity, which needs an H200 (it did not fit 80 GB at df50211): needs_h200,
-# PIPELINE="qwen35-9b-parity".
+# measures faster); the invariance step at the current commit (last run 261eee0).
 # Back here, the runs.tgz reports make the pages' target tables, e.g. (from the unpacked folder)
-#   infer bench table default=qwen3-4b-latency-default.json async=qwen3-4b-latency-async.json \
+#   infer bench table default=qwen3-4b-latency-default.json sync=qwen3-4b-latency-sync.json \
 #     --vllm vllm-qwen3-4b.json --markdown
 # A step that fails does not stop the ones after it. Single steps can still be run by name
 # (STAGE=gemma4-gates, STAGE=buckets, ...), in the foreground.
@@ -240,13 +232,11 @@ gemm-qwen35() {  # Qwen3.5-4B's projections: neither shipped table has them (onl
   COLUMNS=200 infer bench gemm --model qwen35-4b --rows ${GEMM_ROWS:-1,2,4,8,16,64} \
     --save-result $work/gemm-qwen35-4b.json --save-dispatch $work/skinny-dispatch-qwen35-4b.json
 }
-# Qwen3-4B decode per path, one model load each (issue 18). NAME|FLAGS; the first is the default.
-# On an H100 at 51e18f3 the fused kernels and the Triton attention were slower than the default and
-# async scheduling hid the whole host gap, so the default kernels with async scheduling come second.
-DECODE_VARIANTS=${DECODE_VARIANTS:-"default| async|--async-scheduling
-  async-sampled|--async-scheduling,--sampling-backend=triton,--temperature=1.0 fused|--decode-fusion
-  fused-triton|--decode-fusion,--attention-backend=triton
-  all|--decode-fusion,--attention-backend=triton,--async-scheduling"}
+# Qwen3-4B decode per path, one model load each (issue 18). NAME|FLAGS; the first is the default
+# (async scheduling since 2026-12-06), the second the synchronous step.
+DECODE_VARIANTS=${DECODE_VARIANTS:-"default| sync|--no-async-scheduling
+  sampled|--sampling-backend=triton,--temperature=1.0 fused|--decode-fusion
+  fused-triton|--decode-fusion,--attention-backend=triton"}
 qwen3-decode-variants() {
   synth_q3
   local variant
@@ -258,7 +248,7 @@ qwen3-decode-variants() {
   done
 }
 # NAME|FLAGS words, as DECODE_VARIANTS (unquoted where they are used, so the words split).
-GEMMA4_VARIANTS=${GEMMA4_VARIANTS:-"default| async|--async-scheduling fused|--decode-fusion"}
+GEMMA4_VARIANTS=${GEMMA4_VARIANTS:-"default| sync|--no-async-scheduling fused|--decode-fusion"}
 gemma4-decode-variants() {  # the same for Gemma 4 12B (fused steps where its line takes the seam)
   synth_g4
   local variant
@@ -331,9 +321,9 @@ qwen3-gates-decode-path() {  # the qwen3 manifest with every opt-in decode path 
     --attention-backend triton --sampling-backend triton} \
     --json $work/qwen3-gates-decode-path.json --junit $work/qwen3-gates-decode-path.xml
 }
-# A manifest with --async-scheduling on every gate's engine: what must pass before async scheduling
-# becomes the default (faster than vLLM 0.24 on Qwen3-4B and Qwen3.5-4B at 15a67ed, and the
-# synchronous default is not). One pipeline word per manifest, so each is timed and fails alone.
+# A manifest with --async-scheduling named on every gate's engine (the default since 2026-12-06,
+# so the same run as the plain manifest steps; gemma4's five gates that need the H200's memory have
+# not yet run with it). One pipeline word per manifest, so each is timed and fails alone.
 async-gates() {  # MANIFEST
   local ckpt
   case $1 in
@@ -354,7 +344,7 @@ conv-pieces-tests() {  # the varlen GDN conv writing q, k and v dense (conv_piec
 prefill-calls() {  # the 1k prefill synchronous and async, with the host's calls into CUDA counted: the
   # synchronous step spent 16.5 ms of host gap at 15a67ed against async's 3.6 ms, cause not found
   synth_q3
-  infer bench latency --model $q3 --batch-sizes 1 --prefill-lens 1024 --breakdown \
+  infer bench latency --model $q3 --no-async-scheduling --batch-sizes 1 --prefill-lens 1024 --breakdown \
     --save-result $work/qwen3-4b-prefill-calls-sync.json
   infer bench latency --model $q3 --async-scheduling --batch-sizes 1 --prefill-lens 1024 --breakdown \
     --save-result $work/qwen3-4b-prefill-calls-async.json
@@ -408,7 +398,7 @@ prefill-graphs-latency() {  # Qwen3-4B's 1k and 8k prefill with and without --pr
   synth_q3
   local mode
   for mode in sync async; do
-    local flags=""; [ $mode = async ] && flags="--async-scheduling"
+    local flags="--no-async-scheduling"; [ $mode = async ] && flags="--async-scheduling"
     infer bench latency --model $q3 $flags --batch-sizes 1 --prefill-lens 1024,8192 --breakdown \
       --save-result $work/qwen3-4b-prefill-$mode.json
     infer bench latency --model $q3 $flags --prefill-graphs --batch-sizes 1 --prefill-lens 1024,8192 \
@@ -432,10 +422,10 @@ sync-probe() {  # gemma4.chunked_prefill_leaves_headroom did not finish in 150-2
   # preflight: run it with faulthandler dumping every thread's stack when the timeout sends SIGABRT,
   # then the synchronous Qwen3-4B step, so a synchronous default that hangs shows where.
   synth_g4; synth_q3
-  PYTHONFAULTHANDLER=1 timeout -s ABRT 150 python3 -m infer_cli.main gates --manifest gemma4 --shared-process \
+  PYTHONFAULTHANDLER=1 timeout -s ABRT 150 python3 -m infer_cli.main gates --manifest gemma4 --shared-process --no-async-scheduling \
     --checkpoint $g4 --gate gemma4.chunked_prefill_leaves_headroom --json $work/gemma4-headroom-sync.json
   echo "headroom sync rc=$?"
-  PYTHONFAULTHANDLER=1 timeout -s ABRT 300 python3 -m infer_cli.main bench latency --model $q3 --batch-sizes 1,8 \
+  PYTHONFAULTHANDLER=1 timeout -s ABRT 300 python3 -m infer_cli.main bench latency --model $q3 --no-async-scheduling --batch-sizes 1,8 \
     --prefill-lens 1024 --breakdown --save-result $work/qwen3-4b-latency-sync.json
   echo "qwen3 sync latency rc=$?"
 }
@@ -510,12 +500,12 @@ dispatch.ShapeChoice.backend = lambda self, m: (2, dispatch.Backend.GEMV) if m <
     done
   done
 }
-attn-split-ab() {  # Qwen3-4B's async decode step with FlashInfer's KV split as its planner chooses
-  # (shipped `tuned`) and with it off (what `invariant` plans): at batch 1 the split attention took
-  # 6.0 + 2.3 µs (merge) a layer for 0.7 µs of KV bandwidth on the H100 (1c7ef32)
+attn-split-ab() {  # Qwen3-4B's async decode step with FlashInfer's KV split as shipped (`tuned`:
+  # the planner's split, off in graph buckets that fill the SMs) and with it off everywhere (what
+  # `invariant` plans): at 957843a, off cost batch 1 0.07 ms and gave batch 64 0.18 ms (H100)
   synth_q3
   local split patch
-  for split in planner off; do
+  for split in shipped off; do
     echo "== KV split: $split"
     patch=""
     [ $split = off ] && patch="import kernels.attention.flashinfer_backend as backend

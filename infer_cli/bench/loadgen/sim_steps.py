@@ -36,7 +36,10 @@ class StepTiming:
 def measure_decode_steps(
     batch: int, input_len: int, output_len: int, step_delay_s: float = 0.0, seed: int = 0
 ) -> StepTiming:
-    model = build_sim(SimOptions(engine=EngineConfig(max_num_seqs=max(batch, 1)), step_delay_s=step_delay_s))
+    # Synchronous steps: each step's time is then its own forward (under async scheduling a step
+    # launches the next forward and returns the previous one's tokens).
+    engine = EngineConfig(max_num_seqs=max(batch, 1), async_scheduling=False)
+    model = build_sim(SimOptions(engine=engine, step_delay_s=step_delay_s))
     scheduler = model.scheduler
     rng = random.Random(seed)
     for i in range(batch):
