@@ -74,7 +74,7 @@ class EngineConfig:
         default=False,
         metadata={
             "help": "Prefill new requests on a second CUDA stream while decode steps continue; they "
-            "join the decode rows at a later step."
+            "join the decode rows at a later step. Replaces async scheduling (one overlap at a time)."
         },
     )
 

@@ -25,10 +25,10 @@ Graph-mode decode plans (`tuned`, `pin`) also switch the split off once a bucket
 layer's KV heads fill the device's SMs. FlashInfer's graph-mode planner splits every step, however
 large (`PrefillBinarySearchKVChunkSize` returns split = true whenever CUDA graphs are on, so that one
 captured grid serves every replay), and the merge kernel then runs every layer; its eager planner
-splits only a batch too small to fill the GPU, which is what this rule restores. The rule reads the
-bucket and the layer's geometry only, so a bucket's capture and its replays plan alike. Measured on
-Qwen3-4B (H100, 2026-12-06, docs/benchmarks/qwen3.md): with the split off, batch 64 6.38 → 6.20 ms,
-batch 8 4.34 → 4.30 ms, batch 1 3.62 → 3.69 ms (8 work items on 132 SMs: there the split pays).
+splits only a batch too small to fill the GPU, which this rule approximates at one work item per
+SM. The rule reads the bucket and the layer's geometry only, so a bucket's capture and its replays
+plan alike. The A/B that set it (Qwen3-4B: the split costs batch 64 0.18 ms and saves batch 1
+0.07) is in docs/benchmarks/qwen3.md.
 """
 
 from __future__ import annotations
