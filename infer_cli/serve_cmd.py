@@ -83,10 +83,16 @@ def serve_command(
         loaded, ServerSettings(served_model_name=name, api_key=api_key, max_body_bytes=max_request_bytes)
     )
 
+    engine = options.engine
+    if engine.async_scheduling_enabled:
+        steps = "async scheduling"
+    else:
+        steps = "overlapped prefill" if engine.async_prefill else "synchronous steps"
+
     def announce(bound_port: int) -> None:
         shown_host = f"[{host}]" if ":" in host else host
         _stdout.print(
-            f"infer: serving [bold]{name}[/bold] (max_model_len {loaded.max_model_len}) at "
+            f"infer: serving [bold]{name}[/bold] (max_model_len {loaded.max_model_len}, {steps}) at "
             f"[bold]http://{shown_host}:{bound_port}/v1[/bold]"
         )
 

@@ -24,7 +24,8 @@ URL = re.compile(r"(http://127\.0\.0\.1:\d+)/v1")
 
 
 @contextmanager
-def _infer_serve(*args: str) -> Iterator[str]:
+def _infer_serve(*args: str) -> Iterator[tuple[str, str]]:
+    """The server's base URL and the line that announced it."""
     command = [sys.executable, "-m", "infer_cli.main", "serve", "--port", "0", *args]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
     proc = subprocess.Popen(
@@ -35,7 +36,7 @@ def _infer_serve(*args: str) -> Iterator[str]:
         line = proc.stdout.readline()
         match = URL.search(line)
         assert match, f"no URL in {line!r}; stderr: {proc.stderr.read() if proc.poll() is not None else ''}"
-        yield match.group(1)
+        yield match.group(1), line
     finally:
         proc.send_signal(signal.SIGINT)
         try:
@@ -56,8 +57,9 @@ def test_infer_serve_prints_its_url_and_serves_the_flags_it_was_given() -> None:
         "--num-kv-pages", "64",
         "--no-enable-prefix-caching",
         "--sim-step-delay", "0.001",
-    ) as url:  # fmt: skip
+    ) as (url, announced):  # fmt: skip
         assert time.monotonic() - started < 60
+        assert "(max_model_len 128, async scheduling)" in announced, announced
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="k3y", max_retries=0)
         result = client.completions.create(
             model="tiny-sim", prompt="hello", max_tokens=8, extra_body={"ignore_eos": True}
