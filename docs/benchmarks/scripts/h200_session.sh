@@ -58,8 +58,9 @@
 #   table has no GEMV rows; copy skinny_dispatch_h200.json back from runs.tgz; gemma4-gates is the
 #   whole manifest under the new default, its five gates that need the H200's memory included;
 #   qwen35-9b-parity's full_forward_matches_hf has never run alone on an H200).
-# On an H100: "split-rule-check gemm-qwen3 qwen35-latency" (the shipped step, the table's Qwen3-4B
-#   rows with the head + tail GEMV, Qwen3.5-4B under the new default).
+# On an H100: "split-rule-check gemv-rows-ab gemm-qwen3 qwen35-latency" (the shipped step; the
+#   decode GEMV at 5-8 rows, the lever batch 8 has left; the table's Qwen3-4B rows with the head +
+#   tail GEMV; Qwen3.5-4B under the new default). On an H200, gemv-rows-ab after qwen3-table.
 # - attn-split-ab (~2 min): the async step with FlashInfer's KV split as shipped and switched off.
 # - gemv-sweep and gemv-layout-ab, as at 1c7ef32, where a card's GEMV rule is in question.
 # Later stretches: vLLM's
@@ -512,6 +513,24 @@ attn-split-ab() {  # Qwen3-4B's async decode step with FlashInfer's KV split as 
 backend.FlashInferAttention.split_kwargs = lambda self, *plan: {'disable_split_kv': True}"
     infer_patched "$patch" bench latency --model $q3 --async-scheduling --batch-sizes 1,8,64 --prefill-lens 1024 \
       --breakdown --save-result $work/qwen3-4b-latency-async-split-$split.json
+  done
+}
+gemv-rows-ab() {  # Qwen3-4B's decode step at batch 1-8 as shipped, with the decode GEMV taking every
+  # projection up to 4 rows (its MAX_ROWS), and up to 8 (MAX_ROWS patched): at 957843a batch 8 ran
+  # the skinny GEMM and cuBLAS, 3.27 ms of projections against the GEMV's 2.87 at batch 1
+  synth_q3
+  infer bench latency --model $q3 --batch-sizes 1,2,4,8 --prefill-lens 1024 --breakdown \
+    --save-result $work/qwen3-4b-latency-gemv-rows-shipped.json
+  local rows
+  for rows in 4 8; do
+    echo "== the GEMV up to $rows rows"
+    infer_patched "import kernels.gemm.skinny_dispatch as dispatch
+import kernels.triton.fused_gemv as gemv
+gemv.MAX_ROWS = $rows
+table_backend = dispatch.ShapeChoice.backend
+dispatch.ShapeChoice.backend = lambda self, m: (m, dispatch.Backend.GEMV) if m <= $rows else table_backend(self, m)" \
+      bench latency --model $q3 --batch-sizes 1,2,4,8 --prefill-lens 1024 --breakdown \
+      --save-result $work/qwen3-4b-latency-gemv-rows$rows.json
   done
 }
 split-rule-check() {  # HEAD's async step with the graph-mode KV-split rule (fed81a7: the split off
