@@ -93,7 +93,8 @@ def serve_command(
         shown_host = f"[{host}]" if ":" in host else host
         _stdout.print(
             f"infer: serving [bold]{name}[/bold] (max_model_len {loaded.max_model_len}, {steps}) at "
-            f"[bold]http://{shown_host}:{bound_port}/v1[/bold]"
+            f"[bold]http://{shown_host}:{bound_port}/v1[/bold]",
+            soft_wrap=True,  # one line whatever the terminal's width: scripts read the URL from it
         )
 
     try:

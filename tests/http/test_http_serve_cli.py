@@ -27,7 +27,7 @@ URL = re.compile(r"(http://127\.0\.0\.1:\d+)/v1")
 def _infer_serve(*args: str) -> Iterator[tuple[str, str]]:
     """The server's base URL and the line that announced it."""
     command = [sys.executable, "-m", "infer_cli.main", "serve", "--port", "0", *args]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "40"}  # narrow: the line must not wrap
     proc = subprocess.Popen(
         command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     )
