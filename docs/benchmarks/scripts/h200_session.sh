@@ -58,9 +58,11 @@
 #   table has no GEMV rows; copy skinny_dispatch_h200.json back from runs.tgz; gemma4-gates is the
 #   whole manifest under the new default, its five gates that need the H200's memory included;
 #   qwen35-9b-parity's full_forward_matches_hf has never run alone on an H200).
-# On an H100: "split-rule-check gemv-rows-ab gemm-qwen3 qwen35-latency" (the shipped step; the
-#   decode GEMV at 5-8 rows, the lever batch 8 has left; the table's Qwen3-4B rows with the head +
-#   tail GEMV; Qwen3.5-4B under the new default). On an H200, gemv-rows-ab after qwen3-table.
+# On an H100: "split-rule-check gemv-rows-ab prefill-spread gemm-qwen3 qwen35-latency" (the
+#   shipped step; the decode GEMV at 5-8 rows, the lever batch 8 has left; whether the 1k prefill's
+#   host gap follows the cores a process runs on; the table's Qwen3-4B rows with the head + tail
+#   GEMV; Qwen3.5-4B under the new default). On an H200, gemv-rows-ab and prefill-spread after
+#   qwen3-table.
 # - attn-split-ab (~2 min): the async step with FlashInfer's KV split as shipped and switched off.
 # - gemv-sweep and gemv-layout-ab, as at 1c7ef32, where a card's GEMV rule is in question.
 # Later stretches: vLLM's
@@ -394,6 +396,22 @@ PY
 }
 prefill-graphs-tests() {  # a replay of the prefill graphs against the padded eager run (tiny Qwen3)
   python3 -m pytest -q --tb=short tests/engine/test_prefill_graphs.py
+}
+prefill-spread() {  # the 1k prefill's host gap spreads 5.6-18.6 ms between processes of one build
+  # (busy 14.1-14.2 ms in each; tight within a process): the machine's CPU layout, then the prefill in
+  # processes pinned to each half of the cores in turn, so a gap that follows the cores shows it
+  synth_q3
+  nvidia-smi topo -m; lscpu | grep -E "^(CPU\(s\)|NUMA|Model name|Thread|Core|Socket|CPU max MHz|CPU MHz)"
+  local n half run cores
+  n=$(nproc); half=$((n / 2))
+  for run in 1 2 3; do
+    for cores in "0-$((half - 1))" "$half-$((n - 1))"; do
+      echo "== run $run on cores $cores"
+      taskset -c $cores python3 -m infer_cli.main bench latency --model $q3 --batch-sizes 1 \
+        --prefill-lens 1024 --breakdown --save-result $work/qwen3-4b-prefill-cores-$cores-$run.json |
+        grep -E "prefill 1024|1024 "
+    done
+  done
 }
 prefill-graphs-latency() {  # Qwen3-4B's 1k and 8k prefill with and without --prefill-graphs, both schedulers
   synth_q3
