@@ -84,10 +84,8 @@ def serve_command(
     )
 
     engine = options.engine
-    if engine.async_scheduling_enabled:
-        steps = "async scheduling"
-    else:
-        steps = "overlapped prefill" if engine.async_prefill else "synchronous steps"
+    steps = "async scheduling" if engine.async_scheduling_enabled else "synchronous steps"
+    steps = "overlapped prefill" if engine.async_prefill else steps
 
     def announce(bound_port: int) -> None:
         shown_host = f"[{host}]" if ":" in host else host

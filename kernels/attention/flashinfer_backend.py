@@ -34,7 +34,7 @@ plan alike. The A/B that set it (Qwen3-4B: the split costs batch 64 0.18 ms and 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import partial
+from functools import cache, partial
 from itertools import chain
 from typing import Any
 
@@ -58,6 +58,12 @@ FA3_MAX_HEAD_DIM = 256
 def tensor_core_backend(head_dim: int) -> str:
     """FlashInfer's own choice where fa3 can compile the head dim, fa2 above that."""
     return "auto" if head_dim <= FA3_MAX_HEAD_DIM else "fa2"
+
+
+@cache  # read at every graph plan
+def _sm_count(device: torch.device) -> int:
+    """The device's SM count; 0 off CUDA (the planner's stand-in tests), where FlashInfer's split stays."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
 
 
 def _indptr(lengths: list[int]) -> torch.Tensor:
@@ -86,7 +92,6 @@ class FlashInferAttention(AttentionBackend):
         self.device = device
         self.dtype = dtype
         self.max_pages_per_seq = max_pages_per_seq
-        self._multiprocessors: int | None = None  # read at the first graph plan (split_kwargs)
         self._workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         self._prefill: dict[tuple[int, int], Any] = {}  # (group, head dim)
         self._decode: dict[tuple[int, int], Any] = {}
@@ -188,13 +193,8 @@ class FlashInferAttention(AttentionBackend):
             return {"disable_split_kv": True}
         if graph_bucket is None:
             return {}
-        if self._multiprocessors is None:  # 0 off CUDA (stand-in tests): FlashInfer's split stays
-            cuda = self.device.type == "cuda"
-            self._multiprocessors = (
-                torch.cuda.get_device_properties(self.device).multi_processor_count if cuda else 0
-            )
-        fills_the_device = 0 < self._multiprocessors <= graph_bucket * layer.num_kv_heads
-        return {"disable_split_kv": True} if fills_the_device else {}
+        sms = _sm_count(self.device)
+        return {"disable_split_kv": True} if 0 < sms <= graph_bucket * layer.num_kv_heads else {}
 
     def sibling(self) -> FlashInferAttention:
         # Its own wrappers and its own float workspace: FlashInfer kernels of two concurrent

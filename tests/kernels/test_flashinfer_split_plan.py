@@ -97,14 +97,14 @@ def test_default_plans_leave_the_split_to_flashinfer(plans: list[tuple[str, dict
 
 
 def test_graph_buckets_that_fill_the_sms_plan_without_the_split(
-    plans: list[tuple[str, dict[str, Any]]],
+    plans: list[tuple[str, dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """At 8 SMs and LAYER's 2 KV heads: a 2-row bucket (4 work items) keeps FlashInfer's split, a
     4-row bucket (8) switches it off; an eager 4-row decode leaves it to FlashInfer's eager planner."""
-    from kernels.attention.flashinfer_backend import FlashInferAttention
+    from kernels.attention import flashinfer_backend
 
-    backend = FlashInferAttention(torch.device("cpu"), torch.bfloat16, 8)
-    backend._multiprocessors = 8  # a CPU device has no SM count: the rule is off there
+    monkeypatch.setattr(flashinfer_backend, "_sm_count", lambda device: 8)  # a CPU device has none
+    backend = flashinfer_backend.FlashInferAttention(torch.device("cpu"), torch.bfloat16, 8)
     two = GroupBatch(q_lens=(1, 1), kv_lens=(17, 40), page_tables=((5, 6), (2, 3, 4)), page_size=16)
     four = GroupBatch((1,) * 4, (17, 40, 1, 16), ((5, 6), (2, 3, 4), (7,), (8,)), page_size=16)
     backend.plan(0, two, LAYER, graph_bucket=2)
