@@ -57,15 +57,3 @@ def gated_activation(gate_up: torch.Tensor, kind: GatedActivation) -> torch.Tens
     from kernels.triton.gated_act import gated_act
 
     return gated_act(gate_up, kind)
-
-
-def prefetch_weight(weight: torch.Tensor, rows: int) -> None:
-    """Ask for ``weight`` in L2 ahead of the projection that reads it after a mixer (attention, a
-    GDN step), on steps of at most ``l2_prefetch.max_rows()`` token rows; CUDA sm_90+ only. A hint:
-    no result changes (docs/kernels.md, "L2 prefetch of the output projection")."""
-    if not _on_triton(weight):
-        return
-    from kernels.triton import l2_prefetch
-
-    if 0 < rows <= l2_prefetch.max_rows():
-        l2_prefetch.prefetch_to_l2(weight)

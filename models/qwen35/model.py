@@ -364,7 +364,6 @@ class Qwen35Model:
         g = self.gdn_geometry
         tokens = projected.shape[0]
         qkv, z, b, a = self._in_proj_parts(projected)
-        layer_ops.prefetch_weight(layer.out, tokens)
         if fused_gdn:
             assert self.decode_mixer is not None and rows is not None
             return self.decode_mixer.mix(
@@ -444,7 +443,6 @@ class Qwen35Model:
             pool_layer,
         )
         assert gate is not None  # the gated-Q prep always returns the gate
-        layer_ops.prefetch_weight(layer.o, tokens)
         attn = batch.attention.run(0, self.attn_spec, q_rot, pool_layer)
         gated = attn.reshape(tokens, self.num_heads, head_dim) * torch.sigmoid(gate)
         return gated.reshape(tokens, q_size)

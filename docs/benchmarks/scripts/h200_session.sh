@@ -551,20 +551,6 @@ dispatch.ShapeChoice.backend = lambda self, m: (m, dispatch.Backend.GEMV) if m <
       --save-result $work/qwen3-4b-latency-gemv-rows$rows.json
   done
 }
-l2-prefetch-ab() {  # Qwen3-4B's async decode step with the O projection's L2 prefetch during
-  # attention (kernels/triton/l2_prefetch.py) on up to 64 rows, and off (INFER_L2_PREFETCH_ROWS=0),
-  # twice each, interleaved; its GPU test and the graph gate a new kernel in the PDL chain could break
-  synth_q3
-  python3 -m pytest -q --tb=short tests/kernels/test_l2_prefetch.py
-  local run
-  for run in off1 on1 off2 on2; do
-    echo "== L2 prefetch: $run"
-    INFER_L2_PREFETCH_ROWS=$([ ${run%?} = off ] && echo 0 || echo 64) infer bench latency --model $q3 \
-      --batch-sizes 1,8,64 --prefill-lens 1024 --breakdown --save-result $work/qwen3-4b-latency-l2-$run.json
-  done
-  infer gates --manifest qwen3 --checkpoint $q3 --gate qwen3.graph_replay_matches_eager \
-    --json $work/qwen3-l2-prefetch-gates.json
-}
 split-rule-check() {  # HEAD's async step with the graph-mode KV-split rule (fed81a7: the split off
   # once a bucket's rows x KV heads fill the SMs), and the graph gate a plan change could break
   synth_q3
@@ -761,7 +747,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | gemv-layout-ab | attn-split-ab | l2-prefetch-ab | split-rule-check | gemv-rows-ab | prefill-spread | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | qwen35-prefill-graphs-latency)
+  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | gemv-layout-ab | attn-split-ab | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | qwen35-prefill-graphs-latency)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
