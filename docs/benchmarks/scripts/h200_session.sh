@@ -551,6 +551,26 @@ dispatch.ShapeChoice.backend = lambda self, m: (m, dispatch.Backend.GEMV) if m <
       --save-result $work/qwen3-4b-latency-gemv-rows$rows.json
   done
 }
+decode-kernel-ab() {  # Qwen3-4B's decode step with FlashInfer's decode attention on tensor cores (as
+  # shipped: use_tensor_cores=True, its FA2 prefill kernel) and on CUDA cores (its decode kernel, which
+  # vLLM's FlashInfer backend picks at 4 query heads per KV head), twice each, interleaved. The CUDA-core
+  # module is not in .fi-aot: the first such run JIT-compiles it (~1-2 min) before it times anything.
+  synth_q3
+  local run patch
+  for run in tc1 cc1 tc2 cc2; do
+    echo "== decode attention: $run"
+    patch=""
+    [ ${run%?} = cc ] && patch="import flashinfer
+tensor_core_wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper
+class CudaCoreDecode(tensor_core_wrapper):
+    def __init__(self, *args, **kwargs):
+        kwargs['use_tensor_cores'] = False
+        super().__init__(*args, **kwargs)
+flashinfer.BatchDecodeWithPagedKVCacheWrapper = CudaCoreDecode"
+    infer_patched "$patch" bench latency --model $q3 --batch-sizes 1,8,64 --prefill-lens 1024 --breakdown \
+      --save-result $work/qwen3-4b-latency-decode-$run.json
+  done
+}
 split-rule-check() {  # HEAD's async step with the graph-mode KV-split rule (fed81a7: the split off
   # once a bucket's rows x KV heads fill the SMs), and the graph gate a plan change could break
   synth_q3
@@ -747,7 +767,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | gemv-layout-ab | attn-split-ab | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | qwen35-prefill-graphs-latency)
+  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | gemv-layout-ab | attn-split-ab | decode-kernel-ab | split-rule-check | gemv-rows-ab | prefill-spread | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | qwen35-prefill-graphs-latency)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
