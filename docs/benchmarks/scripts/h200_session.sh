@@ -551,24 +551,31 @@ dispatch.ShapeChoice.backend = lambda self, m: (m, dispatch.Backend.GEMV) if m <
       --save-result $work/qwen3-4b-latency-gemv-rows$rows.json
   done
 }
-decode-kernel-ab() {  # Qwen3-4B's decode step with FlashInfer's decode attention on tensor cores (as
-  # shipped: use_tensor_cores=True, its FA2 prefill kernel) and on CUDA cores (its decode kernel, which
-  # vLLM's FlashInfer backend picks at 4 query heads per KV head), twice each, interleaved. The CUDA-core
-  # module is not in .fi-aot: the first such run JIT-compiles it (~1-2 min) before it times anything.
+# NAME|KWARGS words: the decode wrappers decode-kernel-ab times (KWARGS forced on every
+# BatchDecodeWithPagedKVCacheWrapper; empty: as shipped, tensor cores with backend "auto", which
+# FlashInfer resolves to fa2 for bf16). At 74079fb (H100) the CUDA-core kernel (`cc|use_tensor_cores=False`,
+# vLLM's FlashInfer choice at 4 query heads per KV head) was slower at batch 1, 8 and 64.
+DECODE_KERNELS=${DECODE_KERNELS:-"tc| fa3|backend='fa3'"}
+decode-kernel-ab() {  # Qwen3-4B's decode step with each of DECODE_KERNELS' FlashInfer decode kernels,
+  # twice each, interleaved. A module not in .fi-aot is JIT-compiled (~1-2 min) before the first run
+  # that needs it times anything.
   synth_q3
-  local run patch
-  for run in tc1 cc1 tc2 cc2; do
-    echo "== decode attention: $run"
-    patch=""
-    [ ${run%?} = cc ] && patch="import flashinfer
-tensor_core_wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper
-class CudaCoreDecode(tensor_core_wrapper):
+  local round word name kwargs patch
+  for round in 1 2; do
+    for word in $DECODE_KERNELS; do
+      name=${word%%|*} kwargs=${word#*|}
+      echo "== decode attention: $name ($round)"
+      patch=""
+      [ -n "$kwargs" ] && patch="import flashinfer
+shipped_wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper
+class VariantDecode(shipped_wrapper):
     def __init__(self, *args, **kwargs):
-        kwargs['use_tensor_cores'] = False
+        kwargs.update(dict($kwargs))
         super().__init__(*args, **kwargs)
-flashinfer.BatchDecodeWithPagedKVCacheWrapper = CudaCoreDecode"
-    infer_patched "$patch" bench latency --model $q3 --batch-sizes 1,8,64 --prefill-lens 1024 --breakdown \
-      --save-result $work/qwen3-4b-latency-decode-$run.json
+flashinfer.BatchDecodeWithPagedKVCacheWrapper = VariantDecode"
+      infer_patched "$patch" bench latency --model $q3 --batch-sizes 1,8,64 --prefill-lens 1024 --breakdown \
+        --save-result $work/qwen3-4b-latency-decode-$name$round.json
+    done
   done
 }
 split-rule-check() {  # HEAD's async step with the graph-mode KV-split rule (fed81a7: the split off
