@@ -19,8 +19,10 @@ Linear = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 log = logging.getLogger("infer.gemm")
 
-# The one configuration `invariant` runs for every shape and every row count.
-INVARIANT_TILES = GemmTiles(block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=3)
+# The one configuration `invariant` runs for every shape and every row count. K is cut per weight
+# shape so that one row block spreads over at least 264 programs (two per SM of a 132-SM H100 or
+# H200): at one row Qwen3-4B's O and down projections have 40 column tiles, so 7 chunks each.
+INVARIANT_TILES = GemmTiles(block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=3, split_programs=264)
 
 
 def invariant_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

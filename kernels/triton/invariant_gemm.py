@@ -1,18 +1,32 @@
 """A batch-invariant GEMM, ``y = x @ w.T``: every output row is computed the same way whatever the
-number of rows.
+number of rows (docs/numerics.md, "The invariant GEMM").
 
 Why it is invariant: the launch configuration (tile sizes, warps, stages) is fixed by the caller
-and never looks at the row count; there is no split-K, so each output element is reduced by one
-program walking K in the same order, ``BLOCK_K`` columns at a time, into one fp32 accumulator; a
-row's products never meet another row's. A row alone or inside any batch therefore sees the same
-sequence of fused multiply-adds and the same final rounding, bit for bit.
+and never looks at the row count, and so is the cut of K (``GemmTiles.k_split``: a function of the
+weight shape alone). Each output element is the sum, in the fixed order 0, 1, …, of its K chunks'
+partial sums, each chunk walked ``BLOCK_K`` columns at a time into its own fp32 accumulator from
+zero, and rounded once to the storage dtype; a row's products never meet another row's. A row alone
+or inside any batch therefore sees the same sequence of multiply-adds and adds, bit for bit.
 
-Graph-safe: one launch per call, no host synchronisation, no data-dependent shapes; the output is
-the only allocation. A decode graph holds one GEMM node per projection, not one per row.
+Where the chunks are summed is a launch choice that changes no bit:
+
+* **within a program** (``PARTIAL`` off): one program per output tile walks every chunk and adds
+  each chunk's partial into a running fp32 total as it ends it. Used when the row blocks alone
+  fill ``GemmTiles.split_programs`` programs (prefill), and always without a split;
+* **across programs** (``PARTIAL`` on): one program per (tile, chunk) writes its chunk's fp32
+  partial to a scratch ``[M, splits, N]``, and the skinny GEMM's reduce kernel
+  (``skinny_gemm.reduce_partials``) adds them in the same order, from the same zero, with the same
+  rounding. Used at few rows, where one program per tile would leave most SMs idle (at one row
+  Qwen3-4B's O and down projections have 40 tiles of 64 columns for 132 SMs).
+
+Graph-safe: no host synchronisation, no data-dependent shapes; the output and the split scratch are
+the only allocations. A decode graph holds one GEMM node per projection, plus a reduce node where
+the projection's K is split.
 
 Under ``TRITON_INTERPRET=1`` the tiles are cast to fp32 before ``tl.dot`` (the interpreter gets
 bf16 dot wrong); on the GPU bf16 and fp16 tiles go to the tensor cores with fp32 accumulation,
-and fp32 tiles are multiplied in IEEE fp32 (no TF32).
+and fp32 tiles are multiplied in IEEE fp32 (no TF32). The rounding to the storage dtype goes through
+``_round_to_storage`` (nearest-even on every device; the interpreter's ``.to`` truncates).
 """
 
 from __future__ import annotations
@@ -25,7 +39,9 @@ import triton.language as tl
 
 from kernels.kv_layout import ceil_div
 from kernels.triton.launch import FastLaunch
-from kernels.triton.storage import interpreted
+from kernels.triton.prep_kernel import _round_to_storage
+from kernels.triton.skinny_gemm import reduce_partials
+from kernels.triton.storage import STORAGE_TYPES, interpreted
 
 
 class GemmShapeError(ValueError):
@@ -43,6 +59,9 @@ class GemmTiles:
     num_stages: int = 3
     # True: K is a multiple of block_k and the K loop loads unmasked (a pinned shape's fast path).
     even_k: bool = False
+    # 0: one K chunk (the whole of K). n > 0: K is cut into fixed chunks, as many as bring one row
+    # block's (tile, chunk) programs to n (``k_split``); never with even_k.
+    split_programs: int = 0
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
@@ -53,12 +72,75 @@ class GemmTiles:
             raise GemmShapeError(f"num_warps={self.num_warps}: must be 1, 2, 4, 8 or 16")
         if self.num_stages < 1:
             raise GemmShapeError(f"num_stages={self.num_stages}: must be at least 1")
+        if self.split_programs < 0 or (self.split_programs and self.even_k):
+            raise GemmShapeError(
+                f"split_programs={self.split_programs}: must be 0 (no split) or more, and 0 with even_k"
+            )
+
+    def k_split(self, n: int, k: int) -> tuple[int, int]:
+        """(chunks, chunk width) for an [n, k] weight: K cut at fixed multiples of the width (a
+        multiple of block_k), as few chunks as bring ``ceil(n / block_n) · chunks`` to
+        ``split_programs``, at most one per K tile; (1, k) without a split. A function of the weight
+        shape and the tiles only, never of M: that is the batch invariance."""
+        k_tiles = ceil_div(k, self.block_k)
+        wanted = min(k_tiles, ceil_div(self.split_programs, ceil_div(n, self.block_n)))
+        if wanted <= 1:
+            return 1, k
+        width = ceil_div(k_tiles, wanted) * self.block_k
+        return ceil_div(k, width), width
 
     def runs(self, n: int, k: int) -> str | None:
         """Why this configuration cannot run an [n, k] weight; None when it can."""
         if self.even_k and k % self.block_k:
             return f"K={k} is not a multiple of block_k={self.block_k} (the configuration loads K unmasked)"
         return None
+
+
+@triton.jit
+def _chunk_sum(
+    x_ptr,
+    w_ptr,
+    rows,
+    cols,
+    row_ok,
+    col_ok,
+    k_start,
+    k_end,
+    stride_xm,
+    stride_xk,
+    stride_wn,
+    stride_wk,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    """The fp32 sum over K columns [k_start, k_end) of one output tile, from zero, ``BLOCK_K``
+    columns at a time in increasing order (masked past ``k_end`` unless ``EVEN_K``)."""
+    ks = k_start + tl.arange(0, BLOCK_K)
+    x_tile = x_ptr + rows[:, None] * stride_xm + ks[None, :] * stride_xk
+    w_tile = w_ptr + ks[:, None] * stride_wk + cols[None, :] * stride_wn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        if EVEN_K:
+            a = tl.load(x_tile, mask=row_ok[:, None], other=0.0)
+            b = tl.load(w_tile, mask=col_ok[None, :], other=0.0)
+        else:
+            k_ok = (k0 - k_start + ks) < k_end
+            a = tl.load(x_tile, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            b = tl.load(w_tile, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+        if DOT_FP32:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        if IEEE:  # noqa: SIM108 (constexpr branch; each arm is its own tl.dot form)
+            acc = tl.dot(a, b, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b, acc)
+        x_tile += BLOCK_K * stride_xk
+        w_tile += BLOCK_K * stride_wk
+    return acc
 
 
 # M is never specialised: one compiled kernel serves every row count (and no capture compiles).
@@ -76,10 +158,15 @@ def _invariant_gemm_kernel(
     stride_wk,
     stride_ym,
     stride_yn,
+    stride_ys,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr,
+    CHUNKS: tl.constexpr,
+    CHUNK: tl.constexpr,
+    PARTIAL: tl.constexpr,
+    STORAGE: tl.constexpr,
     DOT_FP32: tl.constexpr,
     IEEE: tl.constexpr,
 ):
@@ -87,36 +174,84 @@ def _invariant_gemm_kernel(
     pid_n = tl.program_id(1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    ks = tl.arange(0, BLOCK_K)
     row_ok = rows < M
     col_ok = cols < N
-    x_tile = x_ptr + rows[:, None] * stride_xm + ks[None, :] * stride_xk
-    w_tile = w_ptr + ks[:, None] * stride_wk + cols[None, :] * stride_wn
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    # One program owns the whole K range of its tile and walks it in one fixed order.
-    for k0 in range(0, K, BLOCK_K):
-        if EVEN_K:
-            a = tl.load(x_tile, mask=row_ok[:, None], other=0.0)
-            b = tl.load(w_tile, mask=col_ok[None, :], other=0.0)
+    out_ok = row_ok[:, None] & col_ok[None, :]
+    if PARTIAL:
+        # This program's chunk; its fp32 partial goes to the scratch for the fixed-order reduce.
+        chunk = tl.program_id(2)
+        k_start = chunk * CHUNK
+        part = _chunk_sum(
+            x_ptr,
+            w_ptr,
+            rows,
+            cols,
+            row_ok,
+            col_ok,
+            k_start,
+            tl.minimum(k_start + CHUNK, K),
+            stride_xm,
+            stride_xk,
+            stride_wn,
+            stride_wk,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+            EVEN_K,
+            DOT_FP32,
+            IEEE,
+        )
+        y_at = y_ptr + rows[:, None] * stride_ym + chunk * stride_ys + cols[None, :] * stride_yn
+        tl.store(y_at, part, mask=out_ok)
+    else:
+        if CHUNKS == 1:
+            total = _chunk_sum(
+                x_ptr,
+                w_ptr,
+                rows,
+                cols,
+                row_ok,
+                col_ok,
+                0,
+                K,
+                stride_xm,
+                stride_xk,
+                stride_wn,
+                stride_wk,
+                BLOCK_M,
+                BLOCK_N,
+                BLOCK_K,
+                EVEN_K,
+                DOT_FP32,
+                IEEE,
+            )
         else:
-            k_ok = (k0 + ks) < K
-            a = tl.load(x_tile, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            b = tl.load(w_tile, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-        if DOT_FP32:
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
-        if IEEE:  # noqa: SIM108 (constexpr branch; each arm is its own tl.dot form)
-            acc = tl.dot(a, b, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a, b, acc)
-        x_tile += BLOCK_K * stride_xk
-        w_tile += BLOCK_K * stride_wk
-    y = acc.to(y_ptr.dtype.element_ty)
-    tl.store(
-        y_ptr + rows[:, None] * stride_ym + cols[None, :] * stride_yn,
-        y,
-        mask=row_ok[:, None] & col_ok[None, :],
-    )
+            # The reduce kernel's sum: from zero, chunk 0 first (0 + -0.0 is +0.0 there too).
+            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for chunk in range(CHUNKS):
+                k_start = chunk * CHUNK
+                total += _chunk_sum(
+                    x_ptr,
+                    w_ptr,
+                    rows,
+                    cols,
+                    row_ok,
+                    col_ok,
+                    k_start,
+                    tl.minimum(k_start + CHUNK, K),
+                    stride_xm,
+                    stride_xk,
+                    stride_wn,
+                    stride_wk,
+                    BLOCK_M,
+                    BLOCK_N,
+                    BLOCK_K,
+                    EVEN_K,
+                    DOT_FP32,
+                    IEEE,
+                )
+        y = _round_to_storage(total, STORAGE).to(y_ptr.dtype.element_ty)
+        tl.store(y_ptr + rows[:, None] * stride_ym + cols[None, :] * stride_yn, y, mask=out_ok)
 
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -151,11 +286,15 @@ def invariant_gemm(x: torch.Tensor, weight: torch.Tensor, tiles: GemmTiles) -> t
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return y.reshape(*lead, n)
-    grid = (ceil_div(m, tiles.block_m), ceil_div(n, tiles.block_n))
-    _invariant_gemm_launch[grid](
+    chunks, width = tiles.k_split(n, k)
+    row_blocks, col_blocks = ceil_div(m, tiles.block_m), ceil_div(n, tiles.block_n)
+    # Across programs only while the row blocks alone leave the programs short of the target.
+    partial = chunks > 1 and row_blocks * col_blocks < tiles.split_programs
+    target = torch.empty(m, chunks, n, dtype=torch.float32, device=x.device) if partial else y
+    _invariant_gemm_launch[(row_blocks, col_blocks, chunks if partial else 1)](
         x2,
         weight,
-        y,
+        target,
         m,
         n,
         k,
@@ -163,15 +302,22 @@ def invariant_gemm(x: torch.Tensor, weight: torch.Tensor, tiles: GemmTiles) -> t
         x2.stride(1),
         weight.stride(0),
         weight.stride(1),
-        y.stride(0),
-        y.stride(1),
+        target.stride(0),
+        target.stride(-1),
+        n if partial else 0,
         BLOCK_M=tiles.block_m,
         BLOCK_N=tiles.block_n,
         BLOCK_K=tiles.block_k,
         EVEN_K=tiles.even_k,
+        CHUNKS=chunks,
+        CHUNK=width,
+        PARTIAL=partial,
+        STORAGE=STORAGE_TYPES[x.dtype],
         DOT_FP32=interpreted(),
         IEEE=x.dtype == torch.float32,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
     )
+    if partial:
+        reduce_partials(target, y)
     return y.reshape(*lead, n)

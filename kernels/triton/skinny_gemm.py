@@ -415,19 +415,29 @@ def skinny_gemm(
         **launch,
     )
     if split:
-        reduce_launch: dict[str, object] = {"num_warps": 4, "enable_fp_fusion": False}
-        if pdl:
-            reduce_launch["launch_pdl"] = True
-        _split_k_reduce_launch[(m, ceil_div(n, REDUCE_BLOCK))](
-            target,
-            y,
-            m,
-            n,
-            y.stride(0),
-            SPLIT_K=part.split_k,
-            BLOCK=REDUCE_BLOCK,
-            STORAGE=STORAGE_TYPES[x.dtype],
-            PDL=pdl,
-            **reduce_launch,
-        )
+        reduce_partials(target, y, pdl=pdl)
     return y
+
+
+def reduce_partials(partials: torch.Tensor, y: torch.Tensor, *, pdl: bool | None = None) -> None:
+    """``y[m, n]`` = the fp32 ``partials[m, 0, n] + partials[m, 1, n] + …``, added in that order from
+    zero and rounded once to ``y``'s dtype: the split-K reduce (the invariant GEMM's too). ``partials``
+    is a contiguous [M, splits, N]; ``y`` any row stride. PDL where ``pdl_supported`` (``pdl=None``)."""
+    m, splits, n = partials.shape
+    if pdl is None:
+        pdl = pdl_supported(y.device)
+    launch: dict[str, object] = {"num_warps": 4, "enable_fp_fusion": False}
+    if pdl:
+        launch["launch_pdl"] = True
+    _split_k_reduce_launch[(m, ceil_div(n, REDUCE_BLOCK))](
+        partials,
+        y,
+        m,
+        n,
+        y.stride(0),
+        SPLIT_K=splits,
+        BLOCK=REDUCE_BLOCK,
+        STORAGE=STORAGE_TYPES[y.dtype],
+        PDL=pdl,
+        **launch,
+    )

@@ -40,6 +40,59 @@ def test_rows_are_bit_identical_alone_and_in_any_batch(dtype: torch.dtype, tiles
         assert torch.equal(alone[0], full[i]), f"row {i} alone differs from row {i} in a batch of {len(x)}"
 
 
+# K = 40 in three chunks of 16, 16 and 8 columns (``k_split``: 3 column tiles, 12 programs wanted);
+# steps of up to 3 row blocks (48 rows) sum the chunks across programs, larger ones within a program.
+SPLIT = GemmTiles(block_m=16, block_n=16, block_k=16, split_programs=12)
+SPLIT_ROWS = (1, 2, 16, 17, 48, 49, 64, 65)
+
+
+def test_k_split_is_a_function_of_the_weight_shape() -> None:
+    assert SPLIT.k_split(48, 40) == (3, 16)
+    assert SPLIT.k_split(192, 40) == (1, 40)  # 12 column tiles fill the target alone
+    assert GemmTiles().k_split(48, 40) == (1, 40)  # no split asked for
+    # The serving configuration on Qwen3-4B's projections: QKV, O, gate/up, down, LM head.
+    shapes = [(6144, 2560), (2560, 4096), (19456, 2560), (2560, 9728), (151936, 2560)]
+    assert [INVARIANT_TILES.k_split(n, k) for n, k in shapes] == [
+        (3, 896),
+        (7, 640),
+        (1, 2560),
+        (7, 1408),
+        (1, 2560),
+    ]
+    with pytest.raises(GemmShapeError, match=r"split_programs=8: .* 0 with even_k"):
+        GemmTiles(even_k=True, split_programs=8)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_split_k_sums_the_same_bits_across_programs_and_within_one(
+    dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Up to 48 rows each chunk's partial goes through the reduce kernel, above that one program adds
+    them: every row is the same bits either way, alone or in any batch, and the reduce ran exactly
+    for the small steps."""
+    import kernels.triton.invariant_gemm as gemm_module
+
+    reduced: list[int] = []
+    real = gemm_module.reduce_partials
+
+    def spied(partials: torch.Tensor, y: torch.Tensor) -> None:
+        reduced.append(partials.shape[0])
+        real(partials, y)
+
+    monkeypatch.setattr(gemm_module, "reduce_partials", spied)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(max(SPLIT_ROWS), 40, generator=g).to(dtype).to(DEVICE)
+    w = (torch.randn(48, 40, generator=g) / 40**0.5).to(dtype).to(DEVICE)
+    full = invariant_gemm(x, w, SPLIT)
+    assert reduced == []  # 65 rows: 5 row blocks × 3 column tiles fill the 12 programs
+    for m in SPLIT_ROWS:
+        assert torch.equal(invariant_gemm(x[:m], w, SPLIT), full[:m]), f"first {m} rows"
+    assert reduced == [m for m in SPLIT_ROWS if m <= 48]
+    for i in _rows_checked_alone(dtype, len(x)):
+        assert torch.equal(invariant_gemm(x[i : i + 1], w, SPLIT)[0], full[i]), f"row {i} alone"
+    torch.testing.assert_close(full.float(), F.linear(x.float(), w.float()), rtol=2e-2, atol=2e-2)
+
+
 def _rows_checked_alone(dtype: torch.dtype, rows: int) -> tuple[int, ...]:
     """Every row in bf16 (the serving dtype) and on a GPU. Triton's interpreter computes an fp32
     `tl.dot` with numpy's matmul, which rounds rows 6-11 of a 16-row tile differently from the same
@@ -47,7 +100,7 @@ def _rows_checked_alone(dtype: torch.dtype, rows: int) -> tuple[int, ...]:
     on CPU the rows it leaves alone are checked."""
     if dtype == torch.bfloat16 or torch.cuda.is_available():
         return tuple(range(rows))
-    return (0, 1, 2, 3, 4, 5, 12, 13, 14, 15, 16)
+    return tuple(i for i in range(rows) if i % 16 not in range(6, 12))
 
 
 def test_matches_f_linear_in_fp32() -> None:
@@ -118,20 +171,25 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 @needs_cuda
 def test_gpu_serving_shapes_are_row_count_invariant() -> None:
     g = torch.Generator(device="cuda").manual_seed(5)
-    x = torch.randn(256, 2560, device="cuda", generator=g, dtype=torch.bfloat16)
+    x = torch.randn(320, 2560, device="cuda", generator=g, dtype=torch.bfloat16)
     w = torch.randn(4096, 2560, device="cuda", generator=g, dtype=torch.bfloat16) / 50
     full = invariant_linear(x, w)
-    for m in (1, 2, 3, 7, 8, 63, 64, 65, 128, 200):
+    # [4096, 2560] cuts K in 5 chunks: added across programs up to 256 rows (4 row blocks × 64
+    # column tiles < 264 programs), within a program above.
+    assert INVARIANT_TILES.k_split(4096, 2560) == (5, 512)
+    for m in (1, 2, 3, 7, 8, 63, 64, 65, 128, 200, 256, 257, 300):
         assert torch.equal(invariant_linear(x[:m], w), full[:m]), f"first {m} rows"
     torch.testing.assert_close(full.float(), F.linear(x, w).float(), rtol=2e-2, atol=2e-2)
 
 
 @needs_cuda
-def test_gpu_graph_holds_one_gemm_node_per_call() -> None:
+@pytest.mark.parametrize(("n", "nodes"), [(512, 2), (32768, 1)], ids=["split", "whole-k"])
+def test_gpu_graph_holds_one_gemm_node_per_call_and_a_reduce_where_k_splits(n: int, nodes: int) -> None:
     from torch.profiler import ProfilerActivity, profile
 
+    assert (INVARIANT_TILES.k_split(n, 256)[0] > 1) == (nodes == 2)
     x = torch.randn(32, 256, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(512, 256, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, 256, device="cuda", dtype=torch.bfloat16)
     eager = invariant_linear(x, w)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -143,4 +201,4 @@ def test_gpu_graph_holds_one_gemm_node_per_call() -> None:
         graph.replay()
         torch.cuda.synchronize()
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    assert len(kernels) == 1, [e.name for e in kernels]
+    assert len(kernels) == nodes, [e.name for e in kernels]
