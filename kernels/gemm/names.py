@@ -19,7 +19,7 @@ class NumericPolicy(StrEnum):
     PIN = "pin"
     # One GEMM per row: a slow diagnostic oracle, batch-invariant by construction.
     PER_TOKEN = "per-token"
-    # The batch-invariant Triton GEMM: fixed tiles, no split-K, one launch per projection.
+    # The batch-invariant Triton GEMM: fixed tiles and a K split fixed per weight shape.
     INVARIANT = "invariant"
 
 
