@@ -33,8 +33,9 @@
 #   PIPELINE="decode-tests sampler-timing gemm-qwen3 qwen3-decode-variants host-profile-async gemma4-decode-variants
 #             qwen3-gates vllm-qwen3" STAGE=all ...
 # then the qwen3 and gemma4 manifests with the flags the variants showed best, before flipping a default.
-# The next stretch (prepared 2026-12-06 after the H100 stretches at 957843a and ce02d02: async
-# scheduling now the default, FlashInfer's graph-mode KV split off where a bucket fills the SMs).
+# The next stretch (prepared 2026-12-06 after three H100 stretches at 3aca86e, f917641 and 74bd4e8:
+# the L2 prefetch, the GEMV at 4-8 rows and FlashInfer's CUDA-core and fa3 decode all lost; the
+# invariant GEMM's fixed K split passed the invariance gate and took invariant's decode to +5 %).
 # Carrying: the tree and the 62 MB flashinfer wheel pass 64 MiB together, so the wheel travels split
 # (scripts/split_flashinfer_wheel.sh after stage-wheels.sh): chunk aa in .whl-fi, chunk ab and the
 # wheel's sha256 in .whl-deps/fi-tail. FlashInfer's attention modules, built on the CPU machine
@@ -46,33 +47,33 @@
 #     fi.chunk-aa fi.chunk-ab > flashinfer_python-0.7.2.post1-py3-none-any.whl && sha256sum -c
 #     fi.sha) && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site
 #     /tmp/fi/*.whl .whl-deps/*.whl && python3 docs/benchmarks/scripts/flashinfer_aot.py install
-#     /tmp/site; PIPELINE="..." SYNTH_AHEAD=0 WAIT_S=5 STAGE=all bash docs/benchmarks/scripts/h200_session.sh`;
-#  3. vLLM (for a same-session figure): five calls carrying .vllm/part1..5 (each part with the tree
-#     just under 64 MiB), `bash .vllm/partN/stage.sh N`, the fifth `... 5 last` after the timed
+#     /tmp/site; PIPELINE="..." SYNTH_AHEAD=0 WAIT_S=5 STAGE=all bash docs/benchmarks/scripts/h200_session.sh
+#     > /tmp/start.log 2>&1; tail -3 /tmp/start.log` (into a file: piped to `tail` straight away, the
+#     call waits for the background pipeline's output and runs to its timeout, 200 s on 2026-12-06);
+#  3. vLLM (for a same-session figure): six calls carrying .vllm/part1..6 (48 MiB chunks since
+#     2026-12-06: with 58 MiB ones a part and the 6 MB tree passed the 64 MiB carry),
+#     `bash .vllm/partN/stage.sh N`, the sixth `... 6 last` after the timed
 #     steps before vllm-qwen3 (its install and smoke test would share the host with them);
 #  4. STAGE=wait calls back to back (WAIT_S=540, timeout 580); give the machine back at the end.
 # STAGE=NAME copies every JSON of /tmp/runs into $OUT: past 8 files the rest (runs.tgz too) do not
 # come back, so fetch through a wait call's runs.tgz instead.
 # The pipeline, in priority order, with needs_h200 (an H100 cannot hold these):
-#   "qwen3-table vllm-qwen3 gemma4-gates qwen35-9b-parity" (qwen3-table first: the H200's dispatch
-#   table has no GEMV rows; copy skinny_dispatch_h200.json back from runs.tgz; gemma4-gates is the
-#   whole manifest under the new default, its five gates that need the H200's memory included;
-#   qwen35-9b-parity's full_forward_matches_hf has never run alone on an H200).
-# On an H100: "split-rule-check gemv-rows-ab prefill-spread gemm-qwen3 qwen35-latency" (the
-#   shipped step; the decode GEMV at 5-8 rows, the lever batch 8 has left; whether the 1k prefill's
-#   host gap follows the cores a process runs on; the table's Qwen3-4B rows with the head + tail
-#   GEMV; Qwen3.5-4B under the new default). On an H200, gemv-rows-ab and prefill-spread after
-#   qwen3-table.
+#   "qwen3-table vllm-qwen3 invariance gemma4-gates qwen35-9b-parity" (qwen3-table first: the
+#   H200's dispatch table has no GEMV rows; copy skinny_dispatch_h200.json back from runs.tgz;
+#   gemma4-gates is the whole manifest under the async default, its five gates that need the H200's
+#   memory included; qwen35-9b-parity's full_forward_matches_hf has never run alone on an H200).
+# On an H100: "qwen3-gates vllm-qwen3 qwen35-gates" (the manifests at the final commit; vLLM's
+#   figure beside the shipped step).
 # - attn-split-ab (~2 min): the async step with FlashInfer's KV split as shipped and switched off.
 # - gemv-sweep and gemv-layout-ab, as at 1c7ef32, where a card's GEMV rule is in question.
 # Later stretches: vLLM's
-# Gemma 4 figure beside gemma4-decode-variants (staged as in the 15a67ed stretch: five calls
+# Gemma 4 figure beside gemma4-decode-variants (staged as in the 15a67ed stretch: six calls
 # carrying .vllm/partN, the .whl-deps call adding `mkdir -p /tmp/parts && cp
 # .whl-deps/vllm-gemma4/*.whl /tmp/parts/`); Qwen3.5's 1k prefill on FlashInfer's GDN prefill
 # (host-bound on fla's ~10 launches a layer at 15a67ed: 62.6 ms for 17.7 of kernels), i.e. the
 # CUTLASS DSL staged (scripts/stage_cutlass_dsl.sh, two calls carrying .cdsl/part1..2) and
 # PIPELINE="cutlass_dsl qwen35-published-latency vllm-qwen35" (auto then picks FlashInfer where it
-# measures faster); the invariance step at the current commit (last run 261eee0).
+# measures faster).
 # Back here, the runs.tgz reports make the pages' target tables, e.g. (from the unpacked folder)
 #   infer bench table default=qwen3-4b-latency-default.json sync=qwen3-4b-latency-sync.json \
 #     --vllm vllm-qwen3-4b.json --markdown
@@ -277,16 +278,16 @@ host-profile-async() {  # where async scheduling's steps still wait on the devic
     --save $work/qwen3-4b-host-profile-async-triton.json
 }
 vllm-qwen3() {  # vLLM 0.24's decode step on the same checkpoint (shared/device/vllm: staged by five
-  # calls carrying .vllm/part1..5 first; never beside an infer step: it takes 90 % of the memory).
+  # calls carrying .vllm/part1..6 first; never beside an infer step: it takes 90 % of the memory).
   # One engine start for every batch size (vllm_decode.py); bench.sh's process per run if that fails.
   synth_q3
   local waited=0
   while [ ! -f /tmp/vsite/vllm/__init__.py ] && [ $waited -lt 300 ]; do sleep 5; waited=$((waited + 5)); done
-  [ -f /tmp/vsite/vllm/__init__.py ] || { echo "vLLM is not staged (.vllm/part1..5 not carried)"; return 1; }
+  [ -f /tmp/vsite/vllm/__init__.py ] || { echo "vLLM is not staged (.vllm/part1..6 not carried)"; return 1; }
   PYTHONPATH=/tmp/vsite HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_DO_NOT_TRACK=1 \
     DO_NOT_TRACK=1 VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 \
     python3 docs/benchmarks/scripts/vllm_decode.py $q3 --batch-sizes 1,8,64 --save $work/vllm-qwen3-4b.json ||
-    bash ${ORIGIN:-.}/.vllm/part5/bench.sh $q3 $work/vllm 1,8,64
+    bash ${ORIGIN:-.}/.vllm/part6/bench.sh $q3 $work/vllm 1,8,64
 }
 vllm-gemma4() {  # vLLM 0.24's decode step on the synthetic Gemma 4 12B. The image's transformers
   # (5.15+) moves `global_head_dim` into `per_layer_config`, whose `head_dim` vLLM 0.24 cannot read;
@@ -300,7 +301,7 @@ vllm-gemma4() {  # vLLM 0.24's decode step on the synthetic Gemma 4 12B. The ima
   local tf=$parts/transformers-5.14.0-py3-none-any.whl tok=$(ls $parts/tokenizers-0.22.*.whl 2>/dev/null | head -1)
   [ -f $tf ] && [ -n "$tok" ] || { echo "transformers 5.14 or tokenizers 0.22 not staged in $parts"; return 1; }
   [ -d /tmp/vsite-tf ] || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/vsite-tf $tf $tok
-  [ -f /tmp/vsite/vllm/__init__.py ] || { echo "vLLM is not staged (.vllm/part1..5 not carried)"; return 1; }
+  [ -f /tmp/vsite/vllm/__init__.py ] || { echo "vLLM is not staged (.vllm/part1..6 not carried)"; return 1; }
   # TRITON_ATTN: unset, vLLM runs every Gemma 4 layer on FA4 (CuTe: needs cutlass, not staged; 2026-12-05).
   PYTHONPATH=/tmp/vsite-tf:/tmp/vsite HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_DO_NOT_TRACK=1 \
     DO_NOT_TRACK=1 VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 \
@@ -556,8 +557,9 @@ dispatch.ShapeChoice.backend = lambda self, m: (m, dispatch.Backend.GEMV) if m <
 }
 # NAME|KWARGS words: the decode wrappers decode-kernel-ab times (KWARGS forced on every
 # BatchDecodeWithPagedKVCacheWrapper; empty: as shipped, tensor cores with backend "auto", which
-# FlashInfer resolves to fa2 for bf16). At 74079fb (H100) the CUDA-core kernel (`cc|use_tensor_cores=False`,
-# vLLM's FlashInfer choice at 4 query heads per KV head) was slower at batch 1, 8 and 64.
+# FlashInfer resolves to fa2 for bf16). On H100s both lost at batch 1, 8 and 64: the CUDA-core kernel
+# (`cc|use_tensor_cores=False`, vLLM's FlashInfer choice at 4 query heads per KV head) at f917641, fa3
+# at 74bd4e8 (docs/benchmarks/qwen3.md).
 DECODE_KERNELS=${DECODE_KERNELS:-"tc| fa3|backend='fa3'"}
 decode-kernel-ab() {  # Qwen3-4B's decode step with each of DECODE_KERNELS' FlashInfer decode kernels,
   # twice each, interleaved. A module not in .fi-aot is JIT-compiled (~1-2 min) before the first run
@@ -605,10 +607,10 @@ qwen35-published-latency() {  # infer's side of the vLLM row, on the directory v
 }
 vllm-qwen35() {  # issue 19's vLLM row: vLLM 0.24 serves Qwen3.5 only in its published multimodal form
   # (`infer synth qwen35 --form published`), here as a language model only; the Qwen3.5 code needs
-  # the staging extras (`VSTAGE_EXTRAS=1 bash .vllm/part5/stage.sh 5 last`). infer's side of the row
+  # the staging extras (`VSTAGE_EXTRAS=1 bash .vllm/part6/stage.sh 6 last`). infer's side of the row
   # is qwen35-published-latency.
   synth_q35p
-  [ -f /tmp/vsite/vllm/__init__.py ] || { echo "vLLM is not staged (.vllm/part1..5 not carried)"; return 1; }
+  [ -f /tmp/vsite/vllm/__init__.py ] || { echo "vLLM is not staged (.vllm/part1..6 not carried)"; return 1; }
   PYTHONPATH=/tmp/vsite HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_DO_NOT_TRACK=1 \
     DO_NOT_TRACK=1 VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 \
     python3 docs/benchmarks/scripts/vllm_decode.py $q35p --language-model-only --gdn-prefill-backend triton \
