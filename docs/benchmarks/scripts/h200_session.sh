@@ -62,8 +62,9 @@
 #   H200's dispatch table has no GEMV rows; copy skinny_dispatch_h200.json back from runs.tgz;
 #   gemma4-gates is the whole manifest under the async default, its five gates that need the H200's
 #   memory included; qwen35-9b-parity's full_forward_matches_hf has never run alone on an H200).
-# On an H100: "qwen3-gates vllm-qwen3 qwen35-gates" (the manifests at the final commit; vLLM's
-#   figure beside the shipped step).
+# On an H100: "prefill-host-ab qwen3-gates vllm-qwen3 qwen35-gates" (whether the 1k prefill's
+#   spread is torch's threads or Python's GC; the manifests at the final commit; vLLM's figure
+#   beside the shipped step). On an H200, prefill-host-ab after invariance.
 # - attn-split-ab (~2 min): the async step with FlashInfer's KV split as shipped and switched off.
 # - gemv-sweep and gemv-layout-ab, as at 1c7ef32, where a card's GEMV rule is in question.
 # Later stretches: vLLM's
@@ -414,6 +415,37 @@ prefill-spread() {  # the 1k prefill's host gap spreads 5.6-18.6 ms between proc
       taskset -c $cores python3 -m infer_cli.main bench latency --model $q3 --batch-sizes 1 \
         --prefill-lens 1024 --breakdown --save-result $work/qwen3-4b-prefill-cores-$cores-$run.json |
         grep -E "prefill 1024|1024 "
+    done
+  done
+}
+prefill-host-ab() {  # the 1k prefill's host gap, still spreading 19-30 ms between processes with
+  # 11.5-12 ms busy (not the cores: prefill-spread at 3aca86e): three processes each as shipped, with
+  # OMP_NUM_THREADS=1 (torch's intra-op threads), and with the heap frozen out of Python's cyclic GC
+  # after load (gc.freeze, as vLLM does); every run prints the time the GC took inside the timed steps
+  synth_q3
+  local run variant patch
+  local gc_timer="import gc, time, atexit
+import infer_cli.bench.latency as latency
+gc_spent = {'ms': 0.0, 'runs': 0}
+def on_gc(phase, info, _t=[0.0]):
+    if phase == 'start': _t[0] = time.perf_counter()
+    else: gc_spent['ms'] += (time.perf_counter() - _t[0]) * 1e3; gc_spent['runs'] += 1
+shipped_prefill = latency.bench_prefill
+def timed_prefill(*args, **kwargs):
+    FREEZE
+    gc.callbacks.append(on_gc)
+    try: return shipped_prefill(*args, **kwargs)
+    finally:
+        gc.callbacks.remove(on_gc)
+        print(f\"gc inside the prefill runs: {gc_spent['ms']:.2f} ms over {gc_spent['runs']} collections\")
+latency.bench_prefill = timed_prefill"
+  for run in 1 2 3; do
+    for variant in shipped omp1 frozen; do
+      echo "== run $run: $variant"
+      patch=${gc_timer/FREEZE/$([ $variant = frozen ] && echo 'gc.collect(); gc.freeze()' || echo 'pass')}
+      ( [ $variant = omp1 ] && export OMP_NUM_THREADS=1
+        infer_patched "$patch" bench latency --model $q3 --batch-sizes 1 --prefill-lens 1024 --breakdown \
+          --save-result $work/qwen3-4b-prefill-host-$variant-$run.json ) | grep -E "gc inside|│  tuned │   1024"
     done
   done
 }
@@ -779,7 +811,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | gemv-layout-ab | attn-split-ab | decode-kernel-ab | invariant-gpu-tests | split-rule-check | gemv-rows-ab | prefill-spread | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | qwen35-prefill-graphs-latency)
+  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | gemv-layout-ab | attn-split-ab | decode-kernel-ab | invariant-gpu-tests | prefill-host-ab | split-rule-check | gemv-rows-ab | prefill-spread | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | qwen35-prefill-graphs-latency)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
