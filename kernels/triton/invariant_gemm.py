@@ -21,7 +21,9 @@ Where the chunks are summed is a launch choice that changes no bit:
 
 Graph-safe: no host synchronisation, no data-dependent shapes; the output and the split scratch are
 the only allocations. A decode graph holds one GEMM node per projection, plus a reduce node where
-the projection's K is split.
+the projection's K is split. PDL on sm_90+ (kernels/triton/storage.py): every program lets the next
+kernel launch and waits for the one before before it loads or stores anything; no arithmetic changes.
+``python -m kernels.triton.invariant_gemm`` compiles each form for sm_90 without a GPU.
 
 Under ``TRITON_INTERPRET=1`` the tiles are cast to fp32 before ``tl.dot`` (the interpreter gets
 bf16 dot wrong); on the GPU bf16 and fp16 tiles go to the tensor cores with fp32 accumulation,
@@ -39,9 +41,10 @@ import triton.language as tl
 
 from kernels.kv_layout import ceil_div
 from kernels.triton.launch import FastLaunch
+from kernels.triton.offline import compile_offline, has_cubin, has_pdl_instructions, run_compile_check
 from kernels.triton.prep_kernel import _round_to_storage
 from kernels.triton.skinny_gemm import reduce_partials
-from kernels.triton.storage import STORAGE_TYPES, interpreted
+from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted, pdl_supported
 
 
 class GemmShapeError(ValueError):
@@ -169,7 +172,13 @@ def _invariant_gemm_kernel(
     STORAGE: tl.constexpr,
     DOT_FP32: tl.constexpr,
     IEEE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:
+        # The next kernel may launch now; x is the previous kernel's output and y may be memory it
+        # still reads, so nothing is loaded or stored before the wait.
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -291,6 +300,7 @@ def invariant_gemm(x: torch.Tensor, weight: torch.Tensor, tiles: GemmTiles) -> t
     # Across programs only while the row blocks alone leave the programs short of the target.
     partial = chunks > 1 and row_blocks * col_blocks < tiles.split_programs
     target = torch.empty(m, chunks, n, dtype=torch.float32, device=x.device) if partial else y
+    pdl = pdl_supported(x.device)
     _invariant_gemm_launch[(row_blocks, col_blocks, chunks if partial else 1)](
         x2,
         weight,
@@ -315,9 +325,74 @@ def invariant_gemm(x: torch.Tensor, weight: torch.Tensor, tiles: GemmTiles) -> t
         STORAGE=STORAGE_TYPES[x.dtype],
         DOT_FP32=interpreted(),
         IEEE=x.dtype == torch.float32,
+        PDL=pdl,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
+        **({"launch_pdl": True} if pdl else {}),
     )
     if partial:
         reduce_partials(target, y)
     return y.reshape(*lead, n)
+
+
+# What the compile check builds: the split across programs, within one program, and whole K (the
+# invariant policy's three forms), and pin's unmasked whole K, at a serving shape's chunking.
+COMPILE_FORMS = {
+    "across": (True, 7, False),
+    "within": (False, 7, False),
+    "whole": (False, 1, False),
+    "even": (False, 1, True),
+}
+
+
+def compile_variant(form: str, dtype: torch.dtype, tiles: GemmTiles = GemmTiles(), arch: int = 90) -> object:
+    """The kernel compiled for ``sm_{arch}`` without a GPU in one of ``COMPILE_FORMS``, with PDL as
+    it launches there."""
+    partial, chunks, even_k = COMPILE_FORMS[form]
+    constexprs = {
+        "BLOCK_M": tiles.block_m,
+        "BLOCK_N": tiles.block_n,
+        "BLOCK_K": tiles.block_k,
+        "EVEN_K": even_k,
+        "CHUNKS": chunks,
+        "CHUNK": 10 * tiles.block_k,
+        "PARTIAL": partial,
+        "STORAGE": STORAGE_TYPES[dtype],
+        "DOT_FP32": False,
+        "IEEE": dtype == torch.float32,
+        "PDL": arch >= 90,
+    }
+    pointer = POINTER_TYPES[dtype]
+
+    def arg_type(name: str) -> str:
+        if name == "y_ptr" and partial:
+            return "*fp32"
+        return pointer if name.endswith("_ptr") else "i32"
+
+    aligned = {"x_ptr", "w_ptr", "y_ptr", "stride_xm", "stride_wn", "stride_ym", "stride_ys"}
+    return compile_offline(
+        _invariant_gemm_kernel,
+        constexprs,
+        arg_type,
+        aligned,
+        arch=arch,
+        num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
+        launch_pdl=arch >= 90,
+    )
+
+
+def main() -> int:
+    for form in COMPILE_FORMS:
+        for dtype in POINTER_TYPES:
+            kernel = compile_variant(form, dtype)
+            if not has_cubin(kernel):
+                raise RuntimeError(f"no cubin for {form} {dtype}")
+            if not has_pdl_instructions(str(kernel.asm.get("ptx", ""))):  # type: ignore[attr-defined]
+                raise RuntimeError(f"no PDL instructions for {form} {dtype}")
+        print(f"compiled invariant GEMM {form}")
+    return 0
+
+
+if __name__ == "__main__":
+    run_compile_check(main)

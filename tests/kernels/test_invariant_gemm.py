@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from sm90_compile import compiled_variants
 
 from kernels import reference
 from kernels.gemm.dispatch import INVARIANT_TILES, invariant_linear
@@ -127,6 +128,13 @@ def test_refusals_name_the_shape() -> None:
         GemmTiles(block_k=24)
     with pytest.raises(GemmShapeError, match="dtypes"):
         invariant_gemm(x, w.bfloat16(), SMALL)
+
+
+def test_every_form_compiles_for_sm90_with_pdl() -> None:
+    forms = ("across", "within", "whole", "even")
+    assert compiled_variants("kernels.triton.invariant_gemm") == [
+        f"compiled invariant GEMM {f}" for f in forms
+    ]
 
 
 # --- the batch-invariant RMSNorm that goes with it --------------------------------------------
