@@ -58,7 +58,8 @@
 # STAGE=NAME copies every JSON of /tmp/runs into $OUT: past 8 files the rest (runs.tgz too) do not
 # come back, so fetch through a wait call's runs.tgz instead.
 # The pipeline, in priority order, with needs_h200 (an H100 cannot hold these):
-#   "qwen3-table vllm-qwen3 invariant-gpu-tests invariance numerics gemma4-gates qwen35-9b-parity"
+#   "qwen3-table vllm-qwen3 invariant-gpu-tests invariance numerics invariant-tiles-probe gemma4-gates
+#   qwen35-9b-parity"
 #   (qwen3-table first: the
 #   H200's dispatch table has no GEMV rows; copy skinny_dispatch_h200.json back from runs.tgz;
 #   gemma4-gates is the whole manifest under the async default, its five gates that need the H200's
@@ -66,8 +67,8 @@
 #   The invariant GEMM has launched with PDL since 2e8adae, not yet timed: invariant-gpu-tests,
 #   invariance and numerics (its GPU tests, its cost against tuned, the invariance gate) say whether
 #   it stays.
-# On an H100: "invariant-gpu-tests invariance numerics prefill-host-ab qwen3-gates vllm-qwen3
-#   qwen35-gates" (as above; whether the 1k prefill's spread is torch's threads or Python's GC; the
+# On an H100: "invariant-gpu-tests invariance numerics invariant-tiles-probe prefill-host-ab
+#   qwen3-gates vllm-qwen3 qwen35-gates" (as above, and whether prefill may take larger tiles; whether the 1k prefill's spread is torch's threads or Python's GC; the
 #   manifests at the final commit; vLLM's figure beside the shipped step). On an H200,
 #   prefill-host-ab after numerics.
 # - attn-split-ab (~2 min): the async step with FlashInfer's KV split as shipped and switched off.
@@ -161,6 +162,10 @@ norms-check() {  # after a change to the norms: the GPU norm tests, transformers
 }
 invariant-gpu-tests() {  # the invariant GEMM's GPU tests: rows across the split-K's two summing modes
   python3 -m pytest -q --tb=short tests/kernels/test_invariant_gemm.py
+}
+invariant-tiles-probe() {  # whether larger output tiles (same K split, same K tiles) keep the invariant
+  # GEMM's bits, and what they would take off its 8k prefill (+90 % over tuned at 74bd4e8)
+  python3 docs/benchmarks/scripts/invariant_tiles_probe.py --save $work/invariant-tiles-probe.json
 }
 numerics() {  # issue 7's two gates on Qwen3 (Gemma 4's are in its manifest)
   synth_q3
@@ -816,7 +821,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | gemv-layout-ab | attn-split-ab | decode-kernel-ab | invariant-gpu-tests | prefill-host-ab | split-rule-check | gemv-rows-ab | prefill-spread | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | qwen35-prefill-graphs-latency)
+  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | gemv-layout-ab | attn-split-ab | decode-kernel-ab | invariant-gpu-tests | invariant-tiles-probe | prefill-host-ab | split-rule-check | gemv-rows-ab | prefill-spread | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | qwen35-prefill-graphs-latency)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac

@@ -1,0 +1,101 @@
+"""Do larger output tiles change the invariant GEMM's bits? (GPU; docs/benchmarks/invariance.md)
+
+`invariant`'s 8k prefill runs at ~44 % of the matmul floor with the 64 × 64 × 64 tiles its decode
+rows need. A prefill could take larger tiles and keep the promise only if an output element's bits
+do not depend on the tile's rows and columns: the same K chunks, the same 64-column K tiles in the
+same order, the same k16 tensor-core steps, only more of them side by side. Whether the hardware
+sums a k16 step alike in a 64-row and a 128-row wgmma is not documented, so this measures it: for
+each Qwen3-4B projection, rows of a prefill-sized batch through the shipped tiles and through
+larger ones with the same K split (each forced to the shipped tiles' `k_split`), compared bit for
+bit, and each timed at 8,192 rows.
+
+    python3 docs/benchmarks/scripts/invariant_tiles_probe.py --save FILE.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from infer_cli.bench.timing import device_ms
+from kernels.gemm.dispatch import INVARIANT_TILES
+from kernels.triton.invariant_gemm import GemmTiles, invariant_gemm
+
+SHAPES = {"qkv": (6144, 2560), "o": (2560, 4096), "gate_up": (19456, 2560), "down": (2560, 9728)}
+CANDIDATES = {
+    "shipped 64x64 w4": INVARIANT_TILES,
+    "128x64 w4": GemmTiles(block_m=128, block_n=64, block_k=64, num_warps=4, num_stages=3),
+    "128x128 w8": GemmTiles(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3),
+    "128x256 w8": GemmTiles(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3),
+}
+ROWS = 8192
+
+
+class _SameSplit(GemmTiles):
+    """``tiles`` with the shipped tiles' K split for one weight shape, whatever its own would be."""
+
+
+def with_split(tiles: GemmTiles, split: tuple[int, int]) -> GemmTiles:
+    forced = _SameSplit(
+        block_m=tiles.block_m,
+        block_n=tiles.block_n,
+        block_k=tiles.block_k,
+        num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
+    )
+    object.__setattr__(forced, "k_split", lambda n, k: split)
+    return forced
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--save", type=Path, required=True)
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    g = torch.Generator(device=device).manual_seed(0)
+    rows: list[dict[str, object]] = []
+    for name, (n, k) in SHAPES.items():
+        x = torch.randn(ROWS, k, device=device, generator=g, dtype=torch.bfloat16)
+        w = torch.randn(n, k, device=device, generator=g, dtype=torch.bfloat16) / k**0.5
+        split = INVARIANT_TILES.k_split(n, k)
+        shipped = invariant_gemm(x, w, INVARIANT_TILES)
+        for label, tiles in CANDIDATES.items():
+            forced = with_split(tiles, split)
+            y = invariant_gemm(x, w, forced)
+            differing = int((y.view(torch.int16) != shipped.view(torch.int16)).sum())
+            ms = device_ms(partial(invariant_gemm, x, w, forced))
+            tflops = 2 * ROWS * n * k / (ms * 1e-3) / 1e12
+            rows.append(
+                {
+                    "shape": name,
+                    "n": n,
+                    "k": k,
+                    "split": list(split),
+                    "tiles": label,
+                    "ms": ms,
+                    "tflops": tflops,
+                    "differing_elements": differing,
+                    "elements": ROWS * n,
+                }
+            )
+            print(
+                f"{name:8s} {label:18s} split {split}  {ms:7.3f} ms  {tflops:6.1f} TFLOP/s  "
+                f"differing {differing} of {ROWS * n}"
+            )
+    cublas = {}
+    for name, (n, k) in SHAPES.items():
+        x = torch.randn(ROWS, k, device=device, dtype=torch.bfloat16)
+        w = torch.randn(n, k, device=device, dtype=torch.bfloat16)
+        cublas[name] = device_ms(partial(torch.nn.functional.linear, x, w))
+        print(f"{name:8s} cuBLAS             {cublas[name]:7.3f} ms")
+    args.save.write_text(
+        json.dumps({"device": torch.cuda.get_device_name(), "rows": rows, "cublas_ms": cublas}, indent=1)
+    )
+
+
+if __name__ == "__main__":
+    main()
