@@ -58,19 +58,18 @@
 # STAGE=NAME copies every JSON of /tmp/runs into $OUT: past 8 files the rest (runs.tgz too) do not
 # come back, so fetch through a wait call's runs.tgz instead.
 # The pipeline, in priority order, with needs_h200 (an H100 cannot hold these):
-#   "qwen3-table vllm-qwen3 invariant-gpu-tests invariance numerics invariant-tiles-probe gemma4-gates
-#   qwen35-9b-parity"
-#   (qwen3-table first: the
-#   H200's dispatch table has no GEMV rows; copy skinny_dispatch_h200.json back from runs.tgz;
-#   gemma4-gates is the whole manifest under the async default, its five gates that need the H200's
-#   memory included; qwen35-9b-parity's full_forward_matches_hf has never run alone on an H200).
-#   The invariant GEMM has launched with PDL since 2e8adae, not yet timed: invariant-gpu-tests,
-#   invariance and numerics (its GPU tests, its cost against tuned, the invariance gate) say whether
-#   it stays.
+#   "qwen3-table vllm-qwen3 invariant-gpu-tests invariance numerics invariant-tiles-probe
+#   prefill-host-ab gemma4-gates qwen35-9b-parity". qwen3-table first: the H200's dispatch table has
+#   no GEMV rows (copy skinny_dispatch_h200.json back from runs.tgz). The invariant GEMM has launched
+#   with PDL since 2e8adae, not yet timed: invariant-gpu-tests, invariance and numerics (its GPU
+#   tests, its cost against tuned, the invariance gate) say whether it stays; invariant-tiles-probe
+#   whether its prefill may take larger tiles; prefill-host-ab whether the 1k prefill's spread is
+#   torch's threads or Python's GC. gemma4-gates is the whole manifest under the async default, its
+#   five gates that need the H200's memory included; qwen35-9b-parity's full_forward_matches_hf has
+#   never run alone on an H200.
 # On an H100: "invariant-gpu-tests invariance numerics invariant-tiles-probe prefill-host-ab
-#   qwen3-gates vllm-qwen3 qwen35-gates" (as above, and whether prefill may take larger tiles; whether the 1k prefill's spread is torch's threads or Python's GC; the
-#   manifests at the final commit; vLLM's figure beside the shipped step). On an H200,
-#   prefill-host-ab after numerics.
+#   qwen3-gates vllm-qwen3 qwen35-gates" (the same, then the manifests at the final commit and
+#   vLLM's figure beside the shipped step).
 # - attn-split-ab (~2 min): the async step with FlashInfer's KV split as shipped and switched off.
 # - gemv-sweep and gemv-layout-ab, as at 1c7ef32, where a card's GEMV rule is in question.
 # Later stretches: vLLM's
