@@ -166,7 +166,7 @@ def _invariant_gemm_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr,
-    CHUNKS: tl.constexpr,
+    CHUNKS_PER_PROGRAM: tl.constexpr,
     CHUNK: tl.constexpr,
     PARTIAL: tl.constexpr,
     STORAGE: tl.constexpr,
@@ -186,11 +186,14 @@ def _invariant_gemm_kernel(
     row_ok = rows < M
     col_ok = cols < N
     out_ok = row_ok[:, None] & col_ok[None, :]
-    if PARTIAL:
-        # This program's chunk; its fp32 partial goes to the scratch for the fixed-order reduce.
-        chunk = tl.program_id(2)
+    # Chunks first, first + 1, …: one (grid axis 2) when the chunks meet in the reduce kernel, all
+    # of them otherwise. Summed from zero in that order, as the reduce kernel sums the partials
+    # (0 + -0.0 is +0.0 in both).
+    first = tl.program_id(2) * CHUNKS_PER_PROGRAM
+    total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for chunk in range(first, first + CHUNKS_PER_PROGRAM):
         k_start = chunk * CHUNK
-        part = _chunk_sum(
+        total += _chunk_sum(
             x_ptr,
             w_ptr,
             rows,
@@ -210,55 +213,10 @@ def _invariant_gemm_kernel(
             DOT_FP32,
             IEEE,
         )
-        y_at = y_ptr + rows[:, None] * stride_ym + chunk * stride_ys + cols[None, :] * stride_yn
-        tl.store(y_at, part, mask=out_ok)
+    if PARTIAL:  # this chunk's fp32 partial, for the fixed-order reduce
+        y_at = y_ptr + rows[:, None] * stride_ym + tl.program_id(2) * stride_ys + cols[None, :] * stride_yn
+        tl.store(y_at, total, mask=out_ok)
     else:
-        if CHUNKS == 1:
-            total = _chunk_sum(
-                x_ptr,
-                w_ptr,
-                rows,
-                cols,
-                row_ok,
-                col_ok,
-                0,
-                K,
-                stride_xm,
-                stride_xk,
-                stride_wn,
-                stride_wk,
-                BLOCK_M,
-                BLOCK_N,
-                BLOCK_K,
-                EVEN_K,
-                DOT_FP32,
-                IEEE,
-            )
-        else:
-            # The reduce kernel's sum: from zero, chunk 0 first (0 + -0.0 is +0.0 there too).
-            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for chunk in range(CHUNKS):
-                k_start = chunk * CHUNK
-                total += _chunk_sum(
-                    x_ptr,
-                    w_ptr,
-                    rows,
-                    cols,
-                    row_ok,
-                    col_ok,
-                    k_start,
-                    tl.minimum(k_start + CHUNK, K),
-                    stride_xm,
-                    stride_xk,
-                    stride_wn,
-                    stride_wk,
-                    BLOCK_M,
-                    BLOCK_N,
-                    BLOCK_K,
-                    EVEN_K,
-                    DOT_FP32,
-                    IEEE,
-                )
         y = _round_to_storage(total, STORAGE).to(y_ptr.dtype.element_ty)
         tl.store(y_ptr + rows[:, None] * stride_ym + cols[None, :] * stride_yn, y, mask=out_ok)
 
@@ -319,7 +277,7 @@ def invariant_gemm(x: torch.Tensor, weight: torch.Tensor, tiles: GemmTiles) -> t
         BLOCK_N=tiles.block_n,
         BLOCK_K=tiles.block_k,
         EVEN_K=tiles.even_k,
-        CHUNKS=chunks,
+        CHUNKS_PER_PROGRAM=1 if partial else chunks,
         CHUNK=width,
         PARTIAL=partial,
         STORAGE=STORAGE_TYPES[x.dtype],
@@ -354,7 +312,7 @@ def compile_variant(form: str, dtype: torch.dtype, tiles: GemmTiles = GemmTiles(
         "BLOCK_N": tiles.block_n,
         "BLOCK_K": tiles.block_k,
         "EVEN_K": even_k,
-        "CHUNKS": chunks,
+        "CHUNKS_PER_PROGRAM": 1 if partial else chunks,
         "CHUNK": 10 * tiles.block_k,
         "PARTIAL": partial,
         "STORAGE": STORAGE_TYPES[dtype],
