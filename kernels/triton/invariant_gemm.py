@@ -228,7 +228,8 @@ _invariant_gemm_launch = FastLaunch(_invariant_gemm_kernel)
 
 
 def invariant_gemm(x: torch.Tensor, weight: torch.Tensor, tiles: GemmTiles) -> torch.Tensor:
-    """``x @ weight.T`` for x [..., K] and weight [N, K], in x's dtype; one kernel launch."""
+    """``x @ weight.T`` for x [..., K] and weight [N, K], in x's dtype: one kernel launch, and the
+    reduce after it when the chunks of a split K meet across programs."""
     if weight.dim() != 2:
         raise GemmShapeError(f"weight shape {tuple(weight.shape)}: must be 2-D [N, K]")
     n, k = weight.shape
