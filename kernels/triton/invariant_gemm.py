@@ -99,53 +99,6 @@ class GemmTiles:
         return None
 
 
-@triton.jit
-def _chunk_sum(
-    x_ptr,
-    w_ptr,
-    rows,
-    cols,
-    row_ok,
-    col_ok,
-    k_start,
-    k_end,
-    stride_xm,
-    stride_xk,
-    stride_wn,
-    stride_wk,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    EVEN_K: tl.constexpr,
-    DOT_FP32: tl.constexpr,
-    IEEE: tl.constexpr,
-):
-    """The fp32 sum over K columns [k_start, k_end) of one output tile, from zero, ``BLOCK_K``
-    columns at a time in increasing order (masked past ``k_end`` unless ``EVEN_K``)."""
-    ks = k_start + tl.arange(0, BLOCK_K)
-    x_tile = x_ptr + rows[:, None] * stride_xm + ks[None, :] * stride_xk
-    w_tile = w_ptr + ks[:, None] * stride_wk + cols[None, :] * stride_wn
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(k_start, k_end, BLOCK_K):
-        if EVEN_K:
-            a = tl.load(x_tile, mask=row_ok[:, None], other=0.0)
-            b = tl.load(w_tile, mask=col_ok[None, :], other=0.0)
-        else:
-            k_ok = (k0 - k_start + ks) < k_end
-            a = tl.load(x_tile, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            b = tl.load(w_tile, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-        if DOT_FP32:
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
-        if IEEE:  # noqa: SIM108 (constexpr branch; each arm is its own tl.dot form)
-            acc = tl.dot(a, b, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a, b, acc)
-        x_tile += BLOCK_K * stride_xk
-        w_tile += BLOCK_K * stride_wk
-    return acc
-
-
 # M is never specialised: one compiled kernel serves every row count (and no capture compiles).
 @triton.jit(do_not_specialize=["M"])
 def _invariant_gemm_kernel(
@@ -192,27 +145,32 @@ def _invariant_gemm_kernel(
     first = tl.program_id(2) * CHUNKS_PER_PROGRAM
     total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for chunk in range(first, first + CHUNKS_PER_PROGRAM):
+        # One chunk: its K columns [k_start, k_end), BLOCK_K at a time in increasing order, into an
+        # accumulator of its own from zero (masked past k_end unless EVEN_K).
         k_start = chunk * CHUNK
-        total += _chunk_sum(
-            x_ptr,
-            w_ptr,
-            rows,
-            cols,
-            row_ok,
-            col_ok,
-            k_start,
-            tl.minimum(k_start + CHUNK, K),
-            stride_xm,
-            stride_xk,
-            stride_wn,
-            stride_wk,
-            BLOCK_M,
-            BLOCK_N,
-            BLOCK_K,
-            EVEN_K,
-            DOT_FP32,
-            IEEE,
-        )
+        k_end = tl.minimum(k_start + CHUNK, K)
+        ks = k_start + tl.arange(0, BLOCK_K)
+        x_tile = x_ptr + rows[:, None] * stride_xm + ks[None, :] * stride_xk
+        w_tile = w_ptr + ks[:, None] * stride_wk + cols[None, :] * stride_wn
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(k_start, k_end, BLOCK_K):
+            if EVEN_K:
+                a = tl.load(x_tile, mask=row_ok[:, None], other=0.0)
+                b = tl.load(w_tile, mask=col_ok[None, :], other=0.0)
+            else:
+                k_ok = (k0 - k_start + ks) < k_end
+                a = tl.load(x_tile, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+                b = tl.load(w_tile, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+            if DOT_FP32:
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            if IEEE:  # noqa: SIM108 (constexpr branch; each arm is its own tl.dot form)
+                acc = tl.dot(a, b, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(a, b, acc)
+            x_tile += BLOCK_K * stride_xk
+            w_tile += BLOCK_K * stride_wk
+        total += acc
     if PARTIAL:  # this chunk's fp32 partial, for the fixed-order reduce
         y_at = y_ptr + rows[:, None] * stride_ym + tl.program_id(2) * stride_ys + cols[None, :] * stride_yn
         tl.store(y_at, total, mask=out_ok)
