@@ -21,18 +21,11 @@ log = logging.getLogger("infer.gemm")
 
 # The one configuration `invariant` runs for every shape and every row count. K is cut per weight
 # shape so that one row block spreads over at least 264 programs (two per SM of a 132-SM H100 or
-# H200): at one row Qwen3-4B's O and down projections have 40 column tiles, so 7 chunks each. The
-# tile's last program adds the chunks; a decode launch asks L2 for its first 8 K tiles before it
-# waits; prefill-sized launches take 128 × 256 tiles (the same bits: docs/numerics.md).
+# H200): at one row Qwen3-4B's O and down projections have 40 column tiles, so 7 chunks each.
+# Launches with rows enough to fill those programs in 128 × 256 tiles take them (prefill; the same
+# bits: docs/numerics.md).
 INVARIANT_TILES = GemmTiles(
-    block_m=64,
-    block_n=64,
-    block_k=64,
-    num_warps=4,
-    num_stages=3,
-    split_programs=264,
-    prefetch_k_tiles=8,
-    many_rows=PREFILL_TILES,
+    block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=3, split_programs=264, many_rows=PREFILL_TILES
 )
 
 

@@ -76,27 +76,22 @@ def test_many_rows_tiles_take_over_once_their_rows_fill_the_programs() -> None:
     assert INVARIANT_TILES.launch_tiles(3329, 2560) is INVARIANT_TILES.many_rows
     for wrong in (
         dataclasses.replace(MANY_ROWS, block_k=32),
-        dataclasses.replace(MANY_ROWS, block_m=8 * 2),
+        dataclasses.replace(MANY_ROWS, block_m=16),
         dataclasses.replace(MANY_ROWS, split_programs=4),
     ):
         with pytest.raises(GemmShapeError, match="many_rows="):
             dataclasses.replace(SPLIT, block_m=32, many_rows=wrong)
     with pytest.raises(GemmShapeError, match="needs split_programs > 0"):
         GemmTiles(many_rows=MANY_ROWS)
-    with pytest.raises(GemmShapeError, match="prefetch_k_tiles=3"):
-        GemmTiles(prefetch_k_tiles=3)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("reduce_in_gemm", [True, False], ids=["in-gemm", "reduce-kernel"])
 def test_a_split_k_sums_the_same_bits_across_programs_and_within_one(
-    dtype: torch.dtype, reduce_in_gemm: bool, monkeypatch: pytest.MonkeyPatch
+    dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Up to 48 rows each chunk's partial meets the others across programs (in the tile's last
-    program, or the reduce kernel), above that one program adds them, from 161 rows in the
-    many-rows tiles: every row is the same bits each way, alone or in any batch; the reduce kernel
-    ran exactly for the small steps without ``reduce_in_gemm``, and the arrival counts are back at
-    zero after every launch."""
+    """Up to 48 rows each chunk's partial goes through the reduce kernel, above that one program adds
+    them, from 161 rows in the many-rows tiles: every row is the same bits each way, alone or in any
+    batch, and the reduce ran exactly for the small steps."""
     import kernels.triton.invariant_gemm as gemm_module
 
     reduced: list[int] = []
@@ -107,7 +102,7 @@ def test_a_split_k_sums_the_same_bits_across_programs_and_within_one(
         real(partials, y)
 
     monkeypatch.setattr(gemm_module, "reduce_partials", spied)
-    tiles = dataclasses.replace(SPLIT, reduce_in_gemm=reduce_in_gemm, many_rows=MANY_ROWS)
+    tiles = dataclasses.replace(SPLIT, many_rows=MANY_ROWS)
     rows = (*SPLIT_ROWS, 160, 161, 200)
     g = torch.Generator().manual_seed(3)
     x = torch.randn(max(rows), 40, generator=g).to(dtype).to(DEVICE)
@@ -116,8 +111,7 @@ def test_a_split_k_sums_the_same_bits_across_programs_and_within_one(
     assert reduced == []  # 200 rows: the many-rows tiles, one program per tile
     for m in rows:
         assert torch.equal(invariant_gemm(x[:m], w, tiles), full[:m]), f"first {m} rows"
-        assert all(not counts.any() for counts in gemm_module._COUNTS.values()), f"counts left at {m} rows"
-    assert reduced == ([] if reduce_in_gemm else [m for m in rows if m <= 48])
+    assert reduced == [m for m in rows if m <= 48]
     for i in _rows_checked_alone(dtype, len(x)):
         assert torch.equal(invariant_gemm(x[i : i + 1], w, tiles)[0], full[i]), f"row {i} alone"
     torch.testing.assert_close(full.float(), F.linear(x.float(), w.float()), rtol=2e-2, atol=2e-2)
@@ -160,7 +154,7 @@ def test_refusals_name_the_shape() -> None:
 
 
 def test_every_form_compiles_for_sm90_with_pdl() -> None:
-    forms = ("across", "across-reduce-kernel", "within", "whole", "many-rows", "even")
+    forms = ("across", "within", "whole", "many-rows", "even")
     assert compiled_variants("kernels.triton.invariant_gemm") == [
         f"compiled invariant GEMM {f}" for f in forms
     ]
@@ -225,44 +219,17 @@ def test_gpu_serving_shapes_are_row_count_invariant() -> None:
 
 
 @needs_cuda
-def test_gpu_the_sum_in_the_gemm_is_the_reduce_kernels_launch_after_launch() -> None:
-    """The tile's last program adds the chunks as the reduce kernel does, bit for bit, and its
-    arrival counts hold up over many launches back to back (a lost or stale count would leave a
-    tile unwritten or summed early)."""
-    import kernels.triton.invariant_gemm as gemm_module
-
-    g = torch.Generator(device="cuda").manual_seed(6)
-    w = torch.randn(2560, 9728, device="cuda", generator=g, dtype=torch.bfloat16) / 100
-    by_kernel = dataclasses.replace(INVARIANT_TILES, reduce_in_gemm=False, prefetch_k_tiles=0)
-    for m in (1, 8, 64):
-        x = torch.randn(m, 9728, device="cuda", generator=g, dtype=torch.bfloat16)
-        expected = invariant_gemm(x, w, by_kernel)
-        outs = [invariant_gemm(x, w, INVARIANT_TILES) for _ in range(50)]
-        for run, out in enumerate(outs):
-            assert torch.equal(out, expected), f"{m} rows, launch {run}"
-    torch.cuda.synchronize()
-    assert all(not counts.any() for counts in gemm_module._COUNTS.values())
-
-
-@needs_cuda
-@pytest.mark.parametrize(
-    ("n", "reduce_in_gemm", "nodes"),
-    [(512, True, 1), (512, False, 2), (32768, True, 1)],
-    ids=["split", "split-reduce-kernel", "whole-k"],
-)
-def test_gpu_graph_holds_one_gemm_node_per_call_and_a_reduce_only_by_kernel(
-    n: int, reduce_in_gemm: bool, nodes: int
-) -> None:
+@pytest.mark.parametrize(("n", "nodes"), [(512, 2), (32768, 1)], ids=["split", "whole-k"])
+def test_gpu_graph_holds_one_gemm_node_per_call_and_a_reduce_where_k_splits(n: int, nodes: int) -> None:
     from torch.profiler import ProfilerActivity, profile
 
-    tiles = dataclasses.replace(INVARIANT_TILES, reduce_in_gemm=reduce_in_gemm)
-    assert (tiles.k_split(n, 256)[0] > 1) == (n == 512)
+    assert (INVARIANT_TILES.k_split(n, 256)[0] > 1) == (nodes == 2)
     x = torch.randn(32, 256, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(n, 256, device="cuda", dtype=torch.bfloat16)
-    eager = invariant_gemm(x, w, tiles)
+    eager = invariant_linear(x, w)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = invariant_gemm(x, w, tiles)
+        out = invariant_linear(x, w)
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, eager)

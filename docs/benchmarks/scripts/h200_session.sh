@@ -166,26 +166,6 @@ invariant-tiles-probe() {  # whether larger output tiles (same K split, same K t
   # GEMM's bits, and what they would take off its 8k prefill (+90 % over tuned at 74bd4e8)
   python3 docs/benchmarks/scripts/invariant_tiles_probe.py --save $work/invariant-tiles-probe.json
 }
-# NAME|KWARGS words: the invariant GEMM configurations invariant-ab times (KWARGS replace fields of
-# kernels.gemm.dispatch.INVARIANT_TILES; empty: as shipped).
-INVARIANT_VARIANTS=${INVARIANT_VARIANTS:-"kernelreduce|reduce_in_gemm=False,prefetch_k_tiles=0 noprefetch|prefetch_k_tiles=0 shipped|"}
-invariant-ab() {  # invariant's decode step in each of INVARIANT_VARIANTS, twice each, interleaved:
-  # what the sum in the GEMM (no reduce launch) and the L2 prefetch before the PDL wait each take off
-  synth_q3
-  local round word name kwargs patch
-  for round in 1 2; do
-    for word in $INVARIANT_VARIANTS; do
-      name=${word%%|*} kwargs=${word#*|}
-      echo "== invariant GEMM: $name ($round)"
-      patch="import dataclasses
-import kernels.gemm.dispatch as dispatch
-dispatch.INVARIANT_TILES = dataclasses.replace(dispatch.INVARIANT_TILES, $kwargs)
-print('invariant tiles:', dispatch.INVARIANT_TILES)"
-      infer_patched "$patch" bench latency --model $q3 --numeric-policy invariant --batch-sizes 1,8,64 \
-        --prefill-lens 128 --save-result $work/qwen3-4b-invariant-$name-$round.json | grep -E "invariant tiles|│"
-    done
-  done
-}
 numerics() {  # issue 7's two gates on Qwen3 (Gemma 4's are in its manifest)
   synth_q3
   infer gates --manifest qwen3 --checkpoint $q3 --gate qwen3.batch_invariance_is_bitwise \
@@ -840,7 +820,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | gemv-layout-ab | attn-split-ab | decode-kernel-ab | invariant-gpu-tests | invariant-ab | invariant-tiles-probe | prefill-host-ab | split-rule-check | gemv-rows-ab | prefill-spread | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | qwen35-prefill-graphs-latency)
+  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | gemv-layout-ab | attn-split-ab | decode-kernel-ab | invariant-gpu-tests | invariant-tiles-probe | prefill-host-ab | split-rule-check | gemv-rows-ab | prefill-spread | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | qwen35-prefill-graphs-latency)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
