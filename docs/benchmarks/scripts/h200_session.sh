@@ -33,9 +33,9 @@
 #   PIPELINE="decode-tests sampler-timing gemm-qwen3 qwen3-decode-variants host-profile-async gemma4-decode-variants
 #             qwen3-gates vllm-qwen3" STAGE=all ...
 # then the qwen3 and gemma4 manifests with the flags the variants showed best, before flipping a default.
-# The next stretch (prepared 2026-12-06 after three H100 stretches at 3aca86e, f917641 and 74bd4e8:
-# the L2 prefetch, the GEMV at 4-8 rows and FlashInfer's CUDA-core and fa3 decode all lost; the
-# invariant GEMM's fixed K split passed the invariance gate and took invariant's decode to +5 %).
+# The next stretch (prepared 2026-12-06 after the second session's three H100 stretches at 7f84417,
+# b6c11da and e29b2e4: PDL on the invariant GEMM took its decode to +12.7 / +2.3 / +2.3 %, the
+# 128 x 256 prefill tiles its 8k prefill to +37 %; the in-GEMM split-K sum and the L2 prefetch lost).
 # Carrying: the tree and the 62 MB flashinfer wheel pass 64 MiB together, so the wheel travels split
 # (scripts/split_flashinfer_wheel.sh after stage-wheels.sh): chunk aa in .whl-fi, chunk ab and the
 # wheel's sha256 in .whl-deps/fi-tail. FlashInfer's attention modules, built on the CPU machine
@@ -58,18 +58,14 @@
 # STAGE=NAME copies every JSON of /tmp/runs into $OUT: past 8 files the rest (runs.tgz too) do not
 # come back, so fetch through a wait call's runs.tgz instead.
 # The pipeline, in priority order, with needs_h200 (an H100 cannot hold these):
-#   "qwen3-table vllm-qwen3 invariant-gpu-tests invariance numerics invariant-tiles-probe
-#   prefill-host-ab gemma4-gates qwen35-9b-parity". qwen3-table first: the H200's dispatch table has
-#   no GEMV rows (copy skinny_dispatch_h200.json back from runs.tgz). The invariant GEMM has launched
-#   with PDL since 2e8adae, not yet timed: invariant-gpu-tests, invariance and numerics (its GPU
-#   tests, its cost against tuned, the invariance gate) say whether it stays; invariant-tiles-probe
-#   whether its prefill may take larger tiles; prefill-host-ab whether the 1k prefill's spread is
-#   torch's threads or Python's GC. gemma4-gates is the whole manifest under the async default, its
-#   five gates that need the H200's memory included; qwen35-9b-parity's full_forward_matches_hf has
-#   never run alone on an H200.
-# On an H100: "invariant-gpu-tests invariance numerics invariant-tiles-probe prefill-host-ab
-#   qwen3-gates vllm-qwen3 qwen35-gates" (the same, then the manifests at the final commit and
-#   vLLM's figure beside the shipped step).
+#   "qwen3-table vllm-qwen3 invariance numerics gemma4-gates qwen35-9b-parity qwen35-gates
+#   prefill-graphs-gates-gemma4". qwen3-table first: the H200's dispatch table has no GEMV rows (copy
+#   skinny_dispatch_h200.json back from runs.tgz); vllm-qwen3 beside it for the same-session ratio;
+#   gemma4-gates is the whole manifest under the async default, its five gates that need the H200's
+#   memory included; qwen35-9b-parity's full_forward_matches_hf has never run alone on an H200.
+# On an H100: "prefill-graphs-gates-qwen35 prefill-graphs-latency qwen35-prefill-graphs-latency
+#   vllm-qwen3" (whether --prefill-graphs, which takes the host out of the 1k prefill, may become the
+#   default: the qwen3 manifest passed with it at 957843a; gemma4's needs the H200).
 # - attn-split-ab (~2 min): the async step with FlashInfer's KV split as shipped and switched off.
 # - gemv-sweep and gemv-layout-ab, as at 1c7ef32, where a card's GEMV rule is in question.
 # Later stretches: vLLM's
@@ -481,6 +477,16 @@ prefill-graphs-gates-qwen3() {  # the qwen3 manifest with --prefill-graphs (and 
   infer gates --manifest qwen3 --shared-process --checkpoint $q3 $(gate_args qwen3) --prefill-graphs \
     --json $work/qwen3-gates-prefill-graphs.json --junit $work/qwen3-gates-prefill-graphs.xml
 }
+prefill-graphs-gates-qwen35() {  # the qwen35 manifest with --prefill-graphs (before it may be the default)
+  synth_q35
+  infer gates --manifest qwen35 --shared-process --checkpoint $q35 $(gate_args qwen35) --prefill-graphs \
+    --json $work/qwen35-gates-prefill-graphs.json --junit $work/qwen35-gates-prefill-graphs.xml
+}
+prefill-graphs-gates-gemma4() {  # the gemma4 manifest with --prefill-graphs (five gates need the H200's memory)
+  synth_g4
+  infer gates --manifest gemma4 --shared-process --checkpoint $g4 $(gate_args gemma4) --prefill-graphs \
+    --json $work/gemma4-gates-prefill-graphs.json --junit $work/gemma4-gates-prefill-graphs.xml
+}
 sync-probe() {  # gemma4.chunked_prefill_leaves_headroom did not finish in 150-200 s synchronously on
   # an H100 at da31a49 (twice; 8 s under async scheduling between them), with nothing logged past
   # preflight: run it with faulthandler dumping every thread's stack when the timeout sends SIGABRT,
@@ -820,7 +826,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | gemv-layout-ab | attn-split-ab | decode-kernel-ab | invariant-gpu-tests | invariant-tiles-probe | prefill-host-ab | split-rule-check | gemv-rows-ab | prefill-spread | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | qwen35-prefill-graphs-latency)
+  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | gemv-layout-ab | attn-split-ab | decode-kernel-ab | invariant-gpu-tests | invariant-tiles-probe | prefill-host-ab | split-rule-check | gemv-rows-ab | prefill-spread | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | prefill-graphs-gates-qwen35 | prefill-graphs-gates-gemma4 | qwen35-prefill-graphs-latency)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
