@@ -63,8 +63,9 @@
 #   skinny_dispatch_h200.json back from runs.tgz); vllm-qwen3 beside it for the same-session ratio;
 #   gemma4-gates is the whole manifest under the async default, its five gates that need the H200's
 #   memory included; qwen35-9b-parity's full_forward_matches_hf has never run alone on an H200.
-# On an H100: "prefill-graphs-gates-qwen35 prefill-graphs-latency qwen35-prefill-graphs-latency
-#   vllm-qwen3" (whether --prefill-graphs, which takes the host out of the 1k prefill, may become the
+# On an H100: "invariant-tiles-probe prefill-graphs-gates-qwen35 prefill-graphs-latency
+#   qwen35-prefill-graphs-latency vllm-qwen3" (the probe: whether 16- and 32-row tiles sum as the
+#   64-row ones, which a faster invariant decode needs; then whether --prefill-graphs, which takes the host out of the 1k prefill, may become the
 #   default: the qwen3 manifest passed with it at 957843a; gemma4's needs the H200).
 # - attn-split-ab (~2 min): the async step with FlashInfer's KV split as shipped and switched off.
 # - gemv-sweep and gemv-layout-ab, as at 1c7ef32, where a card's GEMV rule is in question.
@@ -158,8 +159,8 @@ norms-check() {  # after a change to the norms: the GPU norm tests, transformers
 invariant-gpu-tests() {  # the invariant GEMM's GPU tests: rows across the split-K's two summing modes
   python3 -m pytest -q --tb=short tests/kernels/test_invariant_gemm.py
 }
-invariant-tiles-probe() {  # whether larger output tiles (same K split, same K tiles) keep the invariant
-  # GEMM's bits, and what they would take off its 8k prefill (+90 % over tuned at 74bd4e8)
+invariant-tiles-probe() {  # whether other output tiles keep the invariant GEMM's bits: larger ones
+  # (prefill; 128 x 256 shipped since e29b2e4) and 16 / 32 rows (mma.sync: decode rows could take them)
   python3 docs/benchmarks/scripts/invariant_tiles_probe.py --save $work/invariant-tiles-probe.json
 }
 numerics() {  # issue 7's two gates on Qwen3 (Gemma 4's are in its manifest)

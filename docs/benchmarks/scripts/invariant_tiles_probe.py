@@ -1,13 +1,14 @@
-"""Do larger output tiles change the invariant GEMM's bits? (GPU; docs/benchmarks/invariance.md)
+"""Do other output tiles change the invariant GEMM's bits? (GPU; docs/benchmarks/invariance.md)
 
-`invariant`'s 8k prefill runs at ~44 % of the matmul floor with the 64 × 64 × 64 tiles its decode
-rows need. A prefill could take larger tiles and keep the promise only if an output element's bits
-do not depend on the tile's rows and columns: the same K chunks, the same 64-column K tiles in the
-same order, the same k16 tensor-core steps, only more of them side by side. Whether the hardware
-sums a k16 step alike in a 64-row and a 128-row wgmma is not documented, so this measures it: for
-each Qwen3-4B projection, rows of a prefill-sized batch through the shipped tiles and through
-larger ones with the same K split (each forced to the shipped tiles' `k_split`), compared bit for
-bit, and each timed at 8,192 rows.
+A launch may take other tiles and keep the promise only if an output element's bits do not depend
+on the tile's rows and columns: the same K chunks, the same 64-column K tiles in the same order, the
+same k16 tensor-core steps, only more or fewer of them side by side. Whether the hardware sums a
+k16 step alike in a 64-row and a 128-row wgmma is not documented; on an H100 (7f84417) it did, and
+`invariant` runs its prefill in 128 × 256 tiles since. Tiles of 16 and 32 rows are below a wgmma's
+64, so Triton issues mma.sync for them: whether those sum alike too decides whether decode rows may
+run in them (with the skinny GEMM's weight loads before the PDL wait). For each Qwen3-4B
+projection, rows through the 64 × 64 tiles and through each candidate with the same K split (each
+forced to the shipped tiles' `k_split`), compared bit for bit, and each timed at 8,192 rows.
 
     python3 docs/benchmarks/scripts/invariant_tiles_probe.py --save FILE.json
 """
@@ -26,8 +27,11 @@ from kernels.gemm.dispatch import INVARIANT_TILES
 from kernels.triton.invariant_gemm import GemmTiles, invariant_gemm
 
 SHAPES = {"qkv": (6144, 2560), "o": (2560, 4096), "gate_up": (19456, 2560), "down": (2560, 9728)}
+BASE = "64x64 w4"
 CANDIDATES = {
-    "shipped 64x64 w4": INVARIANT_TILES,
+    BASE: GemmTiles(block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=3),
+    "16x64 w4": GemmTiles(block_m=16, block_n=64, block_k=64, num_warps=4, num_stages=3),
+    "32x64 w4": GemmTiles(block_m=32, block_n=64, block_k=64, num_warps=4, num_stages=3),
     "128x64 w4": GemmTiles(block_m=128, block_n=64, block_k=64, num_warps=4, num_stages=3),
     "128x128 w8": GemmTiles(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3),
     "128x256 w8": GemmTiles(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3),
@@ -62,7 +66,7 @@ def main() -> None:
         x = torch.randn(ROWS, k, device=device, generator=g, dtype=torch.bfloat16)
         w = torch.randn(n, k, device=device, generator=g, dtype=torch.bfloat16) / k**0.5
         split = INVARIANT_TILES.k_split(n, k)
-        shipped = invariant_gemm(x, w, INVARIANT_TILES)
+        shipped = invariant_gemm(x, w, with_split(CANDIDATES[BASE], split))
         for label, tiles in CANDIDATES.items():
             forced = with_split(tiles, split)
             y = invariant_gemm(x, w, forced)
