@@ -71,7 +71,7 @@ class GemmTiles:
     # block's (tile, chunk) programs to n (``k_split``); never with even_k.
     split_programs: int = 0
     # Larger output tiles with the same block_k, run where their row blocks alone give them
-    # ``split_programs`` programs (prefill); K is still cut by these tiles' ``k_split``.
+    # ``split_programs`` programs (prefill); K keeps the cut ``k_split`` gives here.
     many_rows: GemmTiles | None = None
 
     def __post_init__(self) -> None:
