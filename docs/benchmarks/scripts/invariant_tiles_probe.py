@@ -8,7 +8,9 @@ k16 step alike in a 64-row and a 128-row wgmma is not documented; on an H100 (7f
 64, so Triton issues mma.sync for them: whether those sum alike too decides whether decode rows may
 run in them (with the skinny GEMM's weight loads before the PDL wait). For each Qwen3-4B
 projection, rows through the 64 × 64 tiles and through each candidate with the same K split (each
-forced to the shipped tiles' `k_split`), compared bit for bit, and each timed at 8,192 rows.
+forced to the shipped tiles' `k_split`), compared bit for bit, and each timed at 8,192 rows and at
+decode's 1, 8 and 64 rows (where the chunks meet across programs, the reduce launch included),
+beside cuBLAS at each.
 
     python3 docs/benchmarks/scripts/invariant_tiles_probe.py --save FILE.json
 """
@@ -37,6 +39,7 @@ CANDIDATES = {
     "128x256 w8": GemmTiles(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3),
 }
 ROWS = 8192
+DECODE_ROWS = (1, 8, 64)
 
 
 class _SameSplit(GemmTiles):
@@ -50,6 +53,7 @@ def with_split(tiles: GemmTiles, split: tuple[int, int]) -> GemmTiles:
         block_k=tiles.block_k,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
+        split_programs=INVARIANT_TILES.split_programs,
     )
     object.__setattr__(forced, "k_split", lambda n, k: split)
     return forced
@@ -73,6 +77,7 @@ def main() -> None:
             differing = int((y.view(torch.int16) != shipped.view(torch.int16)).sum())
             ms = device_ms(partial(invariant_gemm, x, w, forced))
             tflops = 2 * ROWS * n * k / (ms * 1e-3) / 1e12
+            decode_ms = {m: device_ms(partial(invariant_gemm, x[:m], w, forced)) for m in DECODE_ROWS}
             rows.append(
                 {
                     "shape": name,
@@ -82,20 +87,27 @@ def main() -> None:
                     "tiles": label,
                     "ms": ms,
                     "tflops": tflops,
+                    "decode_ms": decode_ms,
                     "differing_elements": differing,
                     "elements": ROWS * n,
                 }
             )
             print(
                 f"{name:8s} {label:18s} split {split}  {ms:7.3f} ms  {tflops:6.1f} TFLOP/s  "
-                f"differing {differing} of {ROWS * n}"
+                f"differing {differing} of {ROWS * n}  "
+                + "  ".join(f"{m} rows {decode_ms[m] * 1e3:5.1f} µs" for m in DECODE_ROWS)
             )
-    cublas = {}
+    cublas: dict[str, dict[int, float]] = {}
     for name, (n, k) in SHAPES.items():
         x = torch.randn(ROWS, k, device=device, dtype=torch.bfloat16)
         w = torch.randn(n, k, device=device, dtype=torch.bfloat16)
-        cublas[name] = device_ms(partial(torch.nn.functional.linear, x, w))
-        print(f"{name:8s} cuBLAS             {cublas[name]:7.3f} ms")
+        cublas[name] = {
+            m: device_ms(partial(torch.nn.functional.linear, x[:m], w)) for m in (ROWS, *DECODE_ROWS)
+        }
+        print(
+            f"{name:8s} cuBLAS             {cublas[name][ROWS]:7.3f} ms  "
+            + "  ".join(f"{m} rows {cublas[name][m] * 1e3:5.1f} µs" for m in DECODE_ROWS)
+        )
     args.save.write_text(
         json.dumps({"device": torch.cuda.get_device_name(), "rows": rows, "cublas_ms": cublas}, indent=1)
     )
