@@ -22,8 +22,7 @@ from kernels.reference import GatedActivation
 from kernels.triton.launch import FastLaunch
 from kernels.triton.offline import (
     compile_offline,
-    has_cubin,
-    has_pdl_instructions,
+    require_pdl_build,
     run_compile_check,
     storage_arg_type,
 )
@@ -173,11 +172,7 @@ def compile_variant(kind: GatedActivation, dtype: torch.dtype, arch: int = 90) -
 def main() -> int:
     for kind in GatedActivation:
         for dtype in POINTER_TYPES:
-            kernel = compile_variant(kind, dtype)
-            if not has_cubin(kernel):
-                raise RuntimeError(f"no cubin for {kind.value} {dtype}")
-            if not has_pdl_instructions(str(kernel.asm.get("ptx", ""))):  # type: ignore[attr-defined]
-                raise RuntimeError(f"no PDL instructions for {kind.value} {dtype}")
+            require_pdl_build(compile_variant(kind, dtype), f"{kind.value} {dtype}")
         print(f"compiled gated activation {kind.value}")
     return 0
 

@@ -46,9 +46,9 @@ import triton.language as tl
 
 from kernels.kv_layout import ceil_div
 from kernels.triton.launch import FastLaunch
-from kernels.triton.offline import compile_offline, has_cubin, has_pdl_instructions, run_compile_check
+from kernels.triton.offline import compile_offline, require_pdl_build, run_compile_check
 from kernels.triton.prep_kernel import _round_to_storage
-from kernels.triton.skinny_gemm import reduce_partials
+from kernels.triton.skinny_gemm import dot_into, reduce_partials
 from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted, pdl_supported
 
 
@@ -190,13 +190,7 @@ def _invariant_gemm_kernel(
                 k_ok = (k0 - k_start + ks) < k_end
                 a = tl.load(x_tile, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
                 b = tl.load(w_tile, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-            if DOT_FP32:
-                a = a.to(tl.float32)
-                b = b.to(tl.float32)
-            if IEEE:  # noqa: SIM108 (constexpr branch; each arm is its own tl.dot form)
-                acc = tl.dot(a, b, acc, input_precision="ieee")
-            else:
-                acc = tl.dot(a, b, acc)
+            acc = dot_into(acc, a, b, DOT_FP32, IEEE)
             x_tile += BLOCK_K * stride_xk
             w_tile += BLOCK_K * stride_wk
         total += acc
@@ -338,11 +332,7 @@ def compile_variant(form: str, dtype: torch.dtype, arch: int = 90) -> object:
 def main() -> int:
     for form in COMPILE_FORMS:
         for dtype in POINTER_TYPES:
-            kernel = compile_variant(form, dtype)
-            if not has_cubin(kernel):
-                raise RuntimeError(f"no cubin for {form} {dtype}")
-            if not has_pdl_instructions(str(kernel.asm.get("ptx", ""))):  # type: ignore[attr-defined]
-                raise RuntimeError(f"no PDL instructions for {form} {dtype}")
+            require_pdl_build(compile_variant(form, dtype), f"{form} {dtype}")
         print(f"compiled invariant GEMM {form}")
     return 0
 

@@ -27,9 +27,8 @@ from kernels.reference import NormSpec, NormWeight
 from kernels.triton.launch import FastLaunch
 from kernels.triton.offline import (
     compile_offline,
-    has_cubin,
-    has_pdl_instructions,
     pointers_and_strides,
+    require_pdl_build,
     run_compile_check,
     storage_arg_type,
 )
@@ -334,10 +333,7 @@ def main() -> int:
                             delta_norm=delta_norm,
                             has_scale=has_scale,
                         )
-                        if not has_cubin(kernel):
-                            raise RuntimeError(f"no cubin for {spec} {dtype} hidden={hidden}")
-                        if not has_pdl_instructions(str(kernel.asm.get("ptx", ""))):  # type: ignore[attr-defined]
-                            raise RuntimeError(f"no PDL instructions for {spec} {dtype} hidden={hidden}")
+                        require_pdl_build(kernel, f"{spec} {dtype} hidden={hidden}")
                 kind = "add_rms_norm" if has_delta else "rms_norm"
                 print(
                     f"compiled {kind} weight={spec.weight.value} round_before_weight={spec.round_before_weight}"

@@ -91,6 +91,14 @@ def has_pdl_instructions(ptx: str) -> bool:
     return "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx
 
 
+def require_pdl_build(kernel: object, variant: str) -> None:
+    """Raise naming ``variant`` unless the compiled kernel has its cubin and both PDL instructions."""
+    if not has_cubin(kernel):
+        raise RuntimeError(f"no cubin for {variant}")
+    if not has_pdl_instructions(str(getattr(kernel, "asm", {}).get("ptx", ""))):
+        raise RuntimeError(f"no PDL instructions for {variant}")
+
+
 def check_variants(
     module: str, parameter: str, values: Iterable[int], compile_variant: Callable[[int, torch.dtype], object]
 ) -> int:

@@ -212,9 +212,9 @@ def json_int(data: Mapping[str, object], key: str, default: int) -> int:
 
 
 @triton.jit
-def _accumulate(acc, a, w, DOT_FP32: tl.constexpr, IEEE: tl.constexpr):
-    """``acc + a @ w.T`` for an activation tile a [rows, k] and a weight tile w [cols, k], in fp32."""
-    b = tl.trans(w)
+def dot_into(acc, a, b, DOT_FP32: tl.constexpr, IEEE: tl.constexpr):
+    """``acc + a @ b`` in fp32 for tiles a [rows, k] and b [k, cols]: the tensor cores for bf16 and
+    fp16, IEEE fp32 products for fp32 (no TF32). The invariant GEMM's K step too."""
     if DOT_FP32:  # the interpreter's bf16 dot is wrong; fp32 products of bf16/fp16 are exact anyway
         a = a.to(tl.float32)
         b = b.to(tl.float32)
@@ -223,6 +223,12 @@ def _accumulate(acc, a, w, DOT_FP32: tl.constexpr, IEEE: tl.constexpr):
     else:
         acc = tl.dot(a, b, acc)
     return acc
+
+
+@triton.jit
+def _accumulate(acc, a, w, DOT_FP32: tl.constexpr, IEEE: tl.constexpr):
+    """``acc + a @ w.T`` for an activation tile a [rows, k] and a weight tile w [cols, k], in fp32."""
+    return dot_into(acc, a, tl.trans(w), DOT_FP32, IEEE)
 
 
 # M is never specialised: one compiled kernel serves every row count (and no capture compiles).
