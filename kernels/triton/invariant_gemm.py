@@ -170,30 +170,37 @@ def _invariant_gemm_kernel(
     out_ok = row_ok[:, None] & col_ok[None, :]
     # Chunks first, first + 1, …: one (grid axis 2) when the chunks meet in the reduce kernel, all
     # of them otherwise. Summed from zero in that order, as the reduce kernel sums the partials
-    # (0 + -0.0 is +0.0 in both).
-    first = tl.program_id(2) * CHUNKS_PER_PROGRAM
+    # (0 + -0.0 is +0.0 in both). One loop walks the program's K tiles, BLOCK_K columns at a time in
+    # increasing order, into the chunk's own fp32 accumulator from zero, and adds that accumulator to
+    # the total where a chunk ends: a chunk is a whole number of K tiles (or the whole of K), so no
+    # tile straddles two and a K tile's mask is only K's end. One loop rather than one per chunk, so
+    # the loads stay pipelined across chunk ends (docs/numerics.md, "The invariant GEMM").
+    tiles_per_chunk = (CHUNK + BLOCK_K - 1) // BLOCK_K
+    t_begin = tl.program_id(2) * CHUNKS_PER_PROGRAM * tiles_per_chunk
+    t_end = tl.minimum(t_begin + CHUNKS_PER_PROGRAM * tiles_per_chunk, tl.cdiv(K, BLOCK_K))
+    ks = t_begin * BLOCK_K + tl.arange(0, BLOCK_K)
+    x_tile = x_ptr + rows[:, None] * stride_xm + ks[None, :] * stride_xk
+    w_tile = w_ptr + ks[:, None] * stride_wk + cols[None, :] * stride_wn
     total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for chunk in range(first, first + CHUNKS_PER_PROGRAM):
-        # One chunk: its K columns [k_start, k_end), BLOCK_K at a time in increasing order, into an
-        # accumulator of its own from zero (masked past k_end unless EVEN_K).
-        k_start = chunk * CHUNK
-        k_end = tl.minimum(k_start + CHUNK, K)
-        ks = k_start + tl.arange(0, BLOCK_K)
-        x_tile = x_ptr + rows[:, None] * stride_xm + ks[None, :] * stride_xk
-        w_tile = w_ptr + ks[:, None] * stride_wk + cols[None, :] * stride_wn
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(k_start, k_end, BLOCK_K):
-            if EVEN_K:
-                a = tl.load(x_tile, mask=row_ok[:, None], other=0.0)
-                b = tl.load(w_tile, mask=col_ok[None, :], other=0.0)
-            else:
-                k_ok = (k0 - k_start + ks) < k_end
-                a = tl.load(x_tile, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-                b = tl.load(w_tile, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-            acc = dot_into(acc, a, b, DOT_FP32, IEEE)
-            x_tile += BLOCK_K * stride_xk
-            w_tile += BLOCK_K * stride_wk
-        total += acc
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for t in range(t_begin, t_end):
+        if EVEN_K:
+            a = tl.load(x_tile, mask=row_ok[:, None], other=0.0)
+            b = tl.load(w_tile, mask=col_ok[None, :], other=0.0)
+        else:
+            k_ok = (t - t_begin) * BLOCK_K + ks < K
+            a = tl.load(x_tile, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            b = tl.load(w_tile, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+        acc = dot_into(acc, a, b, DOT_FP32, IEEE)
+        # A program of one chunk keeps no total beside the accumulator (a 128 × 256 tile's two
+        # would not fit in the registers): its total is taken after the loop, as the last chunk's.
+        if CHUNKS_PER_PROGRAM > 1:  # noqa: SIM102 (constexpr branch)
+            if ((t + 1 - t_begin) % tiles_per_chunk == 0) & (t + 1 < t_end):
+                total += acc
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        x_tile += BLOCK_K * stride_xk
+        w_tile += BLOCK_K * stride_wk
+    total += acc
     if PARTIAL:  # this chunk's fp32 partial, for the fixed-order reduce
         y_at = y_ptr + rows[:, None] * stride_ym + tl.program_id(2) * stride_ys + cols[None, :] * stride_yn
         tl.store(y_at, total, mask=out_ok)
@@ -308,6 +315,12 @@ def compile_variant(form: str, dtype: torch.dtype, arch: int = 90) -> object:
         "DOT_FP32": False,
         "IEEE": dtype == torch.float32,
         "PDL": arch >= 90,
+        # As the runtime JIT builds it for serving tensors: unit strides along K and N are
+        # specialised to 1, and N and K (multiples of 16) marked so, or the loads would not
+        # vectorise or pipeline and the check would build another kernel than the one that runs.
+        "stride_xk": 1,
+        "stride_wk": 1,
+        "stride_yn": 1,
     }
     pointer = POINTER_TYPES[dtype]
 
@@ -316,7 +329,7 @@ def compile_variant(form: str, dtype: torch.dtype, arch: int = 90) -> object:
             return "*fp32"
         return pointer if name.endswith("_ptr") else "i32"
 
-    aligned = {"x_ptr", "w_ptr", "y_ptr", "stride_xm", "stride_wn", "stride_ym", "stride_ys"}
+    aligned = {"x_ptr", "w_ptr", "y_ptr", "N", "K", "stride_xm", "stride_wn", "stride_ym", "stride_ys"}
     return compile_offline(
         _invariant_gemm_kernel,
         constexprs,
@@ -332,7 +345,11 @@ def compile_variant(form: str, dtype: torch.dtype, arch: int = 90) -> object:
 def main() -> int:
     for form in COMPILE_FORMS:
         for dtype in POINTER_TYPES:
-            require_pdl_build(compile_variant(form, dtype), f"{form} {dtype}")
+            kernel = compile_variant(form, dtype)
+            require_pdl_build(kernel, f"{form} {dtype}")
+            # The K loop's tiles arrive through asynchronous copies, num_stages deep.
+            if "cp.async" not in str(getattr(kernel, "asm", {}).get("ptx", "")):
+                raise RuntimeError(f"{form} {dtype}: the K loop's loads are not pipelined")
         print(f"compiled invariant GEMM {form}")
     return 0
 

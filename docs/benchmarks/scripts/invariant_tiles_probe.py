@@ -10,7 +10,10 @@ run in them (with the skinny GEMM's weight loads before the PDL wait). For each 
 projection, rows through the 64 × 64 tiles and through each candidate with the same K split (each
 forced to the shipped tiles' `k_split`), compared bit for bit, and each timed at 8,192 rows and at
 decode's 1, 8 and 64 rows (where the chunks meet across programs, the reduce launch included),
-beside cuBLAS at each.
+beside cuBLAS at each. Where K is cut, a program of many rows holds two fp32 tiles (its chunk's and
+the running total): a 128 × 256 tile's two at 8 warps pass the 255 registers a thread has and
+spill (ptxas, sm_90), a 128 × 128 tile's do not (169 registers), so both are timed, each at 3 and 4
+stages.
 
     python3 docs/benchmarks/scripts/invariant_tiles_probe.py --save FILE.json
 """
@@ -37,6 +40,8 @@ CANDIDATES = {
     "128x64 w4": GemmTiles(block_m=128, block_n=64, block_k=64, num_warps=4, num_stages=3),
     "128x128 w8": GemmTiles(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3),
     "128x256 w8": GemmTiles(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3),
+    "128x128 w8 s4": GemmTiles(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4),
+    "128x256 w8 s4": GemmTiles(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=4),
 }
 ROWS = 8192
 DECODE_ROWS = (1, 8, 64)
