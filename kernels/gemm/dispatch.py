@@ -13,7 +13,7 @@ from kernels.gemm.names import NumericPolicy, parse_policy
 from kernels.gemm.per_token import per_token_linear
 from kernels.gemm.pin import PinnedGemm
 from kernels.gemm.skinny_dispatch import SkinnyDispatch, measured_table
-from kernels.triton.invariant_gemm import PREFILL_TILES, GemmTiles, invariant_gemm
+from kernels.triton.invariant_gemm import PREFILL_TILES, PREFILL_TILES_CUT, GemmTiles, invariant_gemm
 
 Linear = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -25,7 +25,14 @@ log = logging.getLogger("infer.gemm")
 # Launches with rows enough to fill those programs in 128 × 256 tiles take them (prefill; the same
 # bits: docs/numerics.md).
 INVARIANT_TILES = GemmTiles(
-    block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=3, split_programs=264, many_rows=PREFILL_TILES
+    block_m=64,
+    block_n=64,
+    block_k=64,
+    num_warps=4,
+    num_stages=3,
+    split_programs=264,
+    many_rows=PREFILL_TILES,
+    many_rows_cut=PREFILL_TILES_CUT,
 )
 
 

@@ -73,6 +73,10 @@ class GemmTiles:
     # Larger output tiles with the same block_k, run where their row blocks alone give them
     # ``split_programs`` programs (prefill); K keeps the cut ``k_split`` gives here.
     many_rows: GemmTiles | None = None
+    # The same where K is cut (``many_rows`` when None): a program of many rows then holds two fp32
+    # tiles, its chunk's and the running total, so it needs tiles half as large to stay in the
+    # registers (a 128 × 256 tile's two at 8 warps spill and run 2.5-3× slower on an H100).
+    many_rows_cut: GemmTiles | None = None
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
@@ -87,19 +91,22 @@ class GemmTiles:
             raise GemmShapeError(
                 f"split_programs={self.split_programs}: must be 0 (no split) or more, and 0 with even_k"
             )
-        wide = self.many_rows
-        if wide is not None and (
-            not self.split_programs
-            or wide.many_rows is not None
-            or wide.split_programs
-            or (wide.block_k, wide.even_k) != (self.block_k, self.even_k)
-            or wide.block_m < self.block_m
-            or wide.block_n < self.block_n
-        ):
-            raise GemmShapeError(
-                f"many_rows={wide}: needs split_programs > 0 here, and tiles at least as large with the"
-                f" same block_k={self.block_k} and even_k, no split_programs and no many_rows of their own"
-            )
+        for name in ("many_rows", "many_rows_cut"):
+            wide = getattr(self, name)
+            if wide is not None and (
+                not self.split_programs
+                or wide.many_rows is not None
+                or wide.many_rows_cut is not None
+                or wide.split_programs
+                or (wide.block_k, wide.even_k) != (self.block_k, self.even_k)
+                or wide.block_m < self.block_m
+                or wide.block_n < self.block_n
+            ):
+                raise GemmShapeError(
+                    f"{name}={wide}: needs split_programs > 0 here, and tiles at least as large with"
+                    f" the same block_k={self.block_k} and even_k, no split_programs and no many-rows"
+                    " tiles of their own"
+                )
 
     def k_split(self, n: int, k: int) -> tuple[int, int]:
         """(chunks, chunk width) for an [n, k] weight: K cut at fixed multiples of the width (a
@@ -113,10 +120,12 @@ class GemmTiles:
         width = ceil_div(k_tiles, wanted) * self.block_k
         return ceil_div(k, width), width
 
-    def launch_tiles(self, m: int, n: int) -> GemmTiles:
-        """The tiles an [m, k] @ [n, k].T launch runs: ``many_rows`` once its row blocks alone give
-        it ``split_programs`` programs, these tiles otherwise."""
+    def launch_tiles(self, m: int, n: int, k: int) -> GemmTiles:
+        """The tiles an [m, k] @ [n, k].T launch runs: ``many_rows`` (``many_rows_cut`` where K is
+        cut) once its row blocks alone give it ``split_programs`` programs, these tiles otherwise."""
         wide = self.many_rows
+        if self.many_rows_cut is not None and self.k_split(n, k)[0] > 1:
+            wide = self.many_rows_cut
         if wide is not None and ceil_div(m, wide.block_m) * ceil_div(n, wide.block_n) >= self.split_programs:
             return wide
         return self
@@ -243,7 +252,7 @@ def invariant_gemm(x: torch.Tensor, weight: torch.Tensor, tiles: GemmTiles) -> t
     if m == 0:
         return y.reshape(*lead, n)
     chunks, width = tiles.k_split(n, k)
-    launch = tiles.launch_tiles(m, n)
+    launch = tiles.launch_tiles(m, n, k)
     row_blocks, col_blocks = ceil_div(m, launch.block_m), ceil_div(n, launch.block_n)
     # Across programs only while the row blocks alone leave the programs short of the target.
     partial = chunks > 1 and row_blocks * col_blocks < tiles.split_programs
@@ -283,18 +292,21 @@ def invariant_gemm(x: torch.Tensor, weight: torch.Tensor, tiles: GemmTiles) -> t
     return y.reshape(*lead, n)
 
 
-# The many-rows tiles `invariant` runs (kernels/gemm/dispatch.py): on an H100 the same bits as its
-# 64 × 64 tiles, and its 8k prefill 1.4× faster (docs/benchmarks/invariance.md).
+# The many-rows tiles `invariant` runs (kernels/gemm/dispatch.py), for a whole K and a cut one: on an
+# H100 the same bits as its 64 × 64 tiles, and the fastest of the tiles measured there
+# (docs/benchmarks/invariance.md).
 PREFILL_TILES = GemmTiles(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3)
+PREFILL_TILES_CUT = GemmTiles(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4)
 
 # What the compile check builds: the split across programs, within one program, and whole K (the
-# invariant policy's decode forms), the same within one program in the prefill tiles, and pin's
+# invariant policy's decode forms), the many-rows tiles of a whole and of a cut K, and pin's
 # unmasked whole K, at a serving shape's chunking. Each form: (partial, chunks, even_k, tiles).
 COMPILE_FORMS = {
     "across": (True, 7, False, GemmTiles()),
     "within": (False, 7, False, GemmTiles()),
     "whole": (False, 1, False, GemmTiles()),
-    "many-rows": (False, 7, False, PREFILL_TILES),
+    "many-rows": (False, 1, False, PREFILL_TILES),
+    "many-rows-cut": (False, 7, False, PREFILL_TILES_CUT),
     "even": (False, 1, True, GemmTiles()),
 }
 

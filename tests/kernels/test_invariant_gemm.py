@@ -70,10 +70,14 @@ def test_k_split_is_a_function_of_the_weight_shape() -> None:
 
 def test_many_rows_tiles_take_over_once_their_rows_fill_the_programs() -> None:
     tiles = dataclasses.replace(SPLIT, many_rows=MANY_ROWS)
-    assert tiles.launch_tiles(160, 48) is tiles
-    assert tiles.launch_tiles(161, 48) is MANY_ROWS
-    assert INVARIANT_TILES.launch_tiles(3328, 2560) is INVARIANT_TILES  # 26 row blocks × 10 < 264
-    assert INVARIANT_TILES.launch_tiles(3329, 2560) is INVARIANT_TILES.many_rows
+    assert tiles.launch_tiles(160, 48, 40) is tiles
+    assert tiles.launch_tiles(161, 48, 40) is MANY_ROWS
+    # Qwen3-4B's O projection, K cut in 7: 128 × 128 tiles from 14 row blocks (× 20 ≥ 264);
+    # gate/up, K whole: 128 × 256 tiles from 4 row blocks (× 76).
+    assert INVARIANT_TILES.launch_tiles(1664, 2560, 4096) is INVARIANT_TILES
+    assert INVARIANT_TILES.launch_tiles(1665, 2560, 4096) is INVARIANT_TILES.many_rows_cut
+    assert INVARIANT_TILES.launch_tiles(384, 19456, 2560) is INVARIANT_TILES
+    assert INVARIANT_TILES.launch_tiles(385, 19456, 2560) is INVARIANT_TILES.many_rows
     for wrong in (
         dataclasses.replace(MANY_ROWS, block_k=32),
         dataclasses.replace(MANY_ROWS, block_m=16),
@@ -81,6 +85,8 @@ def test_many_rows_tiles_take_over_once_their_rows_fill_the_programs() -> None:
     ):
         with pytest.raises(GemmShapeError, match="many_rows="):
             dataclasses.replace(SPLIT, block_m=32, many_rows=wrong)
+        with pytest.raises(GemmShapeError, match="many_rows_cut="):
+            dataclasses.replace(SPLIT, block_m=32, many_rows_cut=wrong)
     with pytest.raises(GemmShapeError, match="needs split_programs > 0"):
         GemmTiles(many_rows=MANY_ROWS)
 
@@ -102,7 +108,10 @@ def test_a_split_k_sums_the_same_bits_across_programs_and_within_one(
         real(partials, y)
 
     monkeypatch.setattr(gemm_module, "reduce_partials", spied)
-    tiles = dataclasses.replace(SPLIT, many_rows=MANY_ROWS)
+    # K = 40 is cut: the cut weight's many-rows tiles run, not the whole-K ones.
+    tiles = dataclasses.replace(
+        SPLIT, many_rows=GemmTiles(block_m=64, block_n=64, block_k=16), many_rows_cut=MANY_ROWS
+    )
     rows = (*SPLIT_ROWS, 160, 161, 200)
     g = torch.Generator().manual_seed(3)
     x = torch.randn(max(rows), 40, generator=g).to(dtype).to(DEVICE)
@@ -154,7 +163,7 @@ def test_refusals_name_the_shape() -> None:
 
 
 def test_every_form_compiles_for_sm90_with_pdl() -> None:
-    forms = ("across", "within", "whole", "many-rows", "even")
+    forms = ("across", "within", "whole", "many-rows", "many-rows-cut", "even")
     assert compiled_variants("kernels.triton.invariant_gemm") == [
         f"compiled invariant GEMM {f}" for f in forms
     ]
@@ -206,12 +215,12 @@ def test_gpu_serving_shapes_are_row_count_invariant() -> None:
     w = torch.randn(4096, 2560, device="cuda", generator=g, dtype=torch.bfloat16) / 50
     full = invariant_linear(x, w)
     # [4096, 2560] cuts K in 5 chunks: added across programs up to 256 rows (4 row blocks × 64
-    # column tiles < 264 programs), within a program above, in 128 × 256 tiles from 2049 rows
-    # (17 row blocks × 16 column tiles).
+    # column tiles < 264 programs), within a program above, in the cut K's 128 × 128 tiles from
+    # 1025 rows (9 row blocks × 32 column tiles).
     assert INVARIANT_TILES.k_split(4096, 2560) == (5, 512)
-    assert INVARIANT_TILES.launch_tiles(2048, 4096) is INVARIANT_TILES
-    assert INVARIANT_TILES.launch_tiles(2049, 4096) is INVARIANT_TILES.many_rows
-    for m in (1, 2, 3, 7, 8, 63, 64, 65, 128, 200, 256, 257, 300, 2048, 2049):
+    assert INVARIANT_TILES.launch_tiles(1024, 4096, 2560) is INVARIANT_TILES
+    assert INVARIANT_TILES.launch_tiles(1025, 4096, 2560) is INVARIANT_TILES.many_rows_cut
+    for m in (1, 2, 3, 7, 8, 63, 64, 65, 128, 200, 256, 257, 300, 1024, 1025, 2049):
         assert torch.equal(invariant_linear(x[:m], w), full[:m]), f"first {m} rows"
     for i in (0, 1, 63, 64, 1000, 2199):
         assert torch.equal(invariant_linear(x[i : i + 1], w)[0], full[i]), f"row {i} alone"
