@@ -6,7 +6,7 @@ query token, reading K and V straight from one layer's slice of the paged pool
 without repeating KV: one program holds all `group = num_heads / num_kv_heads` query heads of its
 KV head as the rows of one `[group, head_dim]` tile, so each K/V byte is read once per program.
 Head dims 64, 128 and 256 (and 16, 32 for the tiny test checkpoints); sliding windows (`window` positions, the query's own included); the
-softmax scale from the layer spec; bf16, fp16 or fp32 storage, fp32 arithmetic throughout.
+softmax scale from the layer spec; bf16, fp16 or fp32 storage; the softmax and every sum in fp32.
 
 Two launches:
 
@@ -51,13 +51,16 @@ so anything on other pages or past a row's table (sentinels, released sliding pa
 the result. A padding row (every entry the padding page, kv_len 1) reads token 0 of page 0 and
 writes only its own output row.
 
-Under `TRITON_INTERPRET=1` the same program runs on the CPU. Both dots are fp32 with IEEE
-products (`input_precision="ieee"`: no TF32, and the interpreter's bf16 dot is never used); the
-tensor-core bf16 QKᵀ is a later lever, not measured yet. PDL on sm_90+ (kernels/triton/storage.py):
-both kernels let the next one launch at once, and wait for the one before only after reading the
-KV lengths, so the O projection after the merge can start streaming its weights during attention.
-Nothing here has run on a GPU: the sm_90 build, PDL included, is checked offline
-(`python -m kernels.triton.decode_attention_aot`).
+The two dots (`TENSOR_CORES`, bf16 and fp16 storage on the GPU): QKᵀ on the tensor cores straight
+from the storage dtype (the products are exact, the sums fp32), and P·V in three-pass TF32
+(`input_precision="tf32x3"`: P split into two TF32 parts, V exact in TF32, so fp32-class accuracy
+with no rounding of P to 16 bits, which FlashInfer does). fp32 storage, and every dtype under
+`TRITON_INTERPRET=1` (whose bf16 dot is wrong), take fp32 IEEE dots on the CUDA cores, which cost
+~3.6× FlashInfer's attention time at 64 rows on an H100 (docs/benchmarks/qwen3.md). PDL on sm_90+
+(kernels/triton/storage.py): both kernels let the next one launch at once, and wait for the one
+before only after reading the KV lengths, so the O projection after the merge can start streaming
+its weights during attention. The sm_90 build, PDL included, is checked offline
+(`python -m kernels.triton.decode_attention_aot`); the GPU runs tests/kernels/test_decode_attention.py.
 """
 
 from __future__ import annotations
@@ -136,6 +139,13 @@ def supports(layer: AttentionLayerSpec) -> bool:
     return DecodeGeometry.of(layer).problem() is None
 
 
+def uses_tensor_cores(dtype: torch.dtype) -> bool:
+    """Whether the split kernel takes its dots on the tensor cores (module doc): 16-bit storage on
+    the GPU. The interpreter's bf16 dot is wrong, so it runs the fp32 dots (its fp16 dot is right:
+    the CPU tests run the tensor-core program in fp16 by patching this)."""
+    return dtype != torch.float32 and not interpreted()
+
+
 @dataclass(slots=True)
 class DecodeScratch:
     """The split kernel's fp32 partials for up to `rows` rows of one geometry: `acc [rows, Hkv,
@@ -199,6 +209,7 @@ def _decode_attention_split_kernel(
     PROGRAMS: tl.constexpr,
     PAGE: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
+    TENSOR_CORES: tl.constexpr,
     PDL: tl.constexpr,
 ):
     row = tl.program_id(0)
@@ -220,7 +231,9 @@ def _decode_attention_split_kernel(
         g_ok = g < GROUP
         q_rows = q_ptr + row.to(tl.int64) * stride_q_row + (kvh * GROUP + g)[:, None] * stride_q_head
         # Rows past the group are zeros: their scores are finite and they are never stored.
-        q = tl.load(q_rows + d[None, :], mask=g_ok[:, None], other=0.0).to(tl.float32)
+        q = tl.load(q_rows + d[None, :], mask=g_ok[:, None], other=0.0)
+        if not TENSOR_CORES:
+            q = q.to(tl.float32)
         m_i = tl.full((GROUP_PAD,), float("-inf"), dtype=tl.float32)
         l_i = tl.zeros((GROUP_PAD,), dtype=tl.float32)
         acc = tl.zeros((GROUP_PAD, HEAD_DIM), dtype=tl.float32)
@@ -237,17 +250,24 @@ def _decode_attention_split_kernel(
                 # Only visible positions touch the table or the pool: nothing else can leak in.
                 page = tl.load(table_row + pos // PAGE, mask=ok, other=0)
                 slot = head + page.to(tl.int64) * stride_page + (pos % PAGE) * stride_token
-                k = tl.load(slot[:, None] + d[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
+                k = tl.load(slot[:, None] + d[None, :], mask=ok[:, None], other=0.0)
                 v = tl.load(slot[:, None] + stride_kv + d[None, :], mask=ok[:, None], other=0.0).to(
                     tl.float32
                 )
-                scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+                if TENSOR_CORES:
+                    scores = tl.dot(q, tl.trans(k)) * scale
+                else:
+                    scores = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee") * scale
                 scores = tl.where(ok[None, :], scores, float("-inf"))
                 m_new = tl.maximum(m_i, tl.max(scores, axis=1))
                 alpha = tl.exp(m_i - m_new)
                 p = tl.exp(scores - m_new[:, None])
                 l_i = l_i * alpha + tl.sum(p, axis=1)
-                acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+                if TENSOR_CORES:
+                    pv = tl.dot(p, v, input_precision="tf32x3")
+                else:
+                    pv = tl.dot(p, v, input_precision="ieee")
+                acc = acc * alpha[:, None] + pv
                 m_i = m_new
         part = (row.to(tl.int64) * KV_HEADS + kvh) * PROGRAMS + prog
         tl.store(acc_ptr + (part * GROUP + g)[:, None] * HEAD_DIM + d[None, :], acc, mask=g_ok[:, None])
@@ -441,6 +461,7 @@ def decode_attention(
         page_table.stride(0),
         BLOCK_N=geometry.block_n,
         PAGE=PAGE_SIZE,
+        TENSOR_CORES=uses_tensor_cores(q.dtype),
         **shared,
         **launch,
     )

@@ -102,7 +102,7 @@ def compile_variant(
     }
     split = _compile(
         _decode_attention_split_kernel,
-        {**shared, "BLOCK_N": geometry.block_n, "PAGE": PAGE_SIZE},
+        {**shared, "BLOCK_N": geometry.block_n, "PAGE": PAGE_SIZE, "TENSOR_CORES": dtype != torch.float32},
         dtype,
         pool_strides,
         arch,

@@ -139,6 +139,23 @@ def test_matches_the_spec_within_its_own_error(geometry: tuple[int, int, int], d
     assert kernel <= SPEC_ERROR_RATIO[dtype] * spec, (kernel, spec, kernel / spec)
 
 
+def test_the_tensor_core_program_matches_the_spec_within_its_own_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The dots the GPU takes for 16-bit storage (QKᵀ from fp16 tiles, P·V in tf32x3), run by the
+    interpreter in fp16, whose 16-bit dot it gets right: the same bound as the fp32 program."""
+    import kernels.triton.decode_attention as module
+
+    monkeypatch.setattr(module, "uses_tensor_cores", lambda dtype: dtype != torch.float32)
+    for geometry in ((8, 2, 128), (4, 1, 64)):
+        case = Case(
+            _layer(*geometry), KV_LENS if geometry[2] == 128 else (1, 17, S + 1, 3 * S + 5), torch.float16
+        )
+        kernel, spec = _errors(case)
+        assert kernel <= SPEC_ERROR_RATIO[torch.float16] * spec, (geometry, kernel, spec, kernel / spec)
+        assert torch.equal(case.kernel(pool=case.sentinel_pool()), case.kernel())
+
+
 @pytest.mark.parametrize("window", [1, 20, S, S + 30])
 def test_sliding_window_matches_the_spec(window: int) -> None:
     layer = _layer(8, 2, 128, window)

@@ -33,9 +33,10 @@
 #   PIPELINE="decode-tests sampler-timing gemm-qwen3 qwen3-decode-variants host-profile-async gemma4-decode-variants
 #             qwen3-gates vllm-qwen3" STAGE=all ...
 # then the qwen3 and gemma4 manifests with the flags the variants showed best, before flipping a default.
-# The next stretch (prepared 2026-12-06 after the second session's three H100 stretches at 7f84417,
-# b6c11da and e29b2e4: PDL on the invariant GEMM took its decode to +12.7 / +2.3 / +2.3 %, the
-# 128 x 256 prefill tiles its 8k prefill to +37 %; the in-GEMM split-K sum and the L2 prefetch lost).
+# The next stretch (prepared 2026-12-06 after the third session's two H100s at 9ccbfeb and 63383c2:
+# the one K loop and 128 x 128 tiles for a cut K took invariant's 8k prefill to +34 %; invariant's
+# batch-1 cost is mostly FlashInfer's unsplit attention, which the Triton decode attention, now on
+# tensor cores and not yet run on a GPU, may take over; the qwen35 manifest passed with --prefill-graphs).
 # Carrying: the tree and the 62 MB flashinfer wheel pass 64 MiB together, so the wheel travels split
 # (scripts/split_flashinfer_wheel.sh after stage-wheels.sh): chunk aa in .whl-fi, chunk ab and the
 # wheel's sha256 in .whl-deps/fi-tail. FlashInfer's attention modules, built on the CPU machine
@@ -58,15 +59,17 @@
 # STAGE=NAME copies every JSON of /tmp/runs into $OUT: past 8 files the rest (runs.tgz too) do not
 # come back, so fetch through a wait call's runs.tgz instead.
 # The pipeline, in priority order, with needs_h200 (an H100 cannot hold these):
-#   "qwen3-table vllm-qwen3 invariance numerics gemma4-gates qwen35-9b-parity qwen35-gates
-#   prefill-graphs-gates-gemma4". qwen3-table first: the H200's dispatch table has no GEMV rows (copy
-#   skinny_dispatch_h200.json back from runs.tgz); vllm-qwen3 beside it for the same-session ratio;
-#   gemma4-gates is the whole manifest under the async default, its five gates that need the H200's
-#   memory included; qwen35-9b-parity's full_forward_matches_hf has never run alone on an H200.
-# On an H100: "invariant-tiles-probe prefill-graphs-gates-qwen35 prefill-graphs-latency
-#   qwen35-prefill-graphs-latency vllm-qwen3" (the probe: whether 16- and 32-row tiles sum as the
-#   64-row ones, which a faster invariant decode needs; then whether --prefill-graphs, which takes the host out of the 1k prefill, may become the
-#   default: the qwen3 manifest passed with it at 957843a; gemma4's needs the H200).
+#   "attn-triton-tests qwen3-table vllm-qwen3 invariance invariant-triton-attn attn-triton-latency
+#   numerics gemma4-gates qwen35-9b-parity qwen35-gates prefill-graphs-gates-gemma4". attn-triton-tests
+#   first: the tensor-core dots of the Triton decode attention have not run on a GPU; qwen3-table: the
+#   H200's dispatch table has no GEMV rows (copy skinny_dispatch_h200.json back from runs.tgz);
+#   vllm-qwen3 beside it for the same-session ratio; invariant-triton-attn beside invariance (does the
+#   Triton split take invariant's batch-1 step under +5 %?), attn-triton-latency beside qwen3-table's
+#   step (tuned with it); gemma4-gates is the whole manifest under the async default, its five gates
+#   that need the H200's memory included; qwen35-9b-parity's full_forward_matches_hf has never run
+#   alone on an H200.
+# On an H100: "attn-triton-tests invariance invariant-triton-attn attn-triton-latency
+#   qwen3-latency" (the same questions; qwen3-latency for tuned with FlashInfer in the same session).
 # - attn-split-ab (~2 min): the async step with FlashInfer's KV split as shipped and switched off.
 # - gemv-sweep and gemv-layout-ab, as at 1c7ef32, where a card's GEMV rule is in question.
 # Later stretches: vLLM's
@@ -167,6 +170,15 @@ numerics() {  # issue 7's two gates on Qwen3 (Gemma 4's are in its manifest)
   synth_q3
   infer gates --manifest qwen3 --checkpoint $q3 --gate qwen3.batch_invariance_is_bitwise \
     --gate qwen3.graph_memory_is_reserved --json $work/qwen3-numerics-gates.json
+}
+invariant-triton-attn() {  # invariant with the Triton decode attention (a split at absolute positions,
+  # batch-invariant by construction; tensor-core dots) beside `invariance`'s FlashInfer, unsplit under
+  # invariant; then the invariance and graph gates with it
+  synth_q3
+  infer bench latency --model $q3 --numeric-policy invariant --attention-backend triton --batch-sizes 1,8,64 \
+    --prefill-lens 8192 --breakdown --save-result $work/invariance-triton-attn-qwen3-4b.json
+  infer gates --manifest qwen3 --checkpoint $q3 --attention-backend triton --gate qwen3.batch_invariance_is_bitwise \
+    --gate qwen3.graph_replay_matches_eager --json $work/qwen3-gates-triton-attn.json
 }
 invariance() {  # invariant against tuned (docs/benchmarks/invariance.md)
   synth_q3
@@ -827,7 +839,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | gemv-layout-ab | attn-split-ab | decode-kernel-ab | invariant-gpu-tests | invariant-tiles-probe | prefill-host-ab | split-rule-check | gemv-rows-ab | prefill-spread | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | prefill-graphs-gates-qwen35 | prefill-graphs-gates-gemma4 | qwen35-prefill-graphs-latency)
+  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | gemv-layout-ab | attn-split-ab | decode-kernel-ab | invariant-gpu-tests | invariant-tiles-probe | invariant-triton-attn | prefill-host-ab | split-rule-check | gemv-rows-ab | prefill-spread | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | prefill-graphs-gates-qwen35 | prefill-graphs-gates-gemma4 | qwen35-prefill-graphs-latency)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
