@@ -3,17 +3,18 @@
 A launch may take other tiles and keep the promise only if an output element's bits do not depend
 on the tile's rows and columns: the same K chunks, the same 64-column K tiles in the same order, the
 same k16 tensor-core steps, only more or fewer of them side by side. Whether the hardware sums a
-k16 step alike in a 64-row and a 128-row wgmma is not documented; on an H100 (7f84417) it did, and
-`invariant` runs its prefill in 128 × 256 tiles since. Tiles of 16 and 32 rows are below a wgmma's
-64, so Triton issues mma.sync for them: whether those sum alike too decides whether decode rows may
-run in them (with the skinny GEMM's weight loads before the PDL wait). For each Qwen3-4B
+k16 step alike in a 64-row and a 128-row wgmma is not documented; on an H100 it did (7f84417), and
+so did tiles of 16 and 32 rows, which Triton issues as mma.sync (9ccbfeb): `invariant` runs its
+prefill in 128 × 256 tiles (a whole K) and 128 × 128 (a cut K) since. For each Qwen3-4B
 projection, rows through the 64 × 64 tiles and through each candidate with the same K split (each
 forced to the shipped tiles' `k_split`), compared bit for bit, and each timed at 8,192 rows and at
 decode's 1, 8 and 64 rows (where the chunks meet across programs, the reduce launch included),
 beside cuBLAS at each. Where K is cut, a program of many rows holds two fp32 tiles (its chunk's and
 the running total): a 128 × 256 tile's two at 8 warps pass the 255 registers a thread has and
 spill (ptxas, sm_90), a 128 × 128 tile's do not (169 registers), so both are timed, each at 3 and 4
-stages.
+stages. Tiles 128 columns deep along K (``k128``: one dot of eight k16 steps where the 64-deep tiles
+take two of four) would halve the K loop's trips; whether they keep the bits is what they test (every
+Qwen3-4B chunk is a whole number of 128-column tiles).
 
     python3 docs/benchmarks/scripts/invariant_tiles_probe.py --save FILE.json
 """
@@ -42,6 +43,8 @@ CANDIDATES = {
     "128x256 w8": GemmTiles(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3),
     "128x128 w8 s4": GemmTiles(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4),
     "128x256 w8 s4": GemmTiles(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=4),
+    "128x128 w8 k128": GemmTiles(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=3),
+    "128x256 w8 k128 s2": GemmTiles(block_m=128, block_n=256, block_k=128, num_warps=8, num_stages=2),
 }
 ROWS = 8192
 DECODE_ROWS = (1, 8, 64)
