@@ -59,17 +59,19 @@
 # STAGE=NAME copies every JSON of /tmp/runs into $OUT: past 8 files the rest (runs.tgz too) do not
 # come back, so fetch through a wait call's runs.tgz instead.
 # The pipeline, in priority order, with needs_h200 (an H100 cannot hold these):
-#   "attn-triton-tests qwen3-table vllm-qwen3 invariance invariant-triton-attn attn-triton-latency
-#   numerics gemma4-gates qwen35-9b-parity qwen35-gates prefill-graphs-gates-gemma4". attn-triton-tests
-#   first: the tensor-core dots of the Triton decode attention have not run on a GPU; qwen3-table: the
+#   "attn-triton-tests invariant-tiles-probe qwen3-table vllm-qwen3 invariance invariant-triton-attn
+#   attn-triton-latency numerics gemma4-gates qwen35-9b-parity qwen35-gates prefill-graphs-gates-gemma4".
+#   attn-triton-tests first: the tensor-core dots of the Triton decode attention have not run on a GPU;
+#   the probe: whether 128-deep K tiles keep the invariant GEMM's bits, and how fast; qwen3-table: the
 #   H200's dispatch table has no GEMV rows (copy skinny_dispatch_h200.json back from runs.tgz);
 #   vllm-qwen3 beside it for the same-session ratio; invariant-triton-attn beside invariance (does the
 #   Triton split take invariant's batch-1 step under +5 %?), attn-triton-latency beside qwen3-table's
 #   step (tuned with it); gemma4-gates is the whole manifest under the async default, its five gates
 #   that need the H200's memory included; qwen35-9b-parity's full_forward_matches_hf has never run
 #   alone on an H200.
-# On an H100: "attn-triton-tests invariance invariant-triton-attn attn-triton-latency
-#   qwen3-latency" (the same questions; qwen3-latency for tuned with FlashInfer in the same session).
+# On an H100: "attn-triton-tests invariant-tiles-probe invariance invariant-triton-attn
+#   attn-triton-latency qwen3-latency" (the same questions; qwen3-latency for tuned with FlashInfer in
+#   the same session).
 # - attn-split-ab (~2 min): the async step with FlashInfer's KV split as shipped and switched off.
 # - gemv-sweep and gemv-layout-ab, as at 1c7ef32, where a card's GEMV rule is in question.
 # Later stretches: vLLM's
