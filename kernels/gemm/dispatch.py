@@ -22,8 +22,8 @@ log = logging.getLogger("infer.gemm")
 # The one configuration `invariant` runs for every shape and every row count. K is cut per weight
 # shape so that one row block spreads over at least 264 programs (two per SM of a 132-SM H100 or
 # H200): at one row Qwen3-4B's O and down projections have 40 column tiles, so 7 chunks each.
-# Launches with rows enough to fill those programs in 128 × 256 tiles take them (prefill; the same
-# bits: docs/numerics.md).
+# Launches with rows enough to fill those programs in the many-rows tiles take them (prefill:
+# 128 × 256 for a whole K, 128 × 128 for a cut one; the same bits: docs/numerics.md).
 INVARIANT_TILES = GemmTiles(
     block_m=64,
     block_n=64,
