@@ -19,10 +19,11 @@ Where the chunks are summed is a launch choice that changes no bit:
   rounding. Used at few rows, where one program per tile would leave most SMs idle (at one row
   Qwen3-4B's O and down projections have 40 tiles of 64 columns for 132 SMs).
 
-The tiles' rows and columns may grow with the row count (``GemmTiles.many_rows``, prefill) and
-change no bit: the K chunks and the ``block_k`` steps through them stay the same, and a row's sums
-do not depend on how many rows and columns a tile holds beside it (measured, not documented by the
-hardware: docs/benchmarks/invariance.md; the GPU tests hold rows to it across the switch).
+The tiles' rows and columns may grow with the row count (``GemmTiles.many_rows``, and
+``many_rows_cut`` where K is cut; prefill) and change no bit: the K chunks and the ``block_k`` steps
+through them stay the same, and a row's sums do not depend on how many rows and columns a tile holds
+beside it (measured, not documented by the hardware: docs/benchmarks/invariance.md; the GPU tests
+hold rows to it across the switch).
 
 Graph-safe: no host synchronisation, no data-dependent shapes; the output and the split scratch are
 the only allocations. A decode graph holds one GEMM node per projection, plus a reduce node where
