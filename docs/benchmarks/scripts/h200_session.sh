@@ -56,6 +56,8 @@
 #     `bash .vllm/partN/stage.sh N`, the sixth `... 6 last` after the timed
 #     steps before vllm-qwen3 (its install and smoke test would share the host with them);
 #  4. STAGE=wait calls back to back (WAIT_S=540, timeout 580); give the machine back at the end.
+#     Nothing runs here between two calls: a machine idle 30 s is given back with its pipeline
+#     (2026-12-06: ~35 s of local tests between two calls cost a warm H100 and its running step).
 # STAGE=NAME copies every JSON of /tmp/runs into $OUT: past 8 files the rest (runs.tgz too) do not
 # come back, so fetch through a wait call's runs.tgz instead.
 # The pipeline, in priority order, with needs_h200 (an H100 cannot hold these):
