@@ -26,6 +26,7 @@ from kernels.triton.offline import (
     compile_offline,
     has_pdl_instructions,
     pointers_and_strides,
+    ptx_of,
     run_compile_check,
 )
 from kernels.triton.prep_kernel import attention_prep_kernel
@@ -82,7 +83,7 @@ def compile_variant(
 def main() -> int:
     for spec, q_heads, kv_heads in SERVING_VARIANTS:
         for dtype in POINTER_TYPES:
-            ptx = str(compile_variant(spec, q_heads, kv_heads, dtype).asm.get("ptx", ""))  # type: ignore[attr-defined]
+            ptx = ptx_of(compile_variant(spec, q_heads, kv_heads, dtype))
             if not has_pdl_instructions(ptx):
                 print(f"FAILED {spec.name} {dtype}: no griddepcontrol instructions", file=sys.stderr)
                 return 1

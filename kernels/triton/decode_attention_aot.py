@@ -25,7 +25,7 @@ from kernels.triton.decode_attention import (
     _decode_attention_merge_kernel,
     _decode_attention_split_kernel,
 )
-from kernels.triton.offline import compile_offline, has_pdl_instructions, run_compile_check
+from kernels.triton.offline import compile_offline, has_pdl_instructions, ptx_of, run_compile_check
 from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted
 
 # (q heads, kv heads, head dim, window, dtype): the attention layers of shared/presets.md that the
@@ -119,7 +119,7 @@ def compile_variant(
 
 def _waits_on_the_grid(kernel: object) -> bool:
     """Whether a kernel's PTX has both PDL instructions."""
-    return has_pdl_instructions(str(kernel.asm.get("ptx", "")))  # type: ignore[attr-defined]
+    return has_pdl_instructions(ptx_of(kernel))
 
 
 def main() -> int:

@@ -47,7 +47,7 @@ import triton.language as tl
 
 from kernels.kv_layout import ceil_div
 from kernels.triton.launch import FastLaunch
-from kernels.triton.offline import compile_offline, require_pdl_build, run_compile_check
+from kernels.triton.offline import compile_offline, ptx_of, require_pdl_build, run_compile_check
 from kernels.triton.prep_kernel import _round_to_storage
 from kernels.triton.skinny_gemm import dot_into, reduce_partials
 from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted, pdl_supported
@@ -361,7 +361,7 @@ def main() -> int:
             kernel = compile_variant(form, dtype)
             require_pdl_build(kernel, f"{form} {dtype}")
             # The K loop's tiles arrive through asynchronous copies, num_stages deep.
-            if "cp.async" not in str(getattr(kernel, "asm", {}).get("ptx", "")):
+            if "cp.async" not in ptx_of(kernel):
                 raise RuntimeError(f"{form} {dtype}: the K loop's loads are not pipelined")
         print(f"compiled invariant GEMM {form}")
     return 0

@@ -80,6 +80,11 @@ def compile_offline(
     return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
 
 
+def ptx_of(kernel: object) -> str:
+    """A compiled kernel's PTX ("" when it has none)."""
+    return str(getattr(kernel, "asm", {}).get("ptx", ""))
+
+
 def has_cubin(kernel: object) -> bool:
     """Whether a compiled kernel carries its cubin (ptxas ran to the end)."""
     return bool(getattr(kernel, "asm", {}).get("cubin"))
@@ -95,7 +100,7 @@ def require_pdl_build(kernel: object, variant: str) -> None:
     """Raise naming ``variant`` unless the compiled kernel has its cubin and both PDL instructions."""
     if not has_cubin(kernel):
         raise RuntimeError(f"no cubin for {variant}")
-    if not has_pdl_instructions(str(getattr(kernel, "asm", {}).get("ptx", ""))):
+    if not has_pdl_instructions(ptx_of(kernel)):
         raise RuntimeError(f"no PDL instructions for {variant}")
 
 
