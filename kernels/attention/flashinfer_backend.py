@@ -34,7 +34,7 @@ plan alike. The A/B that set it (Qwen3-4B: the split costs batch 64 0.18 ms and 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import cache, partial
+from functools import partial
 from itertools import chain
 from typing import Any
 
@@ -43,6 +43,7 @@ import torch
 
 from kernels.attention.base import AttentionBackend, AttentionLayerSpec, GroupBatch, WarmUpStep
 from kernels.kv_layout import ceil_div
+from kernels.triton.storage import multiprocessors
 
 WORKSPACE_BYTES = 256 << 20
 
@@ -60,10 +61,9 @@ def tensor_core_backend(head_dim: int) -> str:
     return "auto" if head_dim <= FA3_MAX_HEAD_DIM else "fa2"
 
 
-@cache  # read at every graph plan
 def _sm_count(device: torch.device) -> int:
     """The device's SM count; 0 off CUDA (the planner's stand-in tests), where FlashInfer's split stays."""
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
+    return multiprocessors(device) if device.type == "cuda" else 0
 
 
 def _indptr(lengths: list[int]) -> torch.Tensor:

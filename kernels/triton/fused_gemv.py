@@ -71,7 +71,14 @@ from kernels.triton.offline import (
     storage_arg_type,
 )
 from kernels.triton.prep_kernel import WEIGHT_NONE, _normalise, _round_to_storage
-from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted, next_power_of_2, pdl_supported
+from kernels.triton.storage import (
+    POINTER_TYPES,
+    STORAGE_TYPES,
+    interpreted,
+    multiprocessors,
+    next_power_of_2,
+    pdl_supported,
+)
 
 MAX_ROWS = 4
 # A program's weight slice: the probe's rule (8192 elements, 16 KB of bf16, 64 values per thread at
@@ -151,18 +158,6 @@ class GemvSettings:
         than the tiles). A function of the shape and the device only, never of M."""
         tiles = ceil_div(n_out, self.rows_per_program)
         return tiles if not self.persistent else min(tiles, self.persistent * multiprocessors(device))
-
-
-# What the interpreter counts as the device's SMs: few, so a persistent program walks several tiles.
-INTERPRETED_MULTIPROCESSORS = 2
-
-
-@functools.cache
-def multiprocessors(device: torch.device) -> int:
-    """The device's SM count (the interpreter's stand-in on the CPU)."""
-    if device.type != "cuda":
-        return INTERPRETED_MULTIPROCESSORS
-    return int(torch.cuda.get_device_properties(device).multi_processor_count)
 
 
 @functools.cache  # called at every eager launch; a function of the shape alone

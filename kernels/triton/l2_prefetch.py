@@ -21,7 +21,6 @@ instruction needs), one per thread; the last may be short and those past the end
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -31,7 +30,7 @@ import triton.language as tl
 from kernels.kv_layout import ceil_div
 from kernels.triton.launch import FastLaunch
 from kernels.triton.offline import compile_offline, ptx_of, require_pdl_build, run_compile_check
-from kernels.triton.storage import pdl_supported
+from kernels.triton.storage import multiprocessors, pdl_supported
 
 # The instruction's operand rules (PTX ISA, cp.async.bulk.prefetch): a 16-byte aligned global
 # address and a size that is a multiple of 16.
@@ -81,11 +80,6 @@ def _l2_prefetch_kernel(base_ptr, nbytes, piece, PIECES: tl.constexpr, PDL: tl.c
 _l2_prefetch_launch = FastLaunch(_l2_prefetch_kernel)
 
 
-@functools.cache
-def _multiprocessors(index: int) -> int:
-    return int(torch.cuda.get_device_properties(index).multi_processor_count)
-
-
 def runs_on(device: torch.device) -> bool:
     """Whether a prefetch on ``device`` issues anything: sm_90+ (the bulk prefetch), not interpreted."""
     return pdl_supported(device)
@@ -104,8 +98,7 @@ def prefetch_to_l2(weight: torch.Tensor, layout: PrefetchLayout = DEFAULT_LAYOUT
     nbytes = weight.numel() * weight.element_size() // ALIGN * ALIGN
     if nbytes == 0 or not runs_on(weight.device):
         return
-    index = weight.device.index if weight.device.index is not None else torch.cuda.current_device()
-    programs, piece = layout.pieces_of(nbytes, _multiprocessors(index))
+    programs, piece = layout.pieces_of(nbytes, multiprocessors(weight.device))
     _l2_prefetch_launch[(programs,)](
         weight.reshape(-1).view(torch.uint8),
         nbytes,

@@ -1,6 +1,6 @@
 """What every Triton kernel module here shares about its launch: the storage dtypes the kernels
-take (and their Triton and signature spellings), whether Triton's interpreter runs them, and
-whether a launch may use programmatic dependent launch (PDL).
+take (and their Triton and signature spellings), whether Triton's interpreter runs them, the
+device's SM count, and whether a launch may use programmatic dependent launch (PDL).
 
 PDL, where a kernel takes it (a ``PDL`` constexpr, launched with ``launch_pdl=True``): the kernel
 calls ``gdc_launch_dependents()`` first, so the next kernel in the stream may start while it runs,
@@ -59,3 +59,15 @@ def pdl_supported(device: torch.device) -> bool:
         return False
     index = device.index if device.index is not None else torch.cuda.current_device()
     return _capability_has_pdl(index) and _triton_has_pdl()
+
+
+# What the interpreter counts as the device's SMs: few, so a persistent program walks several tiles.
+INTERPRETED_MULTIPROCESSORS = 2
+
+
+@functools.cache
+def multiprocessors(device: torch.device) -> int:
+    """The device's SM count (the interpreter's stand-in off CUDA)."""
+    if device.type != "cuda":
+        return INTERPRETED_MULTIPROCESSORS
+    return int(torch.cuda.get_device_properties(device).multi_processor_count)
