@@ -1,11 +1,13 @@
 """The L2 prefetch (``kernels.triton.l2_prefetch``): its pieces cover a weight exactly, it builds for
 sm_90 with the bulk prefetch and both PDL instructions, it refuses what the instruction cannot take,
-and Qwen3 asks for each layer's O projection once per step, with the same tokens and log-probs as
-without it (on a GPU the kernel runs; elsewhere it is a no-op and only the asking is checked)."""
+and every model line asks for each attention layer's O projection once per step, with the same
+tokens and log-probs as without it (on a GPU the kernel runs; elsewhere it is a no-op and only the
+asking is checked)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -86,9 +88,17 @@ def _decode(
     return tokens, logprobs, scheduler.runner.model  # type: ignore[attr-defined]
 
 
-def test_qwen3_asks_for_each_o_projection_and_keeps_its_values(
-    tiny_qwen3: Path, monkeypatch: pytest.MonkeyPatch
+def _o_weights(model: Any) -> list[int]:
+    """The O projection of every attention layer, in layer order (Qwen3.5's GDN layers have none)."""
+    layers = [getattr(layer, "mixer", layer) for layer in model.layers]
+    return [layer.o.data_ptr() for layer in layers if hasattr(layer, "o")]
+
+
+@pytest.mark.parametrize("line", ["tiny_qwen3", "tiny_qwen35", "tiny_gemma4", "tiny_gemma3"])
+def test_each_line_asks_for_its_o_projections_and_keeps_its_values(
+    line: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    checkpoint: Path = request.getfixturevalue(line)
     asked: list[int] = []
     launched: list[int] = []
     real_prefetch = ComposedProjections.prefetch
@@ -98,20 +108,20 @@ def test_qwen3_asks_for_each_o_projection_and_keeps_its_values(
         asked.append(weight.data_ptr())
         real_prefetch(self, weight)
 
-    def spy_launch(weight: torch.Tensor, *args: object, **kwargs: object) -> None:
+    def spy_launch(weight: torch.Tensor, *args: Any, **kwargs: Any) -> None:
         launched.append(weight.data_ptr())
-        real_launch(weight, *args, **kwargs)  # type: ignore[arg-type]
+        real_launch(weight, *args, **kwargs)
 
     monkeypatch.setattr(ComposedProjections, "prefetch", spy_prefetch)
     monkeypatch.setattr(prefetch_module, "prefetch_to_l2", spy_launch)
-    plain_tokens, plain_logprobs, _ = _decode(tiny_qwen3, l2_prefetch=False)
-    steps_without = len(asked)
+    plain_tokens, plain_logprobs, _ = _decode(checkpoint, l2_prefetch=False)
+    asks_without = len(asked)
     assert not launched
-    tokens, logprobs, model = _decode(tiny_qwen3, l2_prefetch=True)
-    o_weights = [layer.o.data_ptr() for layer in model.layers]  # type: ignore[attr-defined]
-    asked_with = asked[steps_without:]
-    # One ask per layer per step, in layer order, for that layer's O weight.
-    assert asked_with and len(asked_with) % len(o_weights) == 0
+    tokens, logprobs, model = _decode(checkpoint, l2_prefetch=True)
+    o_weights = _o_weights(model)
+    asked_with = asked[asks_without:]
+    # One ask per attention layer per step, in layer order, for that layer's O weight.
+    assert o_weights and asked_with and len(asked_with) % len(o_weights) == 0
     assert asked_with == o_weights * (len(asked_with) // len(o_weights))
     assert launched == (asked_with if DEVICE == "cuda" else [])
     assert tokens == plain_tokens
