@@ -67,8 +67,8 @@ class ModelOptions:
     l2_prefetch: bool = field(
         default=False,
         metadata={
-            "help": "Warm the L2 with each layer's O projection weight while its attention runs (CUDA "
-            'sm_90+; no value changes; off until measured: docs/kernels.md, "L2 prefetch").'
+            "help": "Warm the L2 with each attention layer's O projection weight while its attention "
+            "runs (every line; CUDA sm_90+; no value changes; off until measured: docs/kernels.md)."
         },
     )
     gdn_backend: str = field(
