@@ -228,14 +228,8 @@ class PagedLine(Generic[ConfigT]):
             len(stored) - len(weights),
         )
         linear: Linear = policy_linear(engine.numeric_policy, device)
-        if options.decode_fusion or options.l2_prefetch:  # lines that know the seam use them
-            linear = policy_projections(
-                engine.numeric_policy,
-                device,
-                linear,
-                decode_fusion=options.decode_fusion,
-                l2_prefetch=options.l2_prefetch,
-            )
+        if options.decode_fusion:  # a line that knows the seam fuses its decode steps; others call it
+            linear = policy_projections(engine.numeric_policy, device, linear, decode_fusion=True)
         if plan is None:
             model = self.build_model(config, weights, device, max_model_len, linear)
         else:

@@ -64,13 +64,6 @@ class ModelOptions:
             "(slower than the default kernels on an H100 for Qwen3-4B; docs/benchmarks/qwen3.md)."
         },
     )
-    l2_prefetch: bool = field(
-        default=False,
-        metadata={
-            "help": "Warm the L2 with each attention layer's O projection weight while its attention "
-            "runs (every line; CUDA sm_90+; no value changes; off until measured: docs/kernels.md)."
-        },
-    )
     gdn_backend: str = field(
         default="auto",
         metadata={

@@ -33,7 +33,6 @@ DECODE_PATH_ENV = "INFER_GATE_DECODE_PATH"
 # the manifest with them is how a path earns its way to a default.
 DECODE_PATH_KNOBS: tuple[str, ...] = (
     "decode_fusion",
-    "l2_prefetch",
     "attention_backend",
     "sampling_backend",
     "async_scheduling",

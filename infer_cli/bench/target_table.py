@@ -136,8 +136,6 @@ def run_flags(settings: Mapping[str, object]) -> tuple[str, ...]:
         flags.append(f"attention {settings['attention_backend']}")
     if settings.get("decode_fusion"):
         flags.append("decode fusion")
-    if settings.get("l2_prefetch"):
-        flags.append("L2 prefetch")
     temperature = settings.get("temperature")
     if isinstance(temperature, int | float) and temperature > 0:
         flags.append(f"temperature {temperature:g}, {settings.get('sampling_backend')} draw")

@@ -47,21 +47,11 @@ _NO_NORM = NormSpec(NormWeight.NONE)
 class ComposedProjections:
     """Every op as the unfused kernels the forward composes; ``fuses`` is never true."""
 
-    def __init__(self, linear: Linear, *, l2_prefetch: bool = False) -> None:
+    def __init__(self, linear: Linear) -> None:
         self.linear = linear
-        self.l2_prefetch = l2_prefetch
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return self.linear(x, weight)
-
-    def prefetch(self, weight: torch.Tensor) -> None:
-        """The step's next projection reads ``weight``: with ``l2_prefetch``, its bytes start moving
-        into L2 now, while latency-bound kernels run (``kernels.triton.l2_prefetch``). No value
-        changes; a no-op without it or off CUDA."""
-        if self.l2_prefetch and weight.device.type == "cuda":
-            from kernels.triton.l2_prefetch import prefetch_to_l2
-
-            prefetch_to_l2(weight)
 
     def fuses(self, rows: int, device: torch.device) -> bool:
         """Whether a step of ``rows`` token rows on ``device`` runs the fused ops as one launch each."""
@@ -93,8 +83,8 @@ class ComposedProjections:
 class FusedDecodeProjections(ComposedProjections):
     """Decode steps (``fuses``) through the fused decode kernels, one launch per op; the rest composed."""
 
-    def __init__(self, linear: Linear, *, l2_prefetch: bool = False) -> None:
-        super().__init__(linear, l2_prefetch=l2_prefetch)
+    def __init__(self, linear: Linear) -> None:
+        super().__init__(linear)
         self._logged: set[tuple[str, int, int, str]] = set()
 
     def fuses(self, rows: int, device: torch.device) -> bool:
@@ -175,28 +165,21 @@ def as_projections(linear: Linear) -> Projections:
 
 
 def policy_projections(
-    policy: NumericPolicy | str,
-    device: torch.device,
-    linear: Linear,
-    *,
-    decode_fusion: bool,
-    l2_prefetch: bool = False,
+    policy: NumericPolicy | str, device: torch.device, linear: Linear, *, decode_fusion: bool
 ) -> Projections:
     """The projections a model builds on: ``FusedDecodeProjections`` when ``decode_fusion`` is asked
     for under ``tuned`` on CUDA (or the Triton interpreter), ``ComposedProjections`` otherwise; a
-    request the policy or device rules out is logged by name. ``l2_prefetch`` holds under every
-    policy: it changes no value."""
+    request the policy or device rules out is logged by name."""
     chosen = parse_policy(policy) if isinstance(policy, str) else policy
-    composed = ComposedProjections(linear, l2_prefetch=l2_prefetch)
     if not decode_fusion:
-        return composed
+        return ComposedProjections(linear)
     if chosen is not NumericPolicy.TUNED:
         log.info(
             "--decode-fusion: policy %s promises one kernel for every row count; projections compose",
             chosen.value,
         )
-        return composed
+        return ComposedProjections(linear)
     if device.type != "cuda" and not interpreted():
         log.info("--decode-fusion: %s has no Triton kernels (CUDA only); projections compose", device)
-        return composed
-    return FusedDecodeProjections(linear, l2_prefetch=l2_prefetch)
+        return ComposedProjections(linear)
+    return FusedDecodeProjections(linear)

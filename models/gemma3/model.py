@@ -223,7 +223,6 @@ class Gemma3Model:
             pool_layer,
         )
         spec = self.kv.attention_specs[layer.group]
-        self.projections.prefetch(layer.o)  # streams while attention runs
         return batch.attention.run(layer.group, spec, q_rot, pool_layer).reshape(tokens, self.q_size)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -249,7 +249,6 @@ class Gemma4Model:
             pool_layer,
         )
         spec = self.kv.shapes[layer.group].attention
-        self.projections.prefetch(layer.o)  # streams while attention runs
         return batch.attention.run(layer.group, spec, q_rot, pool_layer).reshape(tokens, q_size)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -156,7 +156,6 @@ class Qwen3Model:
             self.rope_table,
             pool_layer,
         )
-        self.projections.prefetch(layer.o)  # streams while attention runs
         return batch.attention.run(0, self.attn_spec, q_rot, pool_layer).reshape(tokens, self.q_size)
 
     def _layers(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:

@@ -443,7 +443,6 @@ class Qwen35Model:
             pool_layer,
         )
         assert gate is not None  # the gated-Q prep always returns the gate
-        self.projections.prefetch(layer.o)  # streams while attention runs
         attn = batch.attention.run(0, self.attn_spec, q_rot, pool_layer)
         gated = attn.reshape(tokens, self.num_heads, head_dim) * torch.sigmoid(gate)
         return gated.reshape(tokens, q_size)

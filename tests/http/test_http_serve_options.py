@@ -111,7 +111,6 @@ def test_serve_hands_every_knob_to_the_model_options(monkeypatch: pytest.MonkeyP
             "--device", "cpu",
             "--attention-backend", "torch",
             "--decode-fusion",
-            "--l2-prefetch",
             "--gdn-backend", "torch",
             "--sim-step-delay", "0.25",
         ],
@@ -138,7 +137,6 @@ def test_serve_hands_every_knob_to_the_model_options(monkeypatch: pytest.MonkeyP
         device="cpu",
         attention_backend="torch",
         decode_fusion=True,
-        l2_prefetch=True,
         gdn_backend="torch",
         sim_step_delay_s=0.25,
     )

@@ -184,26 +184,6 @@ invariant-triton-attn() {  # invariant with the Triton decode attention (a split
   infer gates --manifest qwen3 --checkpoint $q3 --attention-backend triton --gate qwen3.batch_invariance_is_bitwise \
     --gate qwen3.graph_replay_matches_eager --json $work/qwen3-gates-triton-attn.json
 }
-l2-prefetch-ab() {  # each layer's O weight warmed into L2 while attention runs (--l2-prefetch): its
-  # GPU test (the kernel launched, the same bits), then tuned and invariant without and with it, back
-  # to back (FlashInfer lets the O projection launch only at the end of its merge, so O streams cold),
-  # then the invariance and graph gates with it
-  synth_q3
-  python3 -m pytest -q --tb=short tests/kernels/test_l2_prefetch.py
-  for run in off on off on; do
-    infer bench latency --model $q3 --numeric-policy tuned,invariant --batch-sizes 1,8,64 --prefill-lens 1024 \
-      --breakdown $([ $run == on ] && echo --l2-prefetch) --save-result $work/l2-prefetch-$run-$((++l2_round)).json
-  done
-  infer gates --manifest qwen3 --checkpoint $q3 --l2-prefetch --gate qwen3.batch_invariance_is_bitwise \
-    --gate qwen3.graph_replay_matches_eager --json $work/qwen3-gates-l2-prefetch.json
-}
-l2-prefetch-ab-gemma4() {  # the same on Gemma 4 12B (tuned; O is 31 MB on its sliding layers)
-  synth_g4
-  for run in off on; do
-    infer bench latency --model $g4 --batch-sizes 1,8,64 --prefill-lens 1024 --breakdown \
-      $([ $run == on ] && echo --l2-prefetch) --save-result $work/l2-prefetch-gemma4-$run.json
-  done
-}
 invariance() {  # invariant against tuned (docs/benchmarks/invariance.md)
   synth_q3
   infer bench latency --model $q3 --numeric-policy tuned,invariant --batch-sizes 1,8,64 \
@@ -863,7 +843,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | gemv-layout-ab | attn-split-ab | decode-kernel-ab | invariant-gpu-tests | invariant-tiles-probe | invariant-triton-attn | l2-prefetch-ab | l2-prefetch-ab-gemma4 | prefill-host-ab | split-rule-check | gemv-rows-ab | prefill-spread | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | prefill-graphs-gates-qwen35 | prefill-graphs-gates-gemma4 | qwen35-prefill-graphs-latency)
+  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | gemv-layout-ab | attn-split-ab | decode-kernel-ab | invariant-gpu-tests | invariant-tiles-probe | invariant-triton-attn | prefill-host-ab | split-rule-check | gemv-rows-ab | prefill-spread | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | prefill-graphs-gates-qwen35 | prefill-graphs-gates-gemma4 | qwen35-prefill-graphs-latency)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
