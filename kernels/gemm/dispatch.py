@@ -13,13 +13,7 @@ from kernels.gemm.names import NumericPolicy, parse_policy
 from kernels.gemm.per_token import per_token_linear
 from kernels.gemm.pin import PinnedGemm
 from kernels.gemm.skinny_dispatch import SkinnyDispatch, measured_table
-from kernels.triton.invariant_gemm import (
-    MAX_HEAD_TILES,
-    PREFILL_TILES,
-    PREFILL_TILES_CUT,
-    GemmTiles,
-    invariant_gemm,
-)
+from kernels.triton.invariant_gemm import PREFILL_TILES, PREFILL_TILES_CUT, GemmTiles, invariant_gemm
 
 Linear = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -39,7 +33,6 @@ INVARIANT_TILES = GemmTiles(
     split_programs=264,
     many_rows=PREFILL_TILES,
     many_rows_cut=PREFILL_TILES_CUT,
-    head_tiles=MAX_HEAD_TILES,
 )
 
 

@@ -52,9 +52,6 @@ from kernels.triton.prep_kernel import _round_to_storage
 from kernels.triton.skinny_gemm import dot_into, reduce_partials
 from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted, pdl_supported
 
-# The most K tiles a program holds in registers before its wait (four 64 × 64 bf16 tiles: 32 KB).
-MAX_HEAD_TILES = 4
-
 
 class GemmShapeError(ValueError):
     """A GEMM the kernel (or the configuration asked for) cannot run; the message names the shape."""
@@ -81,10 +78,6 @@ class GemmTiles:
     # tiles, its chunk's and the running total, so it needs tiles half as large to stay in the
     # registers (a 128 × 256 tile's two at 8 warps spill and run 2.5-3× slower on an H100).
     many_rows_cut: GemmTiles | None = None
-    # K tiles (at most MAX_HEAD_TILES) of a one-chunk program's weight loaded before its PDL wait,
-    # so they stream while the kernel before it ends, as the decode GEMV's slice does; the dots
-    # stay the same block_k steps in the same order (``head_tiles``).
-    head_tiles: int = 0
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
@@ -95,8 +88,6 @@ class GemmTiles:
             raise GemmShapeError(f"num_warps={self.num_warps}: must be 1, 2, 4, 8 or 16")
         if self.num_stages < 1:
             raise GemmShapeError(f"num_stages={self.num_stages}: must be at least 1")
-        if not 0 <= self.head_tiles <= MAX_HEAD_TILES:
-            raise GemmShapeError(f"head_tiles={self.head_tiles}: must be 0 to {MAX_HEAD_TILES}")
         if self.split_programs < 0 or (self.split_programs and self.even_k):
             raise GemmShapeError(
                 f"split_programs={self.split_programs}: must be 0 (no split) or more, and 0 with even_k"
@@ -130,15 +121,6 @@ class GemmTiles:
         width = ceil_div(k_tiles, wanted) * self.block_k
         return ceil_div(k, width), width
 
-    def head(self, n: int, k: int) -> int:
-        """The K tiles a one-chunk program loads before its wait: ``head_tiles``, cut to the
-        shortest chunk's tiles (the last) so no program's head passes its chunk's end. A function
-        of the weight shape and the tiles, and it changes no bit: only when the loads are issued."""
-        chunks, width = self.k_split(n, k)
-        k_tiles = ceil_div(k, self.block_k)
-        last_chunk_tiles = k_tiles - (chunks - 1) * ceil_div(width, self.block_k)
-        return min(self.head_tiles, last_chunk_tiles)
-
     def launch_tiles(self, m: int, n: int, k: int) -> GemmTiles:
         """The tiles an [m, k] @ [n, k].T launch runs: ``many_rows`` (``many_rows_cut`` where K is
         cut) once its row blocks alone give it ``split_programs`` programs, these tiles otherwise."""
@@ -154,43 +136,6 @@ class GemmTiles:
         if self.even_k and k % self.block_k:
             return f"K={k} is not a multiple of block_k={self.block_k} (the configuration loads K unmasked)"
         return None
-
-
-@triton.jit
-def _k_tiles(
-    x_ptr, w_ptr, t, rows, cols, K, stride_xm, stride_xk, stride_wn, stride_wk, BLOCK_K: tl.constexpr
-):
-    """The pointers and K mask of K tile ``t``: x [BLOCK_M, BLOCK_K] and w [BLOCK_K, BLOCK_N]."""
-    ks = t * BLOCK_K + tl.arange(0, BLOCK_K)
-    x_tile = x_ptr + rows[:, None] * stride_xm + ks[None, :] * stride_xk
-    w_tile = w_ptr + ks[:, None] * stride_wk + cols[None, :] * stride_wn
-    return x_tile, w_tile, ks < K
-
-
-@triton.jit
-def _load_w(
-    w_ptr, t, rows, cols, col_ok, K, stride_wn, stride_wk, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr
-):
-    """Weight tile ``t``, masked as the K loop masks it."""
-    _, w_tile, k_ok = _k_tiles(w_ptr, w_ptr, t, rows, cols, K, 0, 0, stride_wn, stride_wk, BLOCK_K)
-    if EVEN_K:
-        return tl.load(w_tile, mask=col_ok[None, :], other=0.0)
-    else:
-        return tl.load(w_tile, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-
-
-@triton.jit
-def _dot_head_tile(
-    acc, b, x_ptr, t, rows, cols, row_ok, K, stride_xm, stride_xk,
-    BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, DOT_FP32: tl.constexpr, IEEE: tl.constexpr,
-):  # fmt: skip
-    """``acc`` plus x's tile ``t`` times the weight tile ``b`` loaded before the wait."""
-    x_tile, _, k_ok = _k_tiles(x_ptr, x_ptr, t, rows, cols, K, stride_xm, stride_xk, 0, 0, BLOCK_K)
-    if EVEN_K:
-        a = tl.load(x_tile, mask=row_ok[:, None], other=0.0)
-    else:
-        a = tl.load(x_tile, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-    return dot_into(acc, a, b, DOT_FP32, IEEE)
 
 
 # M is never specialised: one compiled kernel serves every row count (and no capture compiles).
@@ -216,12 +161,16 @@ def _invariant_gemm_kernel(
     CHUNKS_PER_PROGRAM: tl.constexpr,
     CHUNK: tl.constexpr,
     PARTIAL: tl.constexpr,
-    HEAD: tl.constexpr,
     STORAGE: tl.constexpr,
     DOT_FP32: tl.constexpr,
     IEEE: tl.constexpr,
     PDL: tl.constexpr,
 ):
+    if PDL:
+        # The next kernel may launch now; x is the previous kernel's output and y may be memory it
+        # still reads, so nothing is loaded or stored before the wait.
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -239,43 +188,17 @@ def _invariant_gemm_kernel(
     tiles_per_chunk = (CHUNK + BLOCK_K - 1) // BLOCK_K
     t_begin = tl.program_id(2) * CHUNKS_PER_PROGRAM * tiles_per_chunk
     t_end = tl.minimum(t_begin + CHUNKS_PER_PROGRAM * tiles_per_chunk, tl.cdiv(K, BLOCK_K))
-    if PDL:
-        # The next kernel may launch now. x is the previous kernel's output and y may be memory it
-        # still reads, so only the weights (read-only for the whole step) load before the wait:
-        # the HEAD tiles of a one-chunk program, the same tiles its first dots take.
-        tl.extra.cuda.gdc_launch_dependents()
-    b0 = tl.zeros((BLOCK_K, BLOCK_N), dtype=w_ptr.dtype.element_ty)  # stand-ins, unread past HEAD
-    b1 = b0
-    b2 = b0
-    b3 = b0
-    if HEAD >= 1:
-        b0 = _load_w(w_ptr, t_begin, rows, cols, col_ok, K, stride_wn, stride_wk, BLOCK_K, EVEN_K)
-    if HEAD >= 2:
-        b1 = _load_w(w_ptr, t_begin + 1, rows, cols, col_ok, K, stride_wn, stride_wk, BLOCK_K, EVEN_K)
-    if HEAD >= 3:
-        b2 = _load_w(w_ptr, t_begin + 2, rows, cols, col_ok, K, stride_wn, stride_wk, BLOCK_K, EVEN_K)
-    if HEAD >= 4:
-        b3 = _load_w(w_ptr, t_begin + 3, rows, cols, col_ok, K, stride_wn, stride_wk, BLOCK_K, EVEN_K)
-    if PDL:
-        tl.extra.cuda.gdc_wait()
+    ks = t_begin * BLOCK_K + tl.arange(0, BLOCK_K)
+    x_tile = x_ptr + rows[:, None] * stride_xm + ks[None, :] * stride_xk
+    w_tile = w_ptr + ks[:, None] * stride_wk + cols[None, :] * stride_wn
     total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if HEAD >= 1:
-        acc = _dot_head_tile(acc, b0, x_ptr, t_begin, rows, cols, row_ok, K, stride_xm, stride_xk, BLOCK_K, EVEN_K, DOT_FP32, IEEE)  # fmt: skip
-    if HEAD >= 2:
-        acc = _dot_head_tile(acc, b1, x_ptr, t_begin + 1, rows, cols, row_ok, K, stride_xm, stride_xk, BLOCK_K, EVEN_K, DOT_FP32, IEEE)  # fmt: skip
-    if HEAD >= 3:
-        acc = _dot_head_tile(acc, b2, x_ptr, t_begin + 2, rows, cols, row_ok, K, stride_xm, stride_xk, BLOCK_K, EVEN_K, DOT_FP32, IEEE)  # fmt: skip
-    if HEAD >= 4:
-        acc = _dot_head_tile(acc, b3, x_ptr, t_begin + 3, rows, cols, row_ok, K, stride_xm, stride_xk, BLOCK_K, EVEN_K, DOT_FP32, IEEE)  # fmt: skip
-    x_tile, w_tile, _ = _k_tiles(x_ptr, w_ptr, t_begin + HEAD, rows, cols, K, stride_xm, stride_xk, stride_wn, stride_wk, BLOCK_K)  # fmt: skip
-    ks = (t_begin + HEAD) * BLOCK_K + tl.arange(0, BLOCK_K)
-    for t in range(t_begin + HEAD, t_end):
+    for t in range(t_begin, t_end):
         if EVEN_K:
             a = tl.load(x_tile, mask=row_ok[:, None], other=0.0)
             b = tl.load(w_tile, mask=col_ok[None, :], other=0.0)
         else:
-            k_ok = (t - t_begin - HEAD) * BLOCK_K + ks < K
+            k_ok = (t - t_begin) * BLOCK_K + ks < K
             a = tl.load(x_tile, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             b = tl.load(w_tile, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
         acc = dot_into(acc, a, b, DOT_FP32, IEEE)
@@ -357,8 +280,6 @@ def invariant_gemm(x: torch.Tensor, weight: torch.Tensor, tiles: GemmTiles) -> t
         CHUNKS_PER_PROGRAM=1 if partial else chunks,
         CHUNK=width,
         PARTIAL=partial,
-        # Only a program of one chunk in the base tiles takes a head.
-        HEAD=tiles.head(n, k) if launch is tiles and (partial or chunks == 1) else 0,
         STORAGE=STORAGE_TYPES[x.dtype],
         DOT_FP32=interpreted(),
         IEEE=x.dtype == torch.float32,
@@ -382,9 +303,9 @@ PREFILL_TILES_CUT = GemmTiles(block_m=128, block_n=128, block_k=64, num_warps=8,
 # invariant policy's decode forms), the many-rows tiles of a whole and of a cut K, and pin's
 # unmasked whole K, at a serving shape's chunking. Each form: (partial, chunks, even_k, tiles).
 COMPILE_FORMS = {
-    "across": (True, 7, False, GemmTiles(head_tiles=MAX_HEAD_TILES)),
+    "across": (True, 7, False, GemmTiles()),
     "within": (False, 7, False, GemmTiles()),
-    "whole": (False, 1, False, GemmTiles(head_tiles=MAX_HEAD_TILES)),
+    "whole": (False, 1, False, GemmTiles()),
     "many-rows": (False, 1, False, PREFILL_TILES),
     "many-rows-cut": (False, 7, False, PREFILL_TILES_CUT),
     "even": (False, 1, True, GemmTiles()),
@@ -403,7 +324,6 @@ def compile_variant(form: str, dtype: torch.dtype, arch: int = 90) -> object:
         "CHUNKS_PER_PROGRAM": 1 if partial else chunks,
         "CHUNK": 10 * tiles.block_k,
         "PARTIAL": partial,
-        "HEAD": tiles.head_tiles,
         "STORAGE": STORAGE_TYPES[dtype],
         "DOT_FP32": False,
         "IEEE": dtype == torch.float32,

@@ -126,36 +126,6 @@ def test_a_split_k_sums_the_same_bits_across_programs_and_within_one(
     torch.testing.assert_close(full.float(), F.linear(x.float(), w.float()), rtol=2e-2, atol=2e-2)
 
 
-def test_head_tiles_are_cut_to_the_shortest_chunk() -> None:
-    # K = 40 in chunks of 16, 16 and 8 columns: the last has one 16-wide tile.
-    assert dataclasses.replace(SPLIT, head_tiles=4).head(48, 40) == 1
-    # Whole K = 40 in one chunk of three tiles (16, 16, 8).
-    assert GemmTiles(block_m=16, block_n=16, block_k=16, head_tiles=4).head(48, 40) == 3
-    assert GemmTiles(block_m=16, block_n=16, block_k=16, head_tiles=2).head(48, 40) == 2
-    # Qwen3-4B's O projection: 7 chunks of 640, the last 256 wide (4 tiles); down: the last 1280.
-    assert INVARIANT_TILES.head(2560, 4096) == 4 and INVARIANT_TILES.head(2560, 9728) == 4
-    for wrong in (-1, 5):
-        with pytest.raises(GemmShapeError, match=f"head_tiles={wrong}"):
-            GemmTiles(head_tiles=wrong)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("k", [40, 64, 72], ids=["cut-k40", "cut-k64", "cut-k72"])
-def test_head_tiles_change_no_bit(dtype: torch.dtype, k: int) -> None:
-    """Weight tiles loaded before the wait are dotted as the K loop would dot them: every head size,
-    across programs (a cut K at few rows), within one (more rows) and whole K, the same bits."""
-    g = torch.Generator().manual_seed(11)
-    x = torch.randn(64, k, generator=g).to(dtype).to(DEVICE)
-    w = (torch.randn(48, k, generator=g) / k**0.5).to(dtype).to(DEVICE)
-    for base in (SPLIT, GemmTiles(block_m=16, block_n=16, block_k=16)):
-        plain = invariant_gemm(x, w, base)
-        for head in range(1, 5):
-            tiles = dataclasses.replace(base, head_tiles=head)
-            assert tiles.head(48, k) >= 1
-            for m in (1, 17, 64):
-                assert torch.equal(invariant_gemm(x[:m], w, tiles), plain[:m]), f"head {head}, {m} rows"
-
-
 def _rows_checked_alone(dtype: torch.dtype, rows: int) -> tuple[int, ...]:
     """Every row in bf16 (the serving dtype) and on a GPU. Triton's interpreter computes an fp32
     `tl.dot` with numpy's matmul, which rounds rows 6-11 of a 16-row tile differently from the same
