@@ -33,10 +33,11 @@
 #   PIPELINE="decode-tests sampler-timing gemm-qwen3 qwen3-decode-variants host-profile-async gemma4-decode-variants
 #             qwen3-gates vllm-qwen3" STAGE=all ...
 # then the qwen3 and gemma4 manifests with the flags the variants showed best, before flipping a default.
-# The next stretch (prepared 2026-12-06 after the third session's two H100s at 9ccbfeb and 63383c2:
-# the one K loop and 128 x 128 tiles for a cut K took invariant's 8k prefill to +34 %; invariant's
-# batch-1 cost is mostly FlashInfer's unsplit attention, which the Triton decode attention, now on
-# tensor cores and not yet run on a GPU, may take over; the qwen35 manifest passed with --prefill-graphs).
+# The next stretch (prepared 2026-12-06 after the fourth session's H100s at 66bda9c and 9a5d010:
+# the Triton decode attention on tensor cores passes its GPU tests and two gates but stays behind
+# FlashInfer; invariant's batch-1 cost is its GEMM path, not attention; the O weight's L2 prefetch
+# and the invariant GEMM's weights before the wait were measured and dropped; before building a
+# lever, search docs/benchmarks/ for it: the L2 prefetch had been measured once already).
 # Carrying: the tree and the 62 MB flashinfer wheel pass 64 MiB together, so the wheel travels split
 # (scripts/split_flashinfer_wheel.sh after stage-wheels.sh): chunk aa in .whl-fi, chunk ab and the
 # wheel's sha256 in .whl-deps/fi-tail. FlashInfer's attention modules, built on the CPU machine
@@ -61,19 +62,14 @@
 # STAGE=NAME copies every JSON of /tmp/runs into $OUT: past 8 files the rest (runs.tgz too) do not
 # come back, so fetch through a wait call's runs.tgz instead.
 # The pipeline, in priority order, with needs_h200 (an H100 cannot hold these):
-#   "attn-triton-tests invariant-tiles-probe qwen3-table vllm-qwen3 invariance invariant-triton-attn
-#   attn-triton-latency numerics gemma4-gates qwen35-9b-parity qwen35-gates prefill-graphs-gates-gemma4".
-#   attn-triton-tests first: the tensor-core dots of the Triton decode attention have not run on a GPU;
-#   the probe: whether 128-deep K tiles keep the invariant GEMM's bits, and how fast; qwen3-table: the
-#   H200's dispatch table has no GEMV rows (copy skinny_dispatch_h200.json back from runs.tgz);
-#   vllm-qwen3 beside it for the same-session ratio; invariant-triton-attn beside invariance (does the
-#   Triton split take invariant's batch-1 step under +5 %?), attn-triton-latency beside qwen3-table's
-#   step (tuned with it); gemma4-gates is the whole manifest under the async default, its five gates
-#   that need the H200's memory included; qwen35-9b-parity's full_forward_matches_hf has never run
-#   alone on an H200.
-# On an H100: "attn-triton-tests invariant-tiles-probe invariance invariant-triton-attn
-#   attn-triton-latency qwen3-latency" (the same questions; qwen3-latency for tuned with FlashInfer in
-#   the same session).
+#   "qwen3-table vllm-qwen3 invariance numerics gemma4-gates qwen35-9b-parity qwen35-gates
+#   prefill-graphs-gates-gemma4".
+#   qwen3-table: the H200's dispatch table has no GEMV rows (copy skinny_dispatch_h200.json back from
+#   runs.tgz); vllm-qwen3 beside it for the same-session ratio; gemma4-gates is the whole manifest
+#   under the async default, its five gates that need the H200's memory included;
+#   qwen35-9b-parity's full_forward_matches_hf has never run alone on an H200; the prefill-graphs
+#   manifest on gemma4 is what stands between --prefill-graphs and the default.
+# On an H100 nothing is queued: the open questions need the H200 (its figures, gemma4's five gates).
 # - attn-split-ab (~2 min): the async step with FlashInfer's KV split as shipped and switched off.
 # - gemv-sweep and gemv-layout-ab, as at 1c7ef32, where a card's GEMV rule is in question.
 # Later stretches: vLLM's
