@@ -24,6 +24,7 @@ from kernels.triton.decode_attention import (
     DecodeGeometry,
     _decode_attention_merge_kernel,
     _decode_attention_split_kernel,
+    uses_tensor_cores,
 )
 from kernels.triton.offline import compile_offline, has_pdl_instructions, ptx_of, run_compile_check
 from kernels.triton.storage import POINTER_TYPES, STORAGE_TYPES, interpreted
@@ -102,7 +103,7 @@ def compile_variant(
     }
     split = _compile(
         _decode_attention_split_kernel,
-        {**shared, "BLOCK_N": geometry.block_n, "PAGE": PAGE_SIZE, "TENSOR_CORES": dtype != torch.float32},
+        {**shared, "BLOCK_N": geometry.block_n, "PAGE": PAGE_SIZE, "TENSOR_CORES": uses_tensor_cores(dtype)},
         dtype,
         pool_strides,
         arch,

@@ -124,8 +124,12 @@ class GemmTiles:
     def launch_tiles(self, m: int, n: int, k: int) -> GemmTiles:
         """The tiles an [m, k] @ [n, k].T launch runs: ``many_rows`` (``many_rows_cut`` where K is
         cut) once its row blocks alone give it ``split_programs`` programs, these tiles otherwise."""
+        return self._launch_tiles(m, n, self.k_split(n, k)[0])
+
+    def _launch_tiles(self, m: int, n: int, chunks: int) -> GemmTiles:
+        """``launch_tiles`` given the K chunk count ``k_split`` gives."""
         wide = self.many_rows
-        if self.many_rows_cut is not None and self.k_split(n, k)[0] > 1:
+        if self.many_rows_cut is not None and chunks > 1:
             wide = self.many_rows_cut
         if wide is not None and ceil_div(m, wide.block_m) * ceil_div(n, wide.block_n) >= self.split_programs:
             return wide
@@ -253,7 +257,7 @@ def invariant_gemm(x: torch.Tensor, weight: torch.Tensor, tiles: GemmTiles) -> t
     if m == 0:
         return y.reshape(*lead, n)
     chunks, width = tiles.k_split(n, k)
-    launch = tiles.launch_tiles(m, n, k)
+    launch = tiles._launch_tiles(m, n, chunks)
     row_blocks, col_blocks = ceil_div(m, launch.block_m), ceil_div(n, launch.block_n)
     # Across programs only while the row blocks alone leave the programs short of the target.
     partial = chunks > 1 and row_blocks * col_blocks < tiles.split_programs
