@@ -12,12 +12,14 @@ For every manifests/*.toml:
    `--no-async-scheduling` on every gate's engine (async scheduling is the default): both scheduling
    modes are gated on every run.
 A suite with no cpu-tier gate is reported as such and does not fail the run. Exit 1 if any step
-failed.
+failed. Each cpu run writes its JSON report; a failed run's gates are named in the table, and after
+the table each one's message and the end of its output are printed: CI keeps only the end of the log.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -48,6 +50,8 @@ SYNTHETIC = "tiny"
 REAL_CHECKPOINT_DEFAULT = {"gemma3": EMBEDDED}
 # The engine flags of the second cpu-tier run of every suite that serves a checkpoint.
 SYNCHRONOUS = ("--no-async-scheduling",)
+# Lines of a failed gate's output printed after the table.
+FAILURE_TAIL_LINES = 30
 
 
 def _real_checkpoint(family: str) -> str | None:
@@ -63,11 +67,36 @@ def _real_checkpoint(family: str) -> str | None:
 
 
 @dataclass(slots=True, frozen=True)
+class Failure:
+    """A gate (or a problem that stopped the run) of a failed step, from the run's JSON report."""
+
+    subject: str
+    message: str
+    output_tail: str = ""
+
+
+@dataclass(slots=True, frozen=True)
 class Step:
     manifest: str
     step: str
     ok: bool
     note: str
+    failures: tuple[Failure, ...] = ()
+
+
+def failures_in(report_path: Path) -> tuple[Failure, ...]:
+    """The problems and the selected gates that did not pass, as the report at `report_path` has
+    them; one stand-in failure when the report is missing or unreadable."""
+    try:
+        report = json.loads(report_path.read_text())
+    except (OSError, ValueError) as exc:
+        return (Failure(str(report_path), f"no readable report: {exc}"),)
+    found = [Failure(f"{p['stage']}: {p['subject']}", p["message"]) for p in report.get("problems", [])]
+    for gate in report.get("gates", []):
+        if gate.get("selected") and gate.get("result") != "passed":
+            message = f"{gate['result']}: {gate.get('message', '')}".strip()
+            found.append(Failure(gate["id"], message, gate.get("output_tail", "")))
+    return tuple(found)
 
 
 def _infer(*args: str, cwd: Path) -> int:
@@ -123,8 +152,24 @@ def _cpu_run(
                 made[family] = out
             args += ["--checkpoint", str(made[family])]
             note += f" on a tiny synthetic {family} checkpoint"
-    code = _infer(*args, cwd=root)
-    return Step(name, label, code == 0, note if code == 0 else f"{note}: exit {code}")
+    report = scratch / "reports" / f"{name}_{label.replace(' ', '_')}.json"
+    code = _infer(*args, "--json", str(report), cwd=root)
+    if code == 0:
+        return Step(name, label, True, note)
+    failures = failures_in(report)
+    failed = ", ".join(failure.subject for failure in failures)
+    return Step(name, label, False, f"{note}: exit {code}; failed: {failed}", failures)
+
+
+def print_failures(steps: list[Step], console: Console) -> None:
+    """After the table: each failed gate's message and the end of its output."""
+    for step in steps:
+        for failure in step.failures:
+            console.rule(f"[red]{step.manifest} · {step.step} · {failure.subject}")
+            console.print(failure.message, markup=False, highlight=False)
+            tail = failure.output_tail.rstrip().splitlines()[-FAILURE_TAIL_LINES:]
+            if tail:
+                console.print("\n".join(tail), markup=False, highlight=False)
 
 
 def run(root: Path, console: Console) -> int:
@@ -149,6 +194,7 @@ def run(root: Path, console: Console) -> int:
         style = "green" if step.ok else "red"
         table.add_row(step.manifest, step.step, "ok" if step.ok else "failed", step.note, style=style)
     console.print(table)
+    print_failures(steps, console)
     return 0 if all(step.ok for step in steps) else 1
 
 

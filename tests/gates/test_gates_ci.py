@@ -119,3 +119,43 @@ def test_ci_runs_the_gemma3_cpu_tier_on_the_tiny_checkpoint_when_asked(suite: Th
     assert done.returncode == 0, done.stdout + done.stderr
     assert suite.executed() == ["test_reads_the_tiny_checkpoint"] * 2
     assert "on a tiny synthetic gemma3 checkpoint" in done.stdout
+
+
+def test_ci_names_a_failed_gate_and_prints_its_output_after_the_table(suite: ThrowawaySuite) -> None:
+    """CI keeps only the end of the log: the failed gate, its message and its output come last."""
+    suite.name, suite.gates_dir = "qwen3", "gates/qwen3"
+    gate = suite.marking_gate(
+        "test_config.py",
+        "test_fails_loudly",
+        "print('the output line that says why'); raise AssertionError('bound 1e-3 crossed by 5e-3')",
+    )
+    suite.write_manifest(
+        [gate_entry("qwen3.fails_loudly", gate, needs=["checkpoint"])], model_types=["qwen3"]
+    )
+    done = run_ci(suite.root)
+    assert done.returncode == 1
+    after = done.stdout.partition("gate suites")[2]
+    assert "failed: qwen3.fails_loudly" in after
+    after_table = after.rsplit("└", 1)[1]
+    # Both scheduling modes failed: each is printed, with the message and the gate's own output.
+    assert after_table.count("qwen3.fails_loudly") == 2
+    assert after_table.count("bound 1e-3 crossed by 5e-3") >= 2
+    assert "the output line that says why" in after_table
+
+
+def test_ci_failures_read_from_a_report_name_problems_and_failed_gates(tmp_path: Path) -> None:
+    from gates.runner.ci import failures_in
+
+    report = tmp_path / "report.json"
+    report.write_text(
+        '{"problems": [{"stage": "preflight", "subject": "checkpoint", "message": "no config.json"}],'
+        ' "gates": [{"id": "a.passes", "selected": true, "result": "passed"},'
+        ' {"id": "a.skipped", "selected": false, "result": "not-selected"},'
+        ' {"id": "a.times_out", "selected": true, "result": "timeout", "message": "ran past 900s",'
+        ' "output_tail": "last line"}]}'
+    )
+    found = failures_in(report)
+    assert [f.subject for f in found] == ["preflight: checkpoint", "a.times_out"]
+    assert found[1].message == "timeout: ran past 900s" and found[1].output_tail == "last line"
+    missing = failures_in(tmp_path / "absent.json")
+    assert len(missing) == 1 and "no readable report" in missing[0].message
