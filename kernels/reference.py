@@ -674,6 +674,41 @@ def norm_linear(
     return linear(rms_norm(h, spec, norm_weight), weight)
 
 
+def norm_scale(spec: NormSpec, norm_weight: torch.Tensor | None, width: int) -> torch.Tensor:
+    """What a norm multiplies the normalised row by, in fp32: ``w``, ``1 + w`` or ones."""
+    if (norm_weight is None) != (spec.weight is NormWeight.NONE):
+        raise SpecError(
+            f"norm weight {spec.weight.value!r} was given weight={None if norm_weight is None else 'tensor'}"
+        )
+    if norm_weight is None:
+        return torch.ones(width, dtype=torch.float32)
+    scale = norm_weight.to(torch.float32)
+    return 1.0 + scale if spec.weight is NormWeight.ONE_PLUS_W else scale
+
+
+def folded_norm_linear(
+    h: torch.Tensor, spec: NormSpec, norm_weight: torch.Tensor | None, weight: torch.Tensor
+) -> torch.Tensor:
+    """``norm_linear`` with the norm folded into the projection: the fp32 dot of ``h · scale`` with
+    each weight row, times ``inverse_rms(h)``, rounded once to the storage dtype.
+
+    Not ``norm_linear``'s bits: the normalised row is never rounded to storage (so the result is
+    nearer the fp32 value than the spec's), and the inverse RMS scales the dot after the sum, which
+    lets one pass over the row make the dot and the sum of squares together (docs/kernels.md, "The
+    folded norm"). A kernel's freedoms are those of ``linear`` (the fp32 order of the sum, and whether a
+    product of ``h · scale`` with the weight is rounded before it is added: exact for bf16 and fp16
+    operands under a `w` norm, not under ``1 + w``), the order of the sum of squares, and where it
+    rounds the product with the inverse RMS (once, in fp32).
+    """
+    if weight.dim() != 2 or h.shape[-1] != weight.shape[1]:
+        raise SpecError(
+            f"folded_norm_linear: h {tuple(h.shape)} and weight {tuple(weight.shape)} do not share K"
+        )
+    scaled = h.to(torch.float32) * norm_scale(spec, norm_weight, h.shape[-1]).to(h.device)
+    dot = F.linear(scaled, weight.to(torch.float32))
+    return (dot * inverse_rms(h, spec.eps)).to(h.dtype)
+
+
 def linear_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
     """``residual_add(residual, linear(x, weight))``: a projection added to the residual stream."""
     return residual_add(residual, linear(x, weight), _NO_NORM)
