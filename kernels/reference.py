@@ -97,20 +97,26 @@ def inverse_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
     return 1.0 / torch.sqrt(mean_square + eps)
 
 
+def norm_scale(spec: NormSpec, norm_weight: torch.Tensor | None, width: int) -> torch.Tensor:
+    """What a norm multiplies the normalised row by, in fp32: ``w``, ``1 + w`` or ones."""
+    if (norm_weight is None) != (spec.weight is NormWeight.NONE):
+        raise SpecError(
+            f"norm weight {spec.weight.value!r} was given weight={None if norm_weight is None else 'tensor'}"
+        )
+    if norm_weight is None:
+        return torch.ones(width, dtype=torch.float32)
+    scale = norm_weight.to(torch.float32)
+    return 1.0 + scale if spec.weight is NormWeight.ONE_PLUS_W else scale
+
+
 def rms_norm(x: torch.Tensor, spec: NormSpec, weight: torch.Tensor | None = None) -> torch.Tensor:
     """RMSNorm of ``x`` over its last dim, returned in ``x.dtype`` (rounding points: module doc)."""
-    if (weight is None) != (spec.weight is NormWeight.NONE):
-        raise SpecError(
-            f"norm weight {spec.weight.value!r} was given weight={None if weight is None else 'tensor'}"
-        )
+    scale = norm_scale(spec, weight, x.shape[-1])
     if weight is not None and tuple(weight.shape) != (x.shape[-1],):
         raise SpecError(f"norm weight shape {tuple(weight.shape)} does not match last dim {x.shape[-1]}")
     normalised = x.to(torch.float32) * inverse_rms(x, spec.eps)
     if weight is None:
         return normalised.to(x.dtype)
-    scale = weight.to(torch.float32)
-    if spec.weight is NormWeight.ONE_PLUS_W:
-        scale = 1.0 + scale
     if spec.round_before_weight:
         return (scale * round_to(normalised, x.dtype)).to(x.dtype)
     return (normalised * scale).to(x.dtype)
@@ -672,18 +678,6 @@ def norm_linear(
 ) -> torch.Tensor:
     """``linear(rms_norm(h, spec, norm_weight), weight)``: a layer's input norm and its projection."""
     return linear(rms_norm(h, spec, norm_weight), weight)
-
-
-def norm_scale(spec: NormSpec, norm_weight: torch.Tensor | None, width: int) -> torch.Tensor:
-    """What a norm multiplies the normalised row by, in fp32: ``w``, ``1 + w`` or ones."""
-    if (norm_weight is None) != (spec.weight is NormWeight.NONE):
-        raise SpecError(
-            f"norm weight {spec.weight.value!r} was given weight={None if norm_weight is None else 'tensor'}"
-        )
-    if norm_weight is None:
-        return torch.ones(width, dtype=torch.float32)
-    scale = norm_weight.to(torch.float32)
-    return 1.0 + scale if spec.weight is NormWeight.ONE_PLUS_W else scale
 
 
 def folded_norm_linear(
