@@ -84,7 +84,7 @@ class FusedDecodeProjections(ComposedProjections):
     """Decode steps (``fuses``) through the fused decode kernels, one launch per op; the rest composed.
 
     ``fold_norms``: the GEMV's norm prologues fold the norm into the dot
-    (``reference.folded_norm_linear``: one reduction pass, the normalised row never rounded); off,
+    (``reference.folded_norm_linear``: one pass over the row, the normalised row never rounded); off,
     they compute ``norm_linear``'s bits, as the MMA's always do."""
 
     def __init__(self, linear: Linear, *, fold_norms: bool = True) -> None:

@@ -28,8 +28,8 @@ Fused variants (constexpr flags; the spec of each is a composition in ``kernels.
   inverse RMS (``invariant_rmsnorm._row_inverse_rms``) and normalises it with the spec's rounding
   points (``prep_kernel._normalise``); the fp32 order of the sum of squares is the only freedom.
 * folded norm prologue (``Fusion.fold_norm``, ``reference.folded_norm_linear``): the dot of the raw
-  row times the norm's scale, scaled by the inverse RMS after the sum; the squares are summed in the
-  same reduction as the dot (docs/kernels.md, "The folded norm"). Not ``norm_linear``'s bits.
+  row times the norm's scale, scaled by the inverse RMS after the sum; the squares are summed beside
+  the dot, not before it (docs/kernels.md, "The folded norm"). Not ``norm_linear``'s bits.
 * residual epilogue (``reference.linear_residual``): ``R(residual + R(x @ w.T))``.
 * gated epilogue (``reference.linear_gated``): a program's slice holds the gate row and the up row
   of each of its outputs of a fused ``[2I, K]`` weight (loaded before the wait; one reduction makes
@@ -43,8 +43,9 @@ same code, so a row takes the same bits alone as inside any batch of up to ``MAX
 
 ``MAX_ROWS = 4``: each row costs every program a read of the whole activation row (from L1/L2: the
 weight is read once, the activation once per program) and a cross-warp reduction over K (two with
-the exact norm, whose sum of squares comes first; the folded norm and the gated halves share one); at 4 rows those stay well under the time the program's
-weight slice takes to arrive, and batch-1 to batch-4 decode is what the kernel is for. Not yet
+the exact norm, whose sum of squares comes first; the folded norm's runs beside the dot's; the
+gated halves share one); at 4 rows those stay well under the time the program's weight slice takes
+to arrive, and batch-1 to batch-4 decode is what the kernel is for. Not yet
 measured on a GPU: the figure to check is the time at M = 4 against M = 1 (``infer bench gemm``).
 
 CUDA-graph safe: a call reads tensor metadata only and allocates only its output.
@@ -205,23 +206,17 @@ def _weight_slice(
 
 
 @triton.jit
-def _add_pairs(a, b, c, d):
-    return a + c, b + d
-
-
-@triton.jit
 def _dot_and_squares(w, x, scale, FOLD_NORM: tl.constexpr, WEIGHT_MODE: tl.constexpr):
     """Per slice row: the fp32 dot of its weights with ``x`` (``x · scale`` when the norm folds in);
-    folded, also the sum of squares of ``x`` in the same reduction (every row gets the same sum)."""
+    folded, also the sum of squares of ``x``, reduced beside the dot (neither waits for the other)."""
     if FOLD_NORM:
         scaled = (
             x
             if WEIGHT_MODE == WEIGHT_NONE
             else x * (1.0 + scale if WEIGHT_MODE == WEIGHT_ONE_PLUS_W else scale)
         )
-        products = w.to(tl.float32) * scaled
-        squares = (x * x) + tl.zeros_like(products)
-        dot, sum_squares = tl.reduce((products, squares), 1, _add_pairs)
+        dot = tl.sum(w.to(tl.float32) * scaled, axis=1)
+        sum_squares = tl.sum(x * x, axis=1)  # [1]: the same for every slice row
     else:
         dot = tl.sum(w.to(tl.float32) * x, axis=1)
         sum_squares = dot  # unread
@@ -378,7 +373,7 @@ def _fused_gemv_kernel(
 class Fusion:
     """What a launch fuses around the dot: a norm prologue (``norm`` with its weight), and at most one
     epilogue (``residual`` add or gated ``activation``). ``fold_norm``: the norm's inverse RMS
-    multiplies the dot instead of the row (``reference.folded_norm_linear``: one reduction pass, the
+    multiplies the dot instead of the row (``reference.folded_norm_linear``: one pass over the row, the
     normalised row never rounded to storage) rather than the spec's ``norm_linear``."""
 
     norm: NormSpec | None = None
