@@ -13,6 +13,9 @@ spec ops), with bounds built from what the spec's own freedoms cost, measured in
   sum of squares is added in another order) must move no normalised element on these operands
   (measured: 0 of 1,600 bf16/fp16 elements per permutation), so the linear bound holds unchanged;
   fp32 outputs move by fp32 ulps there, which the linear bound's ``16·u·Σ|x w|`` term covers;
+* the folded norm (``reference.folded_norm_linear``, its own spec): the linear's bound at the row it
+  effectively multiplies (``fused_bounds.folded_row``); that bound rejects ``norm_linear``'s result
+  (bf16, fp16), and the folded spec sits nearer the fp64 value than ``norm_linear`` does;
 * the residual epilogue: the linear's bound, plus one rounding of the add (``ulp_S(y)``); a result
   differs only where the rounded projection does, so the share bound carries over;
 * the gated epilogue: per element, how far the spec moves when each rounded projection output
@@ -20,9 +23,9 @@ spec ops), with bounds built from what the spec's own freedoms cost, measured in
   envelope of exp's last fp32 bit from ``test_gated_act.py``; at most twice the linear's share of
   flips (gate and up) plus the share exp's and tanh's last bit flips (``TRANSCENDENTAL_SHARE``).
 
-Against the unfused kernels, bit for bit: the fused prologue and epilogues are the same jit helpers as
-``invariant_rms_norm``, ``gated_act`` and torch's rounded add, so each fused variant is the plain GEMV
-composed with them exactly.
+Against the unfused kernels, bit for bit (the folded norm aside): the fused prologue and epilogues
+are the same jit helpers as ``invariant_rms_norm``, ``gated_act`` and torch's rounded add, so each
+fused variant is the plain GEMV composed with them exactly.
 
 Metamorphic, bit for bit: row offset 1 against 0 with sentinel rows and columns untouched; a row
 alone against the same row inside a batch of ``MAX_ROWS``; two runs.
@@ -160,11 +163,9 @@ def test_folded_norm_is_its_spec_within_the_reordering_bound(spec: NormSpec, dty
         assert not agreement(exact, want, row, t["w"]).ok, f"K={k}: the bound let norm_linear pass"
         # ...and it is the farther of the two from the value in fp64 (mean error measured 0.5-0.7x
         # norm_linear's in bf16 and fp16).
-        h = t["x"].cpu().double()
+        h, weight = t["x"].cpu().double(), t["w"].cpu().double()
         normalised = h * reference.norm_scale(spec, host_nw, k).double()
-        value = (normalised / torch.sqrt(h.square().mean(-1, keepdim=True) + spec.eps)) @ t[
-            "w"
-        ].cpu().double().T
+        value = (normalised / torch.sqrt(h.square().mean(-1, keepdim=True) + spec.eps)) @ weight.T
         folded_error = (want.double() - value).abs().mean()
         assert folded_error < (exact.double() - value).abs().mean(), f"K={k}"
 
