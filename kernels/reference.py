@@ -97,25 +97,26 @@ def inverse_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
     return 1.0 / torch.sqrt(mean_square + eps)
 
 
-def norm_scale(spec: NormSpec, norm_weight: torch.Tensor | None, width: int) -> torch.Tensor:
-    """What a norm multiplies the normalised row by, in fp32: ``w``, ``1 + w`` or ones."""
+def norm_scale(spec: NormSpec, norm_weight: torch.Tensor | None) -> torch.Tensor | None:
+    """What a norm multiplies the normalised row by, in fp32: ``w`` or ``1 + w``; None for a norm
+    without a weight (a scale of one)."""
     if (norm_weight is None) != (spec.weight is NormWeight.NONE):
         raise SpecError(
             f"norm weight {spec.weight.value!r} was given weight={None if norm_weight is None else 'tensor'}"
         )
     if norm_weight is None:
-        return torch.ones(width, dtype=torch.float32)
+        return None
     scale = norm_weight.to(torch.float32)
     return 1.0 + scale if spec.weight is NormWeight.ONE_PLUS_W else scale
 
 
 def rms_norm(x: torch.Tensor, spec: NormSpec, weight: torch.Tensor | None = None) -> torch.Tensor:
     """RMSNorm of ``x`` over its last dim, returned in ``x.dtype`` (rounding points: module doc)."""
-    scale = norm_scale(spec, weight, x.shape[-1])
+    scale = norm_scale(spec, weight)
     if weight is not None and tuple(weight.shape) != (x.shape[-1],):
         raise SpecError(f"norm weight shape {tuple(weight.shape)} does not match last dim {x.shape[-1]}")
     normalised = x.to(torch.float32) * inverse_rms(x, spec.eps)
-    if weight is None:
+    if scale is None:
         return normalised.to(x.dtype)
     if spec.round_before_weight:
         return (scale * round_to(normalised, x.dtype)).to(x.dtype)
@@ -698,7 +699,8 @@ def folded_norm_linear(
         raise SpecError(
             f"folded_norm_linear: h {tuple(h.shape)} and weight {tuple(weight.shape)} do not share K"
         )
-    scaled = h.to(torch.float32) * norm_scale(spec, norm_weight, h.shape[-1]).to(h.device)
+    scale = norm_scale(spec, norm_weight)
+    scaled = h.to(torch.float32) if scale is None else h.to(torch.float32) * scale
     dot = F.linear(scaled, weight.to(torch.float32))
     return (dot * inverse_rms(h, spec.eps)).to(h.dtype)
 

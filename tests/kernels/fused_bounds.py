@@ -36,8 +36,9 @@ def folded_row(h: torch.Tensor, spec: NormSpec, norm_weight: torch.Tensor | None
     """What ``reference.folded_norm_linear`` effectively multiplies the weight by, in fp64:
     ``h · scale · inverse_rms(h)``, never rounded (the operand of its reordering bound)."""
     h = h.cpu()
-    scale = reference.norm_scale(spec, None if norm_weight is None else norm_weight.cpu(), h.shape[-1])
-    return h.double() * scale.double() * reference.inverse_rms(h, spec.eps).double()
+    scale = reference.norm_scale(spec, None if norm_weight is None else norm_weight.cpu())
+    row = h.double() if scale is None else h.double() * scale.double()
+    return row * reference.inverse_rms(h, spec.eps).double()
 
 
 def linear_allowed(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
