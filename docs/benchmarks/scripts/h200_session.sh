@@ -74,8 +74,12 @@
 #   under the async default, its five gates that need the H200's memory included;
 #   qwen35-9b-parity's full_forward_matches_hf has never run alone on an H200; the prefill-graphs
 #   manifest on gemma4 is what stands between --prefill-graphs and the default.
-# On an H100: PIPELINE="fold-norm-ab"; the other open questions need the H200 (its figures, gemma4's
-# five gates).
+# A stretch of one session's 30 device minutes, whatever card comes (none of it needs more than
+# 78 GiB, so no needs_h200): PIPELINE="fold-norm-ab qwen3-table vllm-qwen3 qwen35-gates-fused"
+# (~25 min); qwen3-table then gives this card's rows and the step beside vLLM; qwen35-gates-fused is
+# the qwen35 manifest with --decode-fusion. The rest above needs an H200 (its figures, gemma4's five
+# gates). The staging folders are ignored, so a new checkout lacks them: stage-wheels.sh,
+# split_flashinfer_wheel.sh, vllm/fetch.sh then resplit_vllm_parts.sh (~1 min), and the .fi-aot build.
 # - attn-split-ab (~2 min): the async step with FlashInfer's KV split as shipped and switched off.
 # - gemv-sweep and gemv-layout-ab, as at 1c7ef32, where a card's GEMV rule is in question.
 # Later stretches: vLLM's
@@ -794,6 +798,12 @@ qwen35-decode-fused() {  # the 4b with --decode-fusion (fused projections and th
   python3 -m pytest -q -s --tb=short tests/kernels/test_gdn_decode_mixer.py tests/models/test_decode_fusion.py
   infer bench latency --model $q35 --decode-fusion --batch-sizes 1,8,64 --prefill-lens 1024 --breakdown \
     --save-result $work/qwen35-4b-latency-fused.json
+}
+qwen35-gates-fused() {  # the qwen35 manifest with --decode-fusion (the folded norms at <= 4 rows):
+  # with fold-norm-ab's qwen3 manifest, what a default of --decode-fusion at small batch needs first
+  synth_q35
+  infer gates --manifest qwen35 --shared-process --checkpoint $q35 $(gate_args qwen35) --decode-fusion \
+    --json $work/qwen35-gates-fused.json --junit $work/qwen35-gates-fused.xml
 }
 qwen35-parity() {  # CHECKPOINT NAME: the two transformers-parity gates alone
   infer gates --manifest qwen35 --shared-process --checkpoint "$1" \
