@@ -13,8 +13,36 @@ from pathlib import Path
 import pytest
 import torch
 
+
+def _dot_from_each_row_alone() -> None:
+    """The interpreter's ``tl.dot``, made to compute each output from its own row and column only.
+
+    Triton's interpreter hands a dot to the host's BLAS, whose bits can depend on where a row sits
+    in the tile: OpenBLAS's Haswell/Zen sgemm kernel (an AMD EPYC with AVX2, 2026-12-06) gives rows
+    0-5 and 6-11 of each 12 different bits for the same data. On the GPU an MMA's output depends
+    on its row and column alone, and the kernels' batch-invariance tests (a row alone against the
+    row inside a batch) test exactly that. So the dot here is the products in the accumulator's
+    dtype (exact for bf16/fp16 operands) summed over K by numpy's reduction, whose order depends on
+    K only. Dots of 8-bit floats (no kernel here takes them) keep Triton's own path.
+    """
+    import numpy as np
+    from triton.runtime import interpreter
+
+    triton_dot = interpreter.InterpreterBuilder.create_dot
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):  # type: ignore[no-untyped-def]
+        if any(t.dtype.primitive_bitwidth == 8 and t.dtype.is_floating() for t in (a, b)):
+            return triton_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
+        acc = d.data
+        products = a.data.astype(acc.dtype)[..., :, :, None] * b.data.astype(acc.dtype)[..., None, :, :]
+        return interpreter.TensorHandle(np.add.reduce(products, axis=-2) + acc, d.dtype.scalar)
+
+    interpreter.InterpreterBuilder.create_dot = create_dot
+
+
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
+    _dot_from_each_row_alone()
 
 
 def _tiny_checkpoint(factory: pytest.TempPathFactory, family: str) -> Path:
