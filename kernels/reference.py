@@ -97,27 +97,20 @@ def inverse_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
     return 1.0 / torch.sqrt(mean_square + eps)
 
 
-def norm_scale(spec: NormSpec, norm_weight: torch.Tensor | None) -> torch.Tensor | None:
-    """What a norm multiplies the normalised row by, in fp32: ``w`` or ``1 + w``; None for a norm
-    without a weight (a scale of one)."""
-    if (norm_weight is None) != (spec.weight is NormWeight.NONE):
-        raise SpecError(
-            f"norm weight {spec.weight.value!r} was given weight={None if norm_weight is None else 'tensor'}"
-        )
-    if norm_weight is None:
-        return None
-    scale = norm_weight.to(torch.float32)
-    return 1.0 + scale if spec.weight is NormWeight.ONE_PLUS_W else scale
-
-
 def rms_norm(x: torch.Tensor, spec: NormSpec, weight: torch.Tensor | None = None) -> torch.Tensor:
     """RMSNorm of ``x`` over its last dim, returned in ``x.dtype`` (rounding points: module doc)."""
-    scale = norm_scale(spec, weight)
+    if (weight is None) != (spec.weight is NormWeight.NONE):
+        raise SpecError(
+            f"norm weight {spec.weight.value!r} was given weight={None if weight is None else 'tensor'}"
+        )
     if weight is not None and tuple(weight.shape) != (x.shape[-1],):
         raise SpecError(f"norm weight shape {tuple(weight.shape)} does not match last dim {x.shape[-1]}")
     normalised = x.to(torch.float32) * inverse_rms(x, spec.eps)
-    if scale is None:
+    if weight is None:
         return normalised.to(x.dtype)
+    scale = weight.to(torch.float32)
+    if spec.weight is NormWeight.ONE_PLUS_W:
+        scale = 1.0 + scale
     if spec.round_before_weight:
         return (scale * round_to(normalised, x.dtype)).to(x.dtype)
     return (normalised * scale).to(x.dtype)
@@ -679,30 +672,6 @@ def norm_linear(
 ) -> torch.Tensor:
     """``linear(rms_norm(h, spec, norm_weight), weight)``: a layer's input norm and its projection."""
     return linear(rms_norm(h, spec, norm_weight), weight)
-
-
-def folded_norm_linear(
-    h: torch.Tensor, spec: NormSpec, norm_weight: torch.Tensor | None, weight: torch.Tensor
-) -> torch.Tensor:
-    """``norm_linear`` with the norm folded into the projection: the fp32 dot of ``h · scale`` with
-    each weight row, times ``inverse_rms(h)``, rounded once to the storage dtype.
-
-    Not ``norm_linear``'s bits: the normalised row is never rounded to storage (so the result is
-    nearer the fp32 value than the spec's), and the inverse RMS scales the dot after the sum, which
-    lets one pass over the row make the dot and the sum of squares together (docs/kernels.md, "The
-    folded norm"). A kernel's freedoms are those of ``linear`` (the fp32 order of the sum, and whether a
-    product of ``h · scale`` with the weight is rounded before it is added: exact for bf16 and fp16
-    operands under a `w` norm, not under ``1 + w``), the order of the sum of squares, and where it
-    rounds the product with the inverse RMS (once, in fp32).
-    """
-    if weight.dim() != 2 or h.shape[-1] != weight.shape[1]:
-        raise SpecError(
-            f"folded_norm_linear: h {tuple(h.shape)} and weight {tuple(weight.shape)} do not share K"
-        )
-    scale = norm_scale(spec, norm_weight)
-    scaled = h.to(torch.float32) if scale is None else h.to(torch.float32) * scale
-    dot = F.linear(scaled, weight.to(torch.float32))
-    return (dot * inverse_rms(h, spec.eps)).to(h.dtype)
 
 
 def linear_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:

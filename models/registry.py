@@ -60,8 +60,7 @@ class ModelOptions:
         default=False,
         metadata={
             "help": "Steps of ≤ 64 rows through the fused GEMV or MMA (tuned, CUDA): Qwen3, Qwen3.5 with "
-            "norms (folded into the dot up to 4 rows), residual adds, SiLU·mul; Gemma 3, 4 with "
-            "GELU-tanh·mul; every LM head; off by default "
+            "norms, residual adds, SiLU·mul; Gemma 3, 4 with GELU-tanh·mul; every LM head; off by default "
             "(slower than the default kernels on an H100 for Qwen3-4B; docs/benchmarks/qwen3.md)."
         },
     )

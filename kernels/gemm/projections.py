@@ -81,15 +81,10 @@ class ComposedProjections:
 
 
 class FusedDecodeProjections(ComposedProjections):
-    """Decode steps (``fuses``) through the fused decode kernels, one launch per op; the rest composed.
+    """Decode steps (``fuses``) through the fused decode kernels, one launch per op; the rest composed."""
 
-    ``fold_norms``: the GEMV's norm prologues fold the norm into the dot
-    (``reference.folded_norm_linear``: one pass over the row, the normalised row never rounded); off,
-    they compute ``norm_linear``'s bits, as the MMA's always do."""
-
-    def __init__(self, linear: Linear, *, fold_norms: bool = True) -> None:
+    def __init__(self, linear: Linear) -> None:
         super().__init__(linear)
-        self.fold_norms = fold_norms
         self._logged: set[tuple[str, int, int, str]] = set()
 
     def fuses(self, rows: int, device: torch.device) -> bool:
@@ -118,12 +113,8 @@ class FusedDecodeProjections(ComposedProjections):
 
         if x.dim() != 2 or not self.fuses(x.shape[0], x.device):
             return None
-        on_gemv = x.shape[0] <= fused_gemv.MAX_ROWS
-        fold = on_gemv and self.fold_norms and norm is not None
-        fusion = fused_gemv.Fusion(
-            norm=norm, residual=residual is not None, activation=activation, fold_norm=fold
-        )
-        launch = fused_gemv.fused_gemv if on_gemv else fused_mma.fused_mma
+        fusion = fused_gemv.Fusion(norm=norm, residual=residual is not None, activation=activation)
+        launch = fused_gemv.fused_gemv if x.shape[0] <= fused_gemv.MAX_ROWS else fused_mma.fused_mma
         try:
             return launch(x, weight, fusion, norm_weight=norm_weight, residual=residual)
         except (fused_gemv.FusedGemvError, fused_mma.FusedMmaError) as exc:

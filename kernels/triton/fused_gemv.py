@@ -27,14 +27,10 @@ Fused variants (constexpr flags; the spec of each is a composition in ``kernels.
 * norm prologue (``reference.norm_linear``): each program loads the full hidden row, computes its
   inverse RMS (``invariant_rmsnorm._row_inverse_rms``) and normalises it with the spec's rounding
   points (``prep_kernel._normalise``); the fp32 order of the sum of squares is the only freedom.
-* folded norm prologue (``Fusion.fold_norm``, ``reference.folded_norm_linear``): the dot of the raw
-  row times the norm's scale, scaled by the inverse RMS after the sum; the squares are summed beside
-  the dot, not before it (docs/kernels.md, "The folded norm"). Not ``norm_linear``'s bits.
 * residual epilogue (``reference.linear_residual``): ``R(residual + R(x @ w.T))``.
-* gated epilogue (``reference.linear_gated``): a program's slice holds the gate row and the up row
-  of each of its outputs of a fused ``[2I, K]`` weight (loaded before the wait; one reduction makes
-  both) and stores ``gated_act._gated_product`` of their rounded outputs; combinable with either
-  norm prologue.
+* gated epilogue (``reference.linear_gated``): a program owns the same rows of the gate half and the
+  up half of a fused ``[2I, K]`` weight (two slices, both loaded before the wait) and stores
+  ``gated_act._gated_product`` of their rounded outputs; combinable with the norm prologue.
 
 Batch invariance by construction: the rows per program, the K tile and the reduction depend on the
 weight shape only; M is not specialised and the program walks its rows one at a time through the
@@ -43,9 +39,8 @@ same code, so a row takes the same bits alone as inside any batch of up to ``MAX
 
 ``MAX_ROWS = 4``: each row costs every program a read of the whole activation row (from L1/L2: the
 weight is read once, the activation once per program) and a cross-warp reduction over K (two with
-the exact norm, whose sum of squares comes first; the folded norm's runs beside the dot's; the
-gated halves share one); at 4 rows those stay well under the time the program's weight slice takes
-to arrive, and batch-1 to batch-4 decode is what the kernel is for. Not yet
+the norm, three in the gated variant); at 4 rows those stay well under the time the program's
+weight slice takes to arrive, and batch-1 to batch-4 decode is what the kernel is for. Not yet
 measured on a GPU: the figure to check is the time at M = 4 against M = 1 (``infer bench gemm``).
 
 CUDA-graph safe: a call reads tensor metadata only and allocates only its output.
@@ -75,7 +70,7 @@ from kernels.triton.offline import (
     run_compile_check,
     storage_arg_type,
 )
-from kernels.triton.prep_kernel import WEIGHT_NONE, WEIGHT_ONE_PLUS_W, _normalise, _round_to_storage
+from kernels.triton.prep_kernel import WEIGHT_NONE, _normalise, _round_to_storage
 from kernels.triton.storage import (
     POINTER_TYPES,
     STORAGE_TYPES,
@@ -186,41 +181,26 @@ def gemv_settings(n: int, k: int, *, gated: bool = False) -> GemvSettings:
 def _weight_slice(
     w_ptr, tile, N_OUT, K, ROWS: tl.constexpr, HEAD_K: tl.constexpr, TAIL_K: tl.constexpr, GATED: tl.constexpr
 ):
-    """Tile ``tile``'s weight rows, K's head and tail, requested at once (a tile past the last loads
-    nothing). Gated, the slice holds the gate row and the up row (I rows further on) of each output
-    in turn, ``[2·ROWS, K]``, so one reduction makes both. Returns (w, w_tail); ``w_tail`` is a
-    stand-in never read without a tail."""
-    SLICE_ROWS: tl.constexpr = 2 * ROWS if GATED else ROWS
-    at = tl.arange(0, SLICE_ROWS)
-    cols = tile * ROWS + (at // 2 if GATED else at)
-    rows = cols + (at % 2) * N_OUT if GATED else cols
+    """Tile ``tile``'s weight rows, K's head and tail, and the up half's same rows when gated, all
+    requested at once (a tile past the last loads nothing). Returns (w, up, w_tail, up_tail); what
+    the constexprs leave out is a stand-in never read."""
+    cols = tile * ROWS + tl.arange(0, ROWS)
     col_ok = cols[:, None] < N_OUT
     ks = tl.arange(0, HEAD_K)[None, :]
-    row_at = rows[:, None].to(tl.int64) * K  # int64: an LM head's N·K passes 2³¹ at larger vocabularies
+    row_at = cols[:, None].to(tl.int64) * K  # int64: an LM head's N·K passes 2³¹ at larger vocabularies
+    up_at = (cols + N_OUT)[:, None].to(tl.int64) * K  # the up half: the same rows, I rows further on
     w = tl.load(w_ptr + row_at + ks, mask=col_ok & (ks < K), other=0.0)
+    up = w
+    if GATED:
+        up = tl.load(w_ptr + up_at + ks, mask=col_ok & (ks < K), other=0.0)
     w_tail = w
+    up_tail = w
     if TAIL_K > 0:
         ks_tail = HEAD_K + tl.arange(0, TAIL_K)[None, :]
         w_tail = tl.load(w_ptr + row_at + ks_tail, mask=col_ok & (ks_tail < K), other=0.0)
-    return w, w_tail
-
-
-@triton.jit
-def _dot_and_squares(w, x, scale, FOLD_NORM: tl.constexpr, WEIGHT_MODE: tl.constexpr):
-    """Per slice row: the fp32 dot of its weights with ``x`` (``x · scale`` when the norm folds in);
-    folded, also the sum of squares of ``x``, reduced beside the dot (neither waits for the other)."""
-    if FOLD_NORM:
-        scaled = (
-            x
-            if WEIGHT_MODE == WEIGHT_NONE
-            else x * (1.0 + scale if WEIGHT_MODE == WEIGHT_ONE_PLUS_W else scale)
-        )
-        dot = tl.sum(w.to(tl.float32) * scaled, axis=1)
-        sum_squares = tl.sum(x * x, axis=1)  # [1]: the same for every slice row
-    else:
-        dot = tl.sum(w.to(tl.float32) * x, axis=1)
-        sum_squares = dot  # unread
-    return dot, sum_squares
+        if GATED:
+            up_tail = tl.load(w_ptr + up_at + ks_tail, mask=col_ok & (ks_tail < K), other=0.0)
+    return w, up, w_tail, up_tail
 
 
 @triton.jit
@@ -230,7 +210,9 @@ def _tile_rows(
     out_ptr,
     tile,
     w,
+    up,
     w_tail,
+    up_tail,
     norm_w,
     norm_w_tail,
     M,
@@ -245,7 +227,6 @@ def _tile_rows(
     HEAD_K: tl.constexpr,
     TAIL_K: tl.constexpr,
     NORM: tl.constexpr,
-    FOLD_NORM: tl.constexpr,
     WEIGHT_MODE: tl.constexpr,
     ROUND_BEFORE_WEIGHT: tl.constexpr,
     RESIDUAL: tl.constexpr,
@@ -258,12 +239,11 @@ def _tile_rows(
     cols = tile * ROWS + tl.arange(0, ROWS)
     ks = tl.arange(0, HEAD_K)[None, :]
     k_ok = ks < K
-    ks_row = tl.arange(0, BLOCK_K)[None, :]  # the whole row, for the exact norm's sum of squares
-    EXACT_NORM: tl.constexpr = NORM and not FOLD_NORM
+    ks_row = tl.arange(0, BLOCK_K)[None, :]  # the whole row, for the norm's sum of squares
     for m in range(M):  # the same code for every row: a row's bits never depend on M
         x_at = x_ptr + m * stride_xm
         x = tl.load(x_at + ks, mask=k_ok, other=0.0).to(tl.float32)
-        if EXACT_NORM:
+        if NORM:
             # The inverse RMS over the whole row as one block: the same sum as the RMSNorm kernel's.
             if TAIL_K > 0:  # noqa: SIM108 (a Triton constexpr branch)
                 whole = tl.load(x_at + ks_row, mask=ks_row < K, other=0.0).to(tl.float32)
@@ -271,27 +251,22 @@ def _tile_rows(
                 whole = x
             inverse_rms = _row_inverse_rms(whole, K, eps)
             x = _normalise(x, inverse_rms, norm_w, WEIGHT_MODE, ROUND_BEFORE_WEIGHT, STORAGE)
-        acc, sum_squares = _dot_and_squares(w, x, norm_w, FOLD_NORM, WEIGHT_MODE)
+        acc = tl.sum(w.to(tl.float32) * x, axis=1)
+        if GATED:
+            up_acc = tl.sum(up.to(tl.float32) * x, axis=1)
         if TAIL_K > 0:
             ks_tail = HEAD_K + tl.arange(0, TAIL_K)[None, :]
             x_tail = tl.load(x_at + ks_tail, mask=ks_tail < K, other=0.0).to(tl.float32)
-            if EXACT_NORM:
+            if NORM:
                 x_tail = _normalise(
                     x_tail, inverse_rms, norm_w_tail, WEIGHT_MODE, ROUND_BEFORE_WEIGHT, STORAGE
                 )
-            acc_tail, sum_squares_tail = _dot_and_squares(w_tail, x_tail, norm_w_tail, FOLD_NORM, WEIGHT_MODE)
-            acc += acc_tail
-            sum_squares += sum_squares_tail
-        if FOLD_NORM:
-            # reference.folded_norm_linear: the dot of the unnormalised row, times its inverse RMS.
-            acc = acc * tl.div_rn(1.0, tl.sqrt_rn(tl.div_rn(sum_squares, K.to(tl.float32)) + eps))
+            acc += tl.sum(w_tail.to(tl.float32) * x_tail, axis=1)
+            if GATED:
+                up_acc += tl.sum(up_tail.to(tl.float32) * x_tail, axis=1)
+        y = _round_to_storage(acc, STORAGE)
         if GATED:
-            gate, up = tl.split(tl.reshape(acc, (ROWS, 2)))
-            y = _gated_product(
-                _round_to_storage(gate, STORAGE), _round_to_storage(up, STORAGE), KIND, STORAGE, LIBDEVICE
-            )
-        else:
-            y = _round_to_storage(acc, STORAGE)
+            y = _gated_product(y, _round_to_storage(up_acc, STORAGE), KIND, STORAGE, LIBDEVICE)
         if RESIDUAL:
             res = tl.load(res_ptr + m * stride_rm + cols, mask=cols < N_OUT, other=0.0).to(tl.float32)
             y = _round_to_storage(res + y, STORAGE)  # torch's `residual + delta`: one rounding
@@ -318,7 +293,6 @@ def _fused_gemv_kernel(
     HEAD_K: tl.constexpr,
     TAIL_K: tl.constexpr,
     NORM: tl.constexpr,
-    FOLD_NORM: tl.constexpr,
     WEIGHT_MODE: tl.constexpr,
     ROUND_BEFORE_WEIGHT: tl.constexpr,
     RESIDUAL: tl.constexpr,
@@ -333,7 +307,7 @@ def _fused_gemv_kernel(
         tl.extra.cuda.gdc_launch_dependents()  # the next kernel may start its own weight loads
     tile = tl.program_id(0)
     # The program's (first) weight slice, requested before anything waits.
-    w, w_tail = _weight_slice(w_ptr, tile, N_OUT, K, ROWS, HEAD_K, TAIL_K, GATED)
+    w, up, w_tail, up_tail = _weight_slice(w_ptr, tile, N_OUT, K, ROWS, HEAD_K, TAIL_K, GATED)
     ks = tl.arange(0, HEAD_K)[None, :]
     norm_w = ks.to(tl.float32)  # stand-ins, unread without a norm weight
     norm_w_tail = norm_w
@@ -349,19 +323,21 @@ def _fused_gemv_kernel(
         # before this one's rows are computed, so the program always has a slice in flight.
         step = tl.num_programs(0)
         for t in range(tile, tl.cdiv(N_OUT, ROWS), step):
-            next_w, next_w_tail = _weight_slice(w_ptr, t + step, N_OUT, K, ROWS, HEAD_K, TAIL_K, GATED)
+            next_w, next_up, next_w_tail, next_up_tail = _weight_slice(
+                w_ptr, t + step, N_OUT, K, ROWS, HEAD_K, TAIL_K, GATED
+            )
             _tile_rows(
-                x_ptr, res_ptr, out_ptr, t, w, w_tail, norm_w, norm_w_tail,
+                x_ptr, res_ptr, out_ptr, t, w, up, w_tail, up_tail, norm_w, norm_w_tail,
                 M, N_OUT, K, stride_xm, stride_rm, stride_om, eps,
-                ROWS, BLOCK_K, HEAD_K, TAIL_K, NORM, FOLD_NORM, WEIGHT_MODE, ROUND_BEFORE_WEIGHT,
+                ROWS, BLOCK_K, HEAD_K, TAIL_K, NORM, WEIGHT_MODE, ROUND_BEFORE_WEIGHT,
                 RESIDUAL, GATED, KIND, STORAGE, LIBDEVICE,
             )  # fmt: skip
-            w, w_tail = next_w, next_w_tail
+            w, up, w_tail, up_tail = next_w, next_up, next_w_tail, next_up_tail
     else:
         _tile_rows(
-            x_ptr, res_ptr, out_ptr, tile, w, w_tail, norm_w, norm_w_tail,
+            x_ptr, res_ptr, out_ptr, tile, w, up, w_tail, up_tail, norm_w, norm_w_tail,
             M, N_OUT, K, stride_xm, stride_rm, stride_om, eps,
-            ROWS, BLOCK_K, HEAD_K, TAIL_K, NORM, FOLD_NORM, WEIGHT_MODE, ROUND_BEFORE_WEIGHT,
+            ROWS, BLOCK_K, HEAD_K, TAIL_K, NORM, WEIGHT_MODE, ROUND_BEFORE_WEIGHT,
             RESIDUAL, GATED, KIND, STORAGE, LIBDEVICE,
         )  # fmt: skip
 
@@ -372,24 +348,19 @@ def _fused_gemv_kernel(
 @dataclass(frozen=True, slots=True)
 class Fusion:
     """What a launch fuses around the dot: a norm prologue (``norm`` with its weight), and at most one
-    epilogue (``residual`` add or gated ``activation``). ``fold_norm``: the norm's inverse RMS
-    multiplies the dot instead of the row (``reference.folded_norm_linear``: one pass over the row, the
-    normalised row never rounded to storage) rather than the spec's ``norm_linear``."""
+    epilogue (``residual`` add or gated ``activation``)."""
 
     norm: NormSpec | None = None
     residual: bool = False
     activation: GatedActivation | None = None
-    fold_norm: bool = False
 
     def __post_init__(self) -> None:
         if self.residual and self.activation is not None:
             raise FusedGemvError("a fused GEMV takes one epilogue: a residual add or a gated activation")
-        if self.fold_norm and self.norm is None:
-            raise FusedGemvError("fold_norm folds a norm prologue: give the norm spec")
 
     @property
     def name(self) -> str:
-        parts = (["folded-norm" if self.fold_norm else "norm"] if self.norm else []) + ["gemv"]
+        parts = (["norm"] if self.norm else []) + ["gemv"]
         parts += ["residual"] if self.residual else []
         parts += [self.activation.value] if self.activation else []
         return "+".join(parts)
@@ -555,7 +526,6 @@ def fused_gemv(
         HEAD_K=head_k,
         TAIL_K=tail_k,
         NORM=spec is not None,
-        FOLD_NORM=fusion.fold_norm,
         WEIGHT_MODE=_MODES[spec.weight if spec is not None else NormWeight.NONE],
         ROUND_BEFORE_WEIGHT=spec.round_before_weight if spec is not None else False,
         RESIDUAL=fusion.residual,
@@ -581,14 +551,11 @@ QWEN35 = NormSpec(NormWeight.ONE_PLUS_W, eps=1e-6)
 COMPILE_VARIANTS: tuple[tuple[Fusion, int, int], ...] = (
     (Fusion(), 151936, 2560),
     (Fusion(norm=QWEN3), 6144, 2560),
-    (Fusion(norm=QWEN3, fold_norm=True), 6144, 2560),
     (Fusion(residual=True), 2560, 4096),
     (Fusion(norm=QWEN3, activation=GatedActivation.SILU), 19456, 2560),
-    (Fusion(norm=QWEN3, activation=GatedActivation.SILU, fold_norm=True), 19456, 2560),
     (Fusion(residual=True), 2560, 9728),
     (Fusion(norm=QWEN35), 12352, 2560),
     (Fusion(norm=QWEN35, activation=GatedActivation.SILU), 18432, 2560),
-    (Fusion(norm=QWEN35, activation=GatedActivation.SILU, fold_norm=True), 18432, 2560),
     (Fusion(), 262144, 3840),
     (Fusion(), 3840, 8192),
     (Fusion(), 3840, 15360),
@@ -624,7 +591,6 @@ def compile_variant(
         "HEAD_K": head_k,
         "TAIL_K": tail_k,
         "NORM": spec is not None,
-        "FOLD_NORM": fusion.fold_norm,
         "WEIGHT_MODE": _MODES[spec.weight if spec is not None else NormWeight.NONE].value,
         "ROUND_BEFORE_WEIGHT": spec.round_before_weight if spec is not None else False,
         "RESIDUAL": fusion.residual,

@@ -313,8 +313,6 @@ def check_fused_mma(
         residual=residual,
         out=out,
     )
-    if fusion.fold_norm:
-        raise FusedMmaError(f"{name}: the MMA computes norm_linear's bits; it does not fold the norm")
     m = x.shape[0]
     pipeline = settings.pipeline_bytes(row_block(m), x.element_size(), gated=fusion.activation is not None)
     if pipeline > MAX_PIPELINE_BYTES:

@@ -7,8 +7,6 @@ freedoms cost, measured in the same run by the tests that use these helpers:
 * the norm's sum-of-squares order: ``norm_order_flips`` runs the spec on the hidden rows with their
   columns permuted (so the squares are added in other orders); the tests require it to move no
   bf16/fp16 normalised element on their operands, so the linear bound holds unchanged;
-* the folded norm (``reference.folded_norm_linear``): the linear's bound with ``folded_row`` as its
-  row, since the inverse RMS only scales the fp32 dot (its own sum order moves it by fp32 ulps);
 * the gated epilogue: ``gated_allowed``, per element how far the spec moves when each rounded
   projection output moves by the linear bound (the spec itself evaluated at the perturbed gate and
   up), plus the envelope of exp's last fp32 bit from ``test_gated_act.py``.
@@ -30,15 +28,6 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # at most 1 % on the GPU (libdevice, test_gated_act.py); the interpreter's tanh is a formula in exp,
 # 96 % the spec's bits there (test_gated_act.py), 92.5-96.3 % on the GEMV tests' operands.
 TRANSCENDENTAL_SHARE = 0.01 if DEVICE == "cuda" else 0.08
-
-
-def folded_row(h: torch.Tensor, spec: NormSpec, norm_weight: torch.Tensor | None) -> torch.Tensor:
-    """What ``reference.folded_norm_linear`` effectively multiplies the weight by, in fp64:
-    ``h · scale · inverse_rms(h)``, never rounded (the operand of its reordering bound)."""
-    h = h.cpu()
-    scale = reference.norm_scale(spec, None if norm_weight is None else norm_weight.cpu())
-    row = h.double() if scale is None else h.double() * scale.double()
-    return row * reference.inverse_rms(h, spec.eps).double()
 
 
 def linear_allowed(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -69,15 +58,11 @@ def norm_order_flips(h: torch.Tensor, spec: NormSpec, weight: torch.Tensor | Non
     return flips
 
 
-def gated_allowed(
-    x: torch.Tensor, gate_up: torch.Tensor, kind: GatedActivation, projected: torch.Tensor | None = None
-) -> torch.Tensor:
+def gated_allowed(x: torch.Tensor, gate_up: torch.Tensor, kind: GatedActivation) -> torch.Tensor:
     """Per element: the spec's largest move when its rounded gate and up move by the linear bound,
-    plus exp's last-bit envelope (test_gated_act.py). ``projected``: the rounded gate/up projection
-    when it is not ``reference.linear(x, gate_up)`` (the folded norm's: ``x`` is then the row the
-    dot effectively multiplies, in fp64)."""
+    plus exp's last-bit envelope (test_gated_act.py)."""
     x, gate_up = x.cpu(), gate_up.cpu()
-    projected = reference.linear(x, gate_up) if projected is None else projected.cpu()
+    projected = reference.linear(x, gate_up)
     want = reference.gated_activation(projected, kind).double()
     step = linear_allowed(x, gate_up, projected)
     worst = torch.zeros_like(want)

@@ -13,9 +13,6 @@ spec ops), with bounds built from what the spec's own freedoms cost, measured in
   sum of squares is added in another order) must move no normalised element on these operands
   (measured: 0 of 1,600 bf16/fp16 elements per permutation), so the linear bound holds unchanged;
   fp32 outputs move by fp32 ulps there, which the linear bound's ``16·u·Σ|x w|`` term covers;
-* the folded norm (``reference.folded_norm_linear``, its own spec): the linear's bound at the row it
-  effectively multiplies (``fused_bounds.folded_row``); that bound rejects ``norm_linear``'s result
-  (bf16, fp16), and the folded spec sits nearer the fp64 value than ``norm_linear`` does;
 * the residual epilogue: the linear's bound, plus one rounding of the add (``ulp_S(y)``); a result
   differs only where the rounded projection does, so the share bound carries over;
 * the gated epilogue: per element, how far the spec moves when each rounded projection output
@@ -23,9 +20,9 @@ spec ops), with bounds built from what the spec's own freedoms cost, measured in
   envelope of exp's last fp32 bit from ``test_gated_act.py``; at most twice the linear's share of
   flips (gate and up) plus the share exp's and tanh's last bit flips (``TRANSCENDENTAL_SHARE``).
 
-Against the unfused kernels, bit for bit (the folded norm aside): the fused prologue and epilogues
-are the same jit helpers as ``invariant_rms_norm``, ``gated_act`` and torch's rounded add, so each
-fused variant is the plain GEMV composed with them exactly.
+Against the unfused kernels, bit for bit: the fused prologue and epilogues are the same jit helpers as
+``invariant_rms_norm``, ``gated_act`` and torch's rounded add, so each fused variant is the plain GEMV
+composed with them exactly.
 
 Metamorphic, bit for bit: row offset 1 against 0 with sentinel rows and columns untouched; a row
 alone against the same row inside a batch of ``MAX_ROWS``; two runs.
@@ -39,7 +36,6 @@ import pytest
 import torch
 from fused_bounds import TRANSCENDENTAL_SHARE
 from fused_bounds import check_within as _check
-from fused_bounds import folded_row as _folded_row
 from fused_bounds import gated_allowed as _gated_allowed
 from fused_bounds import linear_allowed as _linear_allowed
 from fused_bounds import norm_order_flips as _norm_order_flips
@@ -143,52 +139,6 @@ def test_norm_prologue_is_the_spec_within_the_reordering_bound(spec: NormSpec, d
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=_ids(DTYPES))
-@pytest.mark.parametrize("spec", NORMS, ids=lambda s: f"{s.weight.value}-rbw{int(s.round_before_weight)}")
-def test_folded_norm_is_its_spec_within_the_reordering_bound(spec: NormSpec, dtype: torch.dtype) -> None:
-    for k in KS:
-        t = _tensors(MAX_ROWS, k, dtype)
-        nw = _norm_weight(spec, t)
-        host_nw = None if nw is None else nw.cpu()
-        want = reference.folded_norm_linear(t["x"].cpu(), spec, host_nw, t["w"].cpu())
-        row = _folded_row(t["x"], spec, nw)
-        for settings in (ONE_BLOCK, TAIL):
-            y = fused_gemv(t["x"], t["w"], Fusion(norm=spec, fold_norm=True), settings, norm_weight=nw)
-            verdict = agreement(y, want, row, t["w"])
-            assert verdict.ok, f"K={k} {settings}: {verdict}"
-        if dtype == torch.float32:
-            continue
-        # The bound tells the two specs apart: norm_linear's rounded normalised row is far outside
-        # it (measured 5-100x the bound, 40-55 % of the 160 elements differing, on these operands)...
-        exact = reference.norm_linear(t["x"].cpu(), spec, host_nw, t["w"].cpu())
-        assert not agreement(exact, want, row, t["w"]).ok, f"K={k}: the bound let norm_linear pass"
-        # ...and it is the farther of the two from the value in fp64 (mean error measured 0.5-0.7x
-        # norm_linear's in bf16 and fp16).
-        h, weight = t["x"].cpu().double(), t["w"].cpu().double()
-        scale = reference.norm_scale(spec, host_nw)
-        normalised = h if scale is None else h * scale.double()
-        value = (normalised / torch.sqrt(h.square().mean(-1, keepdim=True) + spec.eps)) @ weight.T
-        folded_error = (want.double() - value).abs().mean()
-        assert folded_error < (exact.double() - value).abs().mean(), f"K={k}"
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=_ids(DTYPES))
-@pytest.mark.parametrize("kind", tuple(GatedActivation), ids=lambda k: k.value)
-def test_folded_norm_gated_is_its_spec_within_the_bound(kind: GatedActivation, dtype: torch.dtype) -> None:
-    for k in KS:
-        t = _tensors(MAX_ROWS, k, dtype)
-        nw, gate_up = t["norm_weight"], t["gate_up"]
-        fusion = Fusion(norm=QWEN3_NORM, activation=kind, fold_norm=True)
-        projected = reference.folded_norm_linear(t["x"].cpu(), QWEN3_NORM, nw.cpu(), gate_up.cpu())
-        want = reference.gated_activation(projected, kind)
-        allowed = _gated_allowed(_folded_row(t["x"], QWEN3_NORM, nw), gate_up, kind, projected)
-        share = 2 * FLIP_SHARE_BOUND[dtype] + TRANSCENDENTAL_SHARE
-        for settings in (ONE_BLOCK, TAIL):
-            y = fused_gemv(t["x"], gate_up, fusion, settings, norm_weight=nw)
-            assert y.shape == (MAX_ROWS, N) and y.dtype == dtype
-            _check(y, want, allowed, share)
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=_ids(DTYPES))
 def test_residual_epilogue_is_the_spec_within_the_bound(dtype: torch.dtype) -> None:
     for k, m in itertools.product(KS, (1, MAX_ROWS)):
         t = _tensors(m, k, dtype)
@@ -280,8 +230,6 @@ FUSIONS = {
     "norm": Fusion(norm=QWEN3_NORM),
     "residual": Fusion(residual=True),
     "norm-silu": Fusion(norm=QWEN3_NORM, activation=GatedActivation.SILU),
-    "folded-norm": Fusion(norm=QWEN3_NORM, fold_norm=True),
-    "folded-norm-silu": Fusion(norm=QWEN3_NORM, activation=GatedActivation.SILU, fold_norm=True),
 }
 
 
@@ -441,8 +389,6 @@ def test_refusals_name_the_shape() -> None:
         )
     with pytest.raises(FusedGemvError, match="one epilogue"):
         Fusion(residual=True, activation=GatedActivation.SILU)
-    with pytest.raises(FusedGemvError, match="fold_norm folds a norm prologue"):
-        Fusion(fold_norm=True)
     with pytest.raises(FusedGemvError, match="norm weight 'w' was given norm_weight=None"):
         fused_gemv(x[:1], w, Fusion(norm=QWEN3_NORM))
     with pytest.raises(FusedGemvError, match=r"norm_weight is \(32,\)"):
@@ -478,14 +424,6 @@ SERVING = {
     "lm-head": (151936, 2560, Fusion()),
     "qwen35-in-proj": (12352, 2560, Fusion(norm=QWEN35_NORM)),
     "qwen35-gate-up": (18432, 2560, Fusion(norm=QWEN35_NORM, activation=GatedActivation.SILU)),
-    "qkv-folded": (6144, 2560, Fusion(norm=QWEN3_NORM, fold_norm=True)),
-    "gate-up-folded": (19456, 2560, Fusion(norm=QWEN3_NORM, activation=GatedActivation.SILU, fold_norm=True)),
-    "qwen35-in-proj-folded": (12352, 2560, Fusion(norm=QWEN35_NORM, fold_norm=True)),
-    "qwen35-gate-up-folded": (
-        18432,
-        2560,
-        Fusion(norm=QWEN35_NORM, activation=GatedActivation.SILU, fold_norm=True),
-    ),
     "gemma4-qkv": (8192, 3840, Fusion()),
     "gemma4-global-o": (3840, 8192, Fusion()),
     "gemma4-gate-up": (30720, 3840, Fusion(activation=GatedActivation.GELU_TANH)),
@@ -530,17 +468,12 @@ def test_gpu_serving_shapes_are_batch_invariant_and_within_the_bound(layout: str
     for m in range(1, MAX_ROWS):
         assert torch.equal(run(slice(0, m)), full[:m]), f"first {m} rows"
     assert torch.equal(run(slice(2, 3))[0], full[2])
-    if fusion.fold_norm and fusion.norm is not None:
-        xs = _folded_row(x, fusion.norm, nw)
-        projected = reference.folded_norm_linear(x.cpu(), fusion.norm, nw.cpu(), w.cpu())
-    else:
-        xs = reference.rms_norm(x.cpu(), fusion.norm, nw.cpu()) if fusion.norm else x.cpu()
-        projected = reference.linear(xs, w.cpu())
+    xs = reference.rms_norm(x.cpu(), fusion.norm, nw.cpu()) if fusion.norm else x.cpu()
     if fusion.activation:
-        want = reference.gated_activation(projected, fusion.activation)
-        allowed = _gated_allowed(xs, w, fusion.activation, projected)
+        want = reference.linear_gated(xs, w.cpu(), fusion.activation)
+        allowed = _gated_allowed(xs, w, fusion.activation)
     else:
-        want = projected
+        want = reference.linear(xs, w.cpu())
         allowed = _linear_allowed(xs, w, want)
         if fusion.residual:
             want = reference.linear_residual(xs, w.cpu(), residual.cpu())

@@ -346,8 +346,6 @@ def test_refusals_name_the_shape() -> None:
         fused_mma(x[:8], w, Fusion(norm=QWEN3_NORM), norm_weight=t["norm_weight"][:32])
     with pytest.raises(FusedMmaError, match="norm_weight was given without a norm spec"):
         fused_mma(x[:8], w, norm_weight=t["norm_weight"])
-    with pytest.raises(FusedMmaError, match=r"folded-norm\+gemv \(mma\).*does not fold the norm"):
-        fused_mma(x[:8], w, Fusion(norm=QWEN3_NORM, fold_norm=True), norm_weight=t["norm_weight"])
     with pytest.raises(FusedMmaError, match=r"residual=None for gemv\+residual"):
         fused_mma(x[:8], w, Fusion(residual=True))
     with pytest.raises(FusedMmaError, match=r"residual is \(9, 40\).*not \[8, 40\]"):

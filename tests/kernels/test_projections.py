@@ -62,10 +62,8 @@ def _kernel_for(m: int) -> Callable[..., torch.Tensor]:
     return fused_gemv if m <= GEMV_MAX_ROWS else fused_mma
 
 
-@pytest.mark.parametrize("fold_norms", [True, False], ids=["folded", "exact"])
-def test_decode_rows_run_the_fused_kernels_and_larger_steps_compose(fold_norms: bool) -> None:
-    fused = FusedDecodeProjections(F.linear, fold_norms=fold_norms)
-    composed = ComposedProjections(F.linear)
+def test_decode_rows_run_the_fused_kernels_and_larger_steps_compose() -> None:
+    fused, composed = FusedDecodeProjections(F.linear), ComposedProjections(F.linear)
     device = torch.device(DEVICE)
     assert (
         fused.fuses(1, device)
@@ -73,17 +71,14 @@ def test_decode_rows_run_the_fused_kernels_and_larger_steps_compose(fold_norms: 
         and fused.fuses(MMA_MAX_ROWS, device)
     )
     assert not fused.fuses(MMA_MAX_ROWS + 1, device) and not fused.fuses(0, device)
-    # Up to 4 rows the GEMV (its norms folded when asked), 5-64 the MMA (each bit for bit), 65 composed.
+    # Up to 4 rows the GEMV, 5-64 the MMA (each bit for bit), 65 composed.
     for m in (1, GEMV_MAX_ROWS, GEMV_MAX_ROWS + 1, 20, MMA_MAX_ROWS + 1):
         t = _tensors(m)
         h, nw, w, r = t["h"], t["norm_weight"], t["w"], t["residual"]
         small = m <= MMA_MAX_ROWS
         kernel = _kernel_for(m)
-        fold = fold_norms and m <= GEMV_MAX_ROWS
         want = (
-            kernel(h, w, Fusion(norm=NORM, fold_norm=fold), norm_weight=nw)
-            if small
-            else composed.norm_linear(h, NORM, nw, w)
+            kernel(h, w, Fusion(norm=NORM), norm_weight=nw) if small else composed.norm_linear(h, NORM, nw, w)
         )
         assert torch.equal(fused.norm_linear(h, NORM, nw, w), want), m
         want = kernel(h, w, Fusion(residual=True), residual=r) if small else composed.linear_residual(h, w, r)
@@ -91,7 +86,7 @@ def test_decode_rows_run_the_fused_kernels_and_larger_steps_compose(fold_norms: 
         kind = GatedActivation.SILU
         gu = t["gate_up"]
         want = (
-            kernel(h, gu, Fusion(norm=NORM, activation=kind, fold_norm=fold), norm_weight=nw)
+            kernel(h, gu, Fusion(norm=NORM, activation=kind), norm_weight=nw)
             if small
             else composed.norm_linear_gated(h, NORM, nw, gu, kind)
         )

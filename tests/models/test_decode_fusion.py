@@ -48,13 +48,12 @@ Expected = dict[int, str]
 
 
 def _qwen3_launches(model: Any) -> Expected:
-    """Qwen3: folded norm + QKV, O + residual, folded norm + gate/up + SiLU·mul, down + residual; the
-    LM head."""
+    """Qwen3: norm + QKV, O + residual, norm + gate/up + SiLU·mul, down + residual; the LM head."""
     launches = {model.lm_head.data_ptr(): "gemv"}
     for layer in model.layers:
-        launches[layer.qkv.data_ptr()] = "folded-norm+gemv"
+        launches[layer.qkv.data_ptr()] = "norm+gemv"
         launches[layer.o.data_ptr()] = "gemv+residual"
-        launches[layer.gate_up.data_ptr()] = "folded-norm+gemv+silu"
+        launches[layer.gate_up.data_ptr()] = "norm+gemv+silu"
         launches[layer.down.data_ptr()] = "gemv+residual"
     return launches
 
@@ -65,9 +64,9 @@ def _qwen35_launches(model: Any) -> Expected:
     for layer in model.layers:
         mixer = layer.mixer
         into, out = (mixer.in_proj, mixer.out) if hasattr(mixer, "in_proj") else (mixer.qkv, mixer.o)
-        launches[into.data_ptr()] = "folded-norm+gemv"
+        launches[into.data_ptr()] = "norm+gemv"
         launches[out.data_ptr()] = "gemv+residual"
-        launches[layer.gate_up.data_ptr()] = "folded-norm+gemv+silu"
+        launches[layer.gate_up.data_ptr()] = "norm+gemv+silu"
         launches[layer.down.data_ptr()] = "gemv+residual"
     return launches
 

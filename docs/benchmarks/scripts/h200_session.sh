@@ -64,22 +64,18 @@
 # STAGE=NAME copies every JSON of /tmp/runs into $OUT: past 8 files the rest (runs.tgz too) do not
 # come back, so fetch through a wait call's runs.tgz instead.
 # The pipeline, in priority order, with needs_h200 (an H100 cannot hold these):
-#   "fold-norm-ab qwen3-table vllm-qwen3 invariance numerics gemma4-gates qwen35-9b-parity qwen35-gates
+#   "qwen3-table vllm-qwen3 invariance numerics gemma4-gates qwen35-9b-parity qwen35-gates
 #   prefill-graphs-gates-gemma4".
-#   fold-norm-ab (~12 min; also on an H100): the folded norm prologue of the fused decode GEMV,
-#   written on the CPU machine (2026-12-06, session 28) and never yet run on a GPU: its GPU tests, the
-#   batch-1/2/4 step shipped / folded / exact, and the qwen3 manifest with --decode-fusion.
 #   qwen3-table: the H200's dispatch table has no GEMV rows (copy skinny_dispatch_h200.json back from
 #   runs.tgz); vllm-qwen3 beside it for the same-session ratio; gemma4-gates is the whole manifest
 #   under the async default, its five gates that need the H200's memory included;
 #   qwen35-9b-parity's full_forward_matches_hf has never run alone on an H200; the prefill-graphs
 #   manifest on gemma4 is what stands between --prefill-graphs and the default.
-# A stretch of one session's 30 device minutes, whatever card comes (none of it needs more than
-# 78 GiB, so no needs_h200): PIPELINE="fold-norm-ab qwen3-table vllm-qwen3 qwen35-gates-fused"
-# (~25 min); qwen3-table then gives this card's rows and the step beside vLLM; qwen35-gates-fused is
-# the qwen35 manifest with --decode-fusion. The rest above needs an H200 (its figures, gemma4's five
-# gates). The staging folders are ignored, so a new checkout lacks them: stage-wheels.sh,
-# split_flashinfer_wheel.sh, vllm/fetch.sh then resplit_vllm_parts.sh (~1 min), and the .fi-aot build.
+# On an H100 (no needs_h200: none of this needs more than 78 GiB) the open questions are the
+# decode levers' A/Bs; the rest needs the H200 (its figures, gemma4's five gates). The staging
+# folders are ignored, so a new checkout lacks them: stage-wheels.sh, split_flashinfer_wheel.sh,
+# vllm/fetch.sh then resplit_vllm_parts.sh (~1 min), and the .fi-aot build (~20 min a module pair at
+# head dim 128 beside a `make test`; each later geometry ~4-12 min).
 # - attn-split-ab (~2 min): the async step with FlashInfer's KV split as shipped and switched off.
 # - gemv-sweep and gemv-layout-ab, as at 1c7ef32, where a card's GEMV rule is in question.
 # Later stretches: vLLM's
@@ -593,31 +589,6 @@ dispatch.ShapeChoice.backend = lambda self, m: (2, dispatch.Backend.GEMV) if m <
     done
   done
 }
-fold-norm-ab() {  # the fused decode path with the GEMV's norms folded into the dot (one reduction pass,
-  # the default of --decode-fusion since it was written) against the shipped kernels and the exact
-  # norm prologue (1c7ef32, H100: 4.17 ms at batch 1 against 3.63 plain; its norm + gate/up took
-  # 49.3 us a layer against 37.9 for the three kernels it replaces). GPU tests first; every variant
-  # twice, interleaved, the first of each with its kernel timeline (--breakdown); then the qwen3
-  # manifest with --decode-fusion alone, so the folded norms face the bf16 parity gates.
-  synth_q3
-  python3 -m pytest -q -s --tb=short tests/kernels/test_fused_gemv.py tests/kernels/test_projections.py \
-    tests/models/test_decode_fusion.py
-  local round word name flags patch
-  for round in 1 2; do
-    for word in "shipped|" "folded|--decode-fusion" "exact|--decode-fusion"; do
-      IFS='|' read -r name flags <<<"$word"
-      echo "== $name ($round)"
-      patch=""
-      [ $name = exact ] && patch="import functools
-import kernels.gemm.projections as projections
-projections.FusedDecodeProjections.__init__ = functools.partialmethod(
-    projections.FusedDecodeProjections.__init__, fold_norms=False)"
-      infer_patched "$patch" bench latency --model $q3 $flags --batch-sizes 1,2,4 --prefill-lens 1024 \
-        --breakdown --save-result $work/qwen3-4b-latency-fold-$name$round.json
-    done
-  done
-  GATE_DECODE_PATH=--decode-fusion qwen3-gates-decode-path
-}
 attn-split-ab() {  # Qwen3-4B's async decode step with FlashInfer's KV split as shipped (`tuned`:
   # the planner's split, off in graph buckets that fill the SMs) and with it off everywhere (what
   # `invariant` plans): at 957843a, off cost batch 1 0.07 ms and gave batch 64 0.18 ms (H100)
@@ -798,12 +769,6 @@ qwen35-decode-fused() {  # the 4b with --decode-fusion (fused projections and th
   python3 -m pytest -q -s --tb=short tests/kernels/test_gdn_decode_mixer.py tests/models/test_decode_fusion.py
   infer bench latency --model $q35 --decode-fusion --batch-sizes 1,8,64 --prefill-lens 1024 --breakdown \
     --save-result $work/qwen35-4b-latency-fused.json
-}
-qwen35-gates-fused() {  # the qwen35 manifest with --decode-fusion (the folded norms at <= 4 rows):
-  # with fold-norm-ab's qwen3 manifest, what a default of --decode-fusion at small batch needs first
-  synth_q35
-  infer gates --manifest qwen35 --shared-process --checkpoint $q35 $(gate_args qwen35) --decode-fusion \
-    --json $work/qwen35-gates-fused.json --junit $work/qwen35-gates-fused.xml
 }
 qwen35-parity() {  # CHECKPOINT NAME: the two transformers-parity gates alone
   infer gates --manifest qwen35 --shared-process --checkpoint "$1" \
