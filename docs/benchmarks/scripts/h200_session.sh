@@ -71,8 +71,10 @@
 #   under the async default, its five gates that need the H200's memory included;
 #   qwen35-9b-parity's full_forward_matches_hf has never run alone on an H200; the prefill-graphs
 #   manifest on gemma4 is what stands between --prefill-graphs and the default.
-# On an H100 (no needs_h200: none of this needs more than 78 GiB) the open questions are the
-# decode levers' A/Bs; the rest needs the H200 (its figures, gemma4's five gates). The staging
+# On an H100 (no needs_h200: none of this needs more than 78 GiB): PIPELINE="decode-tests", the fused
+# GEMV's GPU tests on the kernel b47e96f restored (the folded norm's joined gate/up slice failed its
+# bit-for-bit composition there), then a decode lever's A/B; the rest needs the H200 (its figures,
+# gemma4's five gates). The staging
 # folders are ignored, so a new checkout lacks them: stage-wheels.sh, split_flashinfer_wheel.sh,
 # vllm/fetch.sh then resplit_vllm_parts.sh (~1 min), and the .fi-aot build (~20 min a module pair at
 # head dim 128 beside a `make test`; each later geometry ~4-12 min).
