@@ -75,9 +75,8 @@
 # GEMV's GPU tests on the kernel b47e96f restored (the folded norm's joined gate/up slice failed its
 # bit-for-bit composition there), then a decode lever's A/B; the rest needs the H200 (its figures,
 # gemma4's five gates). The staging
-# folders are ignored, so a new checkout lacks them: stage-wheels.sh, split_flashinfer_wheel.sh,
-# vllm/fetch.sh then resplit_vllm_parts.sh (~1 min), and the .fi-aot build (~20 min a module pair at
-# head dim 128 beside a `make test`; each later geometry ~4-12 min).
+# folders are ignored, so a new checkout lacks them: scripts/stage_device.sh stages them all (~1 min)
+# and starts the .fi-aot build (head dim 128's pair ~25 min beside a `make test`, ~5 min alone).
 # - attn-split-ab (~2 min): the async step with FlashInfer's KV split as shipped and switched off.
 # - gemv-sweep and gemv-layout-ab, as at 1c7ef32, where a card's GEMV rule is in question.
 # Later stretches: vLLM's
