@@ -76,7 +76,7 @@
 # bit-for-bit composition there), then a decode lever's A/B; the rest needs the H200 (its figures,
 # gemma4's five gates). The staging
 # folders are ignored, so a new checkout lacks them: scripts/stage_device.sh stages them all (~1 min)
-# and starts the .fi-aot build (head dim 128's pair ~25 min beside a `make test`, ~5 min alone).
+# and starts the .fi-aot build (head dim 128: fa2 100 s alone, fa3 21 min beside a `make test`).
 # - attn-split-ab (~2 min): the async step with FlashInfer's KV split as shipped and switched off.
 # - gemv-sweep and gemv-layout-ab, as at 1c7ef32, where a card's GEMV rule is in question.
 # Later stretches: vLLM's
