@@ -40,8 +40,9 @@ same code, so a row takes the same bits alone as inside any batch of up to ``MAX
 ``MAX_ROWS = 4``: each row costs every program a read of the whole activation row (from L1/L2: the
 weight is read once, the activation once per program) and a cross-warp reduction over K (two with
 the norm, three in the gated variant); at 4 rows those stay well under the time the program's
-weight slice takes to arrive, and batch-1 to batch-4 decode is what the kernel is for. Not yet
-measured on a GPU: the figure to check is the time at M = 4 against M = 1 (``infer bench gemm``).
+weight slice takes to arrive, and batch-1 to batch-4 decode is what the kernel is for. On an H100
+the row loop, not the weight stream, sets the time past 2 rows (docs/benchmarks/qwen3.md: the plain
+GEMV at batch 4 and the fused steps at batches 2 and 4).
 
 CUDA-graph safe: a call reads tensor metadata only and allocates only its output.
 ``python -m kernels.triton.fused_gemv`` compiles every variant for sm_90 without a GPU.

@@ -5,14 +5,9 @@ FlashInfer loads ``<package>/data/aot/<name>/<name>.so`` as a ready module befor
 ``<name>`` (flashinfer/jit/env.py, ``get_aot_artifacts``); a module that fails to load there is
 logged and built as usual, so a stale one costs nothing but the build it would have cost anyway.
 
-  build OUT    here: writes OUT/<name>.so for every module the served geometries plan (~20 min on
-               2 cores). Needs the staged flashinfer wheel, apache-tvm-ffi (the cp311 wheel of the
-               staged version) and ninja installed with `pip install --target SITE`, then
-               PYTHONPATH=SITE:$PWD PATH=SITE/bin:$PATH FLASHINFER_CUDA_ARCH_LIST=9.0a
-               CUDA_HOME=/usr/local/cuda; that toolkit (CUDA 13) lacks curand's headers (copy
-               nvidia/cu13/include/curand*.h from the nvidia-curand wheel into its include/) and a
-               libcuda.so to link against (`gcc -shared -Wl,-soname,libcuda.so.1 -o
-               $CUDA_HOME/lib64/stubs/libcuda.so empty.c`: the device's driver resolves it).
+  build OUT    here: writes OUT/<name>.so for every module the served geometries plan.
+               scripts/stage_device.sh sets up what it needs (the wheels, curand's headers, a
+               libcuda stub) and starts it.
   install SITE on the device after the wheels are installed into SITE: copies each .so beside this
                script's OUT into SITE/flashinfer/data/aot/<name>/.
 

@@ -29,7 +29,7 @@
 # Lanes share the GPU's memory: a gate that sizes its KV pool from free memory
 # (graph_memory_is_reserved) takes ~92 GiB and starves a lane beside it (2026-12-05: the 9B parity
 # gate's reference ran out of memory), so give such manifests a word of their own.
-# Issue 18's decode run (each timed step alone on the GPU; vLLM last, after its five staging calls):
+# Issue 18's decode run (each timed step alone on the GPU; vLLM last, after its six staging calls):
 #   PIPELINE="decode-tests sampler-timing gemm-qwen3 qwen3-decode-variants host-profile-async gemma4-decode-variants
 #             qwen3-gates vllm-qwen3" STAGE=all ...
 # then the qwen3 and gemma4 manifests with the flags the variants showed best, before flipping a default.
@@ -303,7 +303,7 @@ host-profile-async() {  # where async scheduling's steps still wait on the devic
   python3 docs/benchmarks/scripts/host_profile.py $q3 --async-scheduling --attention-backend triton \
     --save $work/qwen3-4b-host-profile-async-triton.json
 }
-vllm-qwen3() {  # vLLM 0.24's decode step on the same checkpoint (shared/device/vllm: staged by five
+vllm-qwen3() {  # vLLM 0.24's decode step on the same checkpoint (shared/device/vllm: staged by six
   # calls carrying .vllm/part1..6 first; never beside an infer step: it takes 90 % of the memory).
   # One engine start for every batch size (vllm_decode.py); bench.sh's process per run if that fails.
   synth_q3
