@@ -1,7 +1,8 @@
 """FlashInfer's paged decode kernels per backend at the serving geometries: which one a decode step
 should plan, measured on the card at hand.
 
-    python docs/benchmarks/scripts/decode_attention_backends.py [--batch-sizes 1,8,64] [--context 512] [--save FILE]
+    python docs/benchmarks/scripts/decode_attention_backends.py [--batch-sizes 1,8,64] [--context 512]
+        [--geometries qwen3-4b] [--backends fa2] [--layouts NHD,HND] [--page-sizes 16,32,64] [--save FILE]
 
 `kernels/attention/flashinfer_backend.py` builds its decode wrappers with tensor cores and
 backend "auto", which FlashInfer 0.7.2 resolves to fa2 for one-token decode rows. On the H100 at
@@ -11,7 +12,10 @@ fa2 and fa3 with tensor cores (and, with --cuda-cores, the CUDA-core decode kern
 same pool (page size 16, every row `--context` tokens on shuffled pages), and reports the KV
 bytes read over that time against the copy bandwidth measured in the same run. Each backend's
 output is compared with fa2's (largest |difference|); a backend FlashInfer refuses for a
-geometry is recorded with its error; fa3 is not asked past head dim 256. Needs CUDA and flashinfer.
+geometry is recorded with its error; fa3 is not asked past head dim 256. `--layouts` and
+`--page-sizes` time the same rows in other pool layouts (HND: `[pages, 2, kv_heads, page, dim]`,
+a head's tokens of a page contiguous) and page sizes than the engine's (NHD, 16: kernels/kv_layout.py),
+to see what a layout change would give before making one. Needs CUDA and flashinfer.
 """
 
 from __future__ import annotations
@@ -45,35 +49,45 @@ def measure(
     device: torch.device,
     copy_gbs: float,
     backends: tuple[tuple[str, bool, str], ...],
+    layout: str = "NHD",
+    page_size: int = PAGE_SIZE,
 ) -> list[dict]:
     import flashinfer
 
     from kernels.attention.flashinfer_backend import FA3_MAX_HEAD_DIM
 
     name, heads, kv_heads, head_dim, window = geometry
-    pages_per_row = ceil_div(context, PAGE_SIZE)
+    pages_per_row = ceil_div(context, page_size)
     pages = batch * pages_per_row + 1
     gen = torch.Generator().manual_seed(batch)
-    pool = torch.randn(pages, 2, PAGE_SIZE, kv_heads, head_dim, generator=gen).to(torch.bfloat16).to(device)
+    page_shape = (page_size, kv_heads) if layout == "NHD" else (kv_heads, page_size)
+    pool = torch.randn(pages, 2, *page_shape, head_dim, generator=gen).to(torch.bfloat16).to(device)
     q = torch.randn(batch, heads, head_dim, generator=gen).to(torch.bfloat16).to(device)
     order = (torch.randperm(pages - 1, generator=gen) + 1).to(torch.int32)
     indices = order[: batch * pages_per_row].to(device)
     indptr = torch.arange(0, batch * pages_per_row + 1, pages_per_row, dtype=torch.int32)
-    last = torch.full((batch,), context - (pages_per_row - 1) * PAGE_SIZE, dtype=torch.int32)
+    last = torch.full((batch,), context - (pages_per_row - 1) * page_size, dtype=torch.int32)
     kv_bytes = batch * context * 2 * kv_heads * head_dim * pool.element_size()
     workspace = torch.zeros(256 << 20, dtype=torch.uint8, device=device)
     rows: list[dict] = []
     reference: torch.Tensor | None = None
     for label, tensor_cores, backend in backends:
-        row: dict = {"geometry": name, "batch": batch, "context": context, "backend": label}
+        row: dict = {
+            "geometry": name,
+            "batch": batch,
+            "context": context,
+            "backend": label,
+            "layout": layout,
+            "page_size": page_size,
+        }
         if backend == "fa3" and head_dim > FA3_MAX_HEAD_DIM:
             continue
         try:
             wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-                workspace, "NHD", use_tensor_cores=tensor_cores, backend=backend
+                workspace, layout, use_tensor_cores=tensor_cores, backend=backend
             )
             wrapper.plan(
-                indptr, indices, last, heads, kv_heads, head_dim, PAGE_SIZE,
+                indptr, indices, last, heads, kv_heads, head_dim, page_size,
                 sm_scale=head_dim**-0.5, q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16,
                 window_left=-1 if window is None else window - 1,
             )  # fmt: skip
@@ -102,25 +116,36 @@ def main() -> None:
     parser.add_argument(
         "--cuda-cores", action="store_true", help="also the CUDA-core decode kernel (new JIT modules)"
     )
+    parser.add_argument(
+        "--geometries",
+        default=",".join(g[0] for g in GEOMETRIES),
+        help="which of the geometries (by name) to time",
+    )
+    parser.add_argument("--backends", default="fa2,fa3", help="which tensor-core backends to time")
+    parser.add_argument("--layouts", default="NHD", help="pool layouts to time: NHD (the engine's), HND")
+    parser.add_argument("--page-sizes", default=str(PAGE_SIZE), help="tokens per page to time")
     parser.add_argument("--save", type=Path)
     args = parser.parse_args()
-    backends = BACKENDS + ((CUDA_CORES,) if args.cuda_cores else ())
+    named = args.backends.split(",")
+    backends = tuple(b for b in BACKENDS if b[0] in named) + ((CUDA_CORES,) if args.cuda_cores else ())
     device = cuda_device()
     copy_gbs = copy_gb_per_s(device)
     rows = [
         row
         for geometry in GEOMETRIES
+        if geometry[0] in args.geometries.split(",")
         for batch in (int(b) for b in args.batch_sizes.split(","))
-        for row in measure(geometry, batch, args.context, device, copy_gbs, backends)
+        for layout in args.layouts.split(",")
+        for page_size in (int(p) for p in args.page_sizes.split(","))
+        for row in measure(geometry, batch, args.context, device, copy_gbs, backends, layout, page_size)
     ]
     for row in rows:
+        what = f"{row['geometry']:20} bs {row['batch']:3} {row['layout']} p{row['page_size']:<3} {row['backend']:10}"
         if "error" in row:
-            print(
-                f"{row['geometry']:20} bs {row['batch']:3} {row['backend']:10} refused: {row['error'][:100]}"
-            )
+            print(f"{what} refused: {row['error'][:100]}")
         else:
             print(
-                f"{row['geometry']:20} bs {row['batch']:3} {row['backend']:10} {row['ms'] * 1e3:8.1f} us "
+                f"{what} {row['ms'] * 1e3:8.1f} us "
                 f"{row['pct_of_copy']:5.1f} % of copy  |Δ| vs fa2 {row['max_abs_diff_vs_fa2']:.3g}"
             )
     if args.save:
