@@ -783,6 +783,11 @@ qwen35-parity() {  # CHECKPOINT NAME: the two transformers-parity gates alone
 }
 qwen35-4b-parity() { synth_q35; qwen35-parity $q35 4b; }
 qwen35-9b-parity() { synth_q35_9b; qwen35-parity $q35_9b 9b; }
+qwen35-9b-forward() {  # the 9b's teacher-forced parity gate alone (its greedy gate passed at 9c95829)
+  synth_q35_9b
+  infer gates --manifest qwen35 --shared-process --checkpoint $q35_9b --gate qwen35.full_forward_matches_hf \
+    --json $work/qwen35-9b-forward-gate.json --junit $work/qwen35-9b-forward-gate.xml
+}
 qwen35() {  # every Qwen3.5 step, cheapest first; a step that fails does not stop the next
   for step in qwen35-gpu-tests qwen35-bench-gdn qwen35-gates qwen35-latency qwen35-9b-parity; do
     echo "== $step"; "$step" || echo "$step failed rc=$?"
@@ -851,7 +856,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | gemv-layout-ab | attn-split-ab | decode-kernel-ab | invariant-gpu-tests | invariant-tiles-probe | invariant-triton-attn | prefill-host-ab | split-rule-check | gemv-rows-ab | prefill-spread | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | prefill-graphs-gates-qwen35 | prefill-graphs-gates-gemma4 | qwen35-prefill-graphs-latency | attn-layouts)
+  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | gemv-layout-ab | attn-split-ab | decode-kernel-ab | invariant-gpu-tests | invariant-tiles-probe | invariant-triton-attn | prefill-host-ab | split-rule-check | gemv-rows-ab | prefill-spread | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | prefill-graphs-gates-qwen35 | prefill-graphs-gates-gemma4 | qwen35-prefill-graphs-latency | attn-layouts | qwen35-9b-forward)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
