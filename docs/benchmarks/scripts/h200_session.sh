@@ -609,6 +609,31 @@ backend.FlashInferAttention.split_kwargs = lambda self, *plan: {'disable_split_k
       --breakdown --save-result $work/qwen3-4b-latency-async-split-$split.json
   done
 }
+pool-order-ab() {  # Qwen3-4B's and Gemma 4 12B's async decode step with the KV pool in NHD order (as
+  # shipped) and in HND (INFER_KV_POOL_ORDER, kernels/kv_layout.py), twice each, interleaved;
+  # attn-layouts times FlashInfer's kernel alone in both
+  synth_q3
+  local run order
+  for run in 1 2; do
+    for order in NHD HND; do
+      echo "== pool order $order, run $run"
+      INFER_KV_POOL_ORDER=$order infer bench latency --model $q3 --batch-sizes 1,8,64 --prefill-lens 1024 \
+        --breakdown --save-result $work/qwen3-4b-latency-pool-$order-$run.json
+    done
+  done
+  [ "${POOL_AB_GEMMA4:-1}" = 1 ] || return 0
+  synth_g4
+  for order in NHD HND; do
+    INFER_KV_POOL_ORDER=$order infer bench latency --model $g4 --batch-sizes 1,8,64 --prefill-lens 1024 \
+      --breakdown --save-result $work/gemma4-12b-latency-pool-$order.json
+  done
+}
+pool-order-gates() {  # the qwen3 gates that read the pool through FlashInfer, with it in HND order
+  synth_q3
+  INFER_KV_POOL_ORDER=HND infer gates --manifest qwen3 --shared-process --checkpoint $q3 --gate qwen3.full_forward_matches_hf \
+    --gate qwen3.greedy_matches_hf_generate --gate qwen3.graph_replay_matches_eager \
+    --gate qwen3.prefix_restore_matches_cold --gate qwen3.mixed_step_matches_serial --json $work/qwen3-gates-pool-hnd.json
+}
 gemv-rows-ab() {  # Qwen3-4B's decode step at batch 1-8 as shipped, with the decode GEMV taking every
   # projection up to 4 rows (its MAX_ROWS), and up to 8 (MAX_ROWS patched): at 957843a batch 8 ran
   # the skinny GEMM and cuBLAS, 3.27 ms of projections against the GEMV's 2.87 at batch 1
@@ -856,7 +881,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | gemv-layout-ab | attn-split-ab | decode-kernel-ab | invariant-gpu-tests | invariant-tiles-probe | invariant-triton-attn | prefill-host-ab | split-rule-check | gemv-rows-ab | prefill-spread | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | prefill-graphs-gates-qwen35 | prefill-graphs-gates-gemma4 | qwen35-prefill-graphs-latency | attn-layouts | qwen35-9b-forward)
+  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | gemv-layout-ab | attn-split-ab | decode-kernel-ab | invariant-gpu-tests | invariant-tiles-probe | invariant-triton-attn | prefill-host-ab | split-rule-check | gemv-rows-ab | prefill-spread | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | prefill-graphs-gates-qwen35 | prefill-graphs-gates-gemma4 | qwen35-prefill-graphs-latency | attn-layouts | qwen35-9b-forward | pool-order-ab | pool-order-gates)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
