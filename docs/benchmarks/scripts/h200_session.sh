@@ -634,6 +634,39 @@ pool-order-gates() {  # the qwen3 gates that read the pool through FlashInfer, w
     --gate qwen3.greedy_matches_hf_generate --gate qwen3.graph_replay_matches_eager \
     --gate qwen3.prefix_restore_matches_cold --gate qwen3.mixed_step_matches_serial --json $work/qwen3-gates-pool-hnd.json
 }
+mma-rows-ab() {  # Qwen3-4B's async decode step at batch 8 and 16 as shipped, with the QKV projection
+  # at 5-16 rows on the fused MMA (plain; 14.9 against cuBLAS's 15.6 us at M = 8 per shape, 6d505ba),
+  # and with the down projection there on the skinny GEMM too (PDL; 24.1 against 23.8); two runs each
+  synth_q3
+  local run variant
+  local mma="import kernels.gemm.skinny_dispatch as dispatch
+from kernels.triton.fused_mma import MmaSettings, fused_mma
+from kernels.triton.fused_gemv import Fusion
+from kernels.triton.skinny_gemm import skinny_gemm
+table_call = dispatch.SkinnyDispatch.__call__
+def call(self, x, weight):
+    m = x.reshape(-1, x.shape[-1]).shape[0]
+    shape = tuple(weight.shape)
+    if 4 < m <= 16 and shape == (6144, 2560):
+        return fused_mma(x.reshape(-1, 2560), weight, Fusion(), MmaSettings(block_n=32, block_k=128)).reshape(*x.shape[:-1], 6144)
+    if 4 < m <= 16 and shape == (2560, 9728) and DOWN:
+        choice = self.table.lookup(2560, 9728, weight.dtype)
+        return skinny_gemm(x.reshape(-1, 9728), weight, choice.settings).reshape(*x.shape[:-1], 2560)
+    return table_call(self, x, weight)
+dispatch.SkinnyDispatch.__call__ = call"
+  for run in 1 2; do
+    for variant in shipped qkv qkv-down; do
+      echo "== $variant, run $run"
+      local patch=""
+      [ $variant = qkv ] && patch="DOWN = False
+$mma"
+      [ $variant = qkv-down ] && patch="DOWN = True
+$mma"
+      infer_patched "$patch" bench latency --model $q3 --batch-sizes 8,16 --prefill-lens 1024 --breakdown \
+        --save-result $work/qwen3-4b-latency-mma-$variant-$run.json
+    done
+  done
+}
 gemv-rows-ab() {  # Qwen3-4B's decode step at batch 1-8 as shipped, with the decode GEMV taking every
   # projection up to 4 rows (its MAX_ROWS), and up to 8 (MAX_ROWS patched): at 957843a batch 8 ran
   # the skinny GEMM and cuBLAS, 3.27 ms of projections against the GEMV's 2.87 at batch 1
@@ -881,7 +914,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | gemv-layout-ab | attn-split-ab | decode-kernel-ab | invariant-gpu-tests | invariant-tiles-probe | invariant-triton-attn | prefill-host-ab | split-rule-check | gemv-rows-ab | prefill-spread | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | prefill-graphs-gates-qwen35 | prefill-graphs-gates-gemma4 | qwen35-prefill-graphs-latency | attn-layouts | qwen35-9b-forward | pool-order-ab | pool-order-gates)
+  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | gemv-layout-ab | attn-split-ab | decode-kernel-ab | invariant-gpu-tests | invariant-tiles-probe | invariant-triton-attn | prefill-host-ab | split-rule-check | gemv-rows-ab | prefill-spread | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | prefill-graphs-gates-qwen35 | prefill-graphs-gates-gemma4 | qwen35-prefill-graphs-latency | attn-layouts | qwen35-9b-forward | pool-order-ab | pool-order-gates | mma-rows-ab)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
