@@ -64,17 +64,19 @@
 # STAGE=NAME copies every JSON of /tmp/runs into $OUT: past 8 files the rest (runs.tgz too) do not
 # come back, so fetch through a wait call's runs.tgz instead.
 # The pipeline, in priority order, with needs_h200 (an H100 cannot hold these):
-#   "qwen3-table vllm-qwen3 invariance numerics gemma4-gates qwen35-9b-parity qwen35-gates
+#   "qwen3-table qwen35-9b-forward vllm-qwen3 invariance numerics gemma4-gates qwen35-gates
 #   prefill-graphs-gates-gemma4".
 #   qwen3-table: the H200's dispatch table has no GEMV rows (copy skinny_dispatch_h200.json back from
 #   runs.tgz); vllm-qwen3 beside it for the same-session ratio; gemma4-gates is the whole manifest
 #   under the async default, its five gates that need the H200's memory included;
 #   qwen35-9b-parity's full_forward_matches_hf has never run alone on an H200; the prefill-graphs
 #   manifest on gemma4 is what stands between --prefill-graphs and the default.
-# On an H100 (no needs_h200: none of this needs more than 78 GiB): PIPELINE="decode-tests", the fused
-# GEMV's GPU tests on the kernel b47e96f restored (the folded norm's joined gate/up slice failed its
-# bit-for-bit composition there), then a decode lever's A/B; the rest needs the H200 (its figures,
-# gemma4's five gates). The staging
+# On an H100 (no needs_h200: none of this needs more than 78 GiB): POOL_AB_GEMMA4=0
+# PIPELINE="attn-layouts pool-order-ab mma-rows-ab decode-tests+pool-order-gates": FlashInfer's decode
+# kernel over the pool in HND order and larger pages, the whole step with the pool in HND order
+# (INFER_KV_POOL_ORDER) and its FlashInfer gates, the QKV/down projections at 5-16 rows on our
+# kernels, and the fused GEMV's GPU tests on the kernel b47e96f restored; the rest needs the H200
+# (its figures, gemma4's five gates, the 9b's parity: qwen35-9b-forward). The staging
 # folders are ignored, so a new checkout lacks them: scripts/stage_device.sh stages them all (~1 min)
 # and starts the .fi-aot build (head dim 128: fa2 100 s alone, fa3 21 min beside a `make test`).
 # - attn-split-ab (~2 min): the async step with FlashInfer's KV split as shipped and switched off.
