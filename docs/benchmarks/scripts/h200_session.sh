@@ -72,10 +72,11 @@
 #   qwen35-9b-parity's full_forward_matches_hf has never run alone on an H200; the prefill-graphs
 #   manifest on gemma4 is what stands between --prefill-graphs and the default.
 # On an H100 (no needs_h200: none of this needs more than 78 GiB): POOL_AB_GEMMA4=0
-# PIPELINE="attn-layouts pool-order-ab mma-rows-ab decode-tests+pool-order-gates": FlashInfer's decode
-# kernel over the pool in HND order and larger pages, the whole step with the pool in HND order
-# (INFER_KV_POOL_ORDER) and its FlashInfer gates, the QKV/down projections at 5-16 rows on our
-# kernels, and the fused GEMV's GPU tests on the kernel b47e96f restored; the rest needs the H200
+# PIPELINE="attn-layouts pool-order-ab attn-chunk-ab decode-tests+pool-order-gates mma-rows-ab":
+# FlashInfer's decode kernel over the pool in HND order and larger pages, the whole step with the
+# pool in HND order (INFER_KV_POOL_ORDER), FlashInfer's KV split pinned, the fused GEMV's GPU tests
+# on the kernel b47e96f restored beside the FlashInfer gates in HND order, and the QKV/down
+# projections at 5-16 rows on our kernels; the rest needs the H200
 # (its figures, gemma4's five gates, the 9b's parity: qwen35-9b-forward). The staging
 # folders are ignored, so a new checkout lacks them: scripts/stage_device.sh stages them all (~1 min)
 # and starts the .fi-aot build (head dim 128: fa2 100 s alone, fa3 21 min beside a `make test`).
@@ -636,6 +637,24 @@ pool-order-gates() {  # the qwen3 gates that read the pool through FlashInfer, w
     --gate qwen3.greedy_matches_hf_generate --gate qwen3.graph_replay_matches_eager \
     --gate qwen3.prefix_restore_matches_cold --gate qwen3.mixed_step_matches_serial --json $work/qwen3-gates-pool-hnd.json
 }
+attn-chunk-ab() {  # Qwen3-4B's async decode step at batch 1 and 8 with FlashInfer's KV split as the
+  # planner sizes it (shipped) and pinned to SPLIT_PAGES pages a chunk (fixed_split_size) in graph
+  # buckets below the SMs' fill, where the split and its merge kernel run (2.4 us a layer at batch 1)
+  synth_q3
+  local pages patch
+  for pages in shipped ${SPLIT_PAGES:-2 4 8 16}; do
+    echo "== KV chunk: $pages"
+    patch=""
+    [ $pages = shipped ] || patch="import kernels.attention.flashinfer_backend as backend
+shipped = backend.FlashInferAttention.split_kwargs
+def split_kwargs(self, layer, graph_bucket=None):
+    kwargs = shipped(self, layer, graph_bucket)
+    return kwargs if kwargs or graph_bucket is None else {'fixed_split_size': $pages}
+backend.FlashInferAttention.split_kwargs = split_kwargs"
+    infer_patched "$patch" bench latency --model $q3 --batch-sizes 1,8 --prefill-lens 1024 --breakdown \
+      --save-result $work/qwen3-4b-latency-attn-chunk-$pages.json
+  done
+}
 mma-rows-ab() {  # Qwen3-4B's async decode step at batch 8 and 16 as shipped, with the QKV projection
   # at 5-16 rows on the fused MMA (plain; 14.9 against cuBLAS's 15.6 us at M = 8 per shape, 6d505ba),
   # and with the down projection there on the skinny GEMM too (PDL; 24.1 against 23.8); two runs each
@@ -916,7 +935,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | gemv-layout-ab | attn-split-ab | decode-kernel-ab | invariant-gpu-tests | invariant-tiles-probe | invariant-triton-attn | prefill-host-ab | split-rule-check | gemv-rows-ab | prefill-spread | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | prefill-graphs-gates-qwen35 | prefill-graphs-gates-gemma4 | qwen35-prefill-graphs-latency | attn-layouts | qwen35-9b-forward | pool-order-ab | pool-order-gates | mma-rows-ab)
+  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | gemv-layout-ab | attn-split-ab | decode-kernel-ab | invariant-gpu-tests | invariant-tiles-probe | invariant-triton-attn | prefill-host-ab | split-rule-check | gemv-rows-ab | prefill-spread | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | prefill-graphs-gates-qwen35 | prefill-graphs-gates-gemma4 | qwen35-prefill-graphs-latency | attn-layouts | qwen35-9b-forward | pool-order-ab | pool-order-gates | mma-rows-ab | attn-chunk-ab)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
