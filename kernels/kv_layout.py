@@ -37,7 +37,8 @@ V_INDEX = 1
 POOL_ORDERS = ("NHD", "HND")
 # How a pool lies in memory (module doc): read when a pool is allocated and when a FlashInfer backend
 # builds its wrappers. `INFER_KV_POOL_ORDER=HND` chooses the other order for a process and the gate
-# processes it starts; NHD until HND is measured faster (docs/benchmarks/qwen3.md).
+# processes it starts. NHD until HND is measured faster on a GPU (the session script's attn-layouts
+# and pool-order-ab steps time both: docs/benchmarks/scripts/h200_session.sh).
 POOL_ORDER = os.environ.get("INFER_KV_POOL_ORDER", "NHD")
 
 
