@@ -617,7 +617,7 @@ pool-order-ab() {  # Qwen3-4B's and Gemma 4 12B's async decode step with the KV 
   # attn-layouts times FlashInfer's kernel alone in both
   synth_q3
   local run order
-  for run in 1 2; do
+  for run in $(seq ${POOL_AB_RUNS:-2}); do
     for order in NHD HND; do
       echo "== pool order $order, run $run"
       INFER_KV_POOL_ORDER=$order infer bench latency --model $q3 --batch-sizes 1,8,64 --prefill-lens 1024 \
