@@ -182,17 +182,6 @@ def test_a_row_gets_the_same_bits_alone_in_any_batch_at_any_offset() -> None:
     assert torch.equal(case.kernel(pool=case.sentinel_pool()), batch)
 
 
-def test_a_pool_in_hnd_order_gets_the_same_bits() -> None:
-    """kernels/kv_layout.py POOL_ORDER: the kernel reads through the pool's strides, so the same
-    values lying head-major ([pages, 2, heads, 16, dim] in memory) give the same bits."""
-    case = Case(_layer(8, 2, 128), KV_LENS, torch.bfloat16, seed=3)
-    pages, kv, page_size, heads, dim = case.pool.shape
-    hnd = torch.empty(pages, kv, heads, page_size, dim, dtype=case.pool.dtype, device=DEVICE).transpose(2, 3)
-    hnd.copy_(case.pool)
-    assert hnd.stride() != case.pool.stride()
-    assert torch.equal(case.kernel(pool=hnd), case.kernel())
-
-
 def test_padding_rows_are_harmless() -> None:
     case = Case(_layer(8, 2, 128), (17, S + 1), torch.bfloat16, seed=2)
     live = case.kernel()
