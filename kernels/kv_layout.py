@@ -5,14 +5,10 @@ One pool tensor per KV group (one group per attention family) holds every layer 
     pool[layer, page, kv, token, head, dim]     shape [layers, pages, 2, 16, kv_heads, head_dim]
 
 - ``kv`` is 0 for K and 1 for V; ``token`` is the offset inside a 16-token page.
-- That shape is the one every consumer indexes, whatever order the pool lies in memory
-  (``POOL_ORDER``). In the default ``"NHD"`` order ``pool[layer]`` is exactly FlashInfer's
-  single-tensor NHD ``paged_kv_cache`` (``[max_num_pages, 2, page_size, num_kv_heads, head_dim]``),
-  contiguous. In ``"HND"`` the memory is ``[layers, pages, 2, kv_heads, 16, head_dim]`` (a page's
-  tokens of one head side by side) and the pool is a transposed view of it. The Triton kernels take
-  every stride as given and the torch backend indexes the view, so only FlashInfer, which names its
-  layout, needs to know: ``flashinfer_view`` hands it a layer as it lies. The torch attention backend
-  gathers the view: ``pool[layer][page_ids, 0]`` are K pages, ``[page_ids, 1]`` V pages.
+- ``pool[layer]`` is exactly FlashInfer's single-tensor NHD ``paged_kv_cache``
+  (``[max_num_pages, 2, page_size, num_kv_heads, head_dim]``, ``kv_layout="NHD"``), a contiguous
+  view, so the paged prefill/decode wrappers read a layer without any copy. The torch attention
+  backend gathers the same view: ``pool[layer][page_ids, 0]`` are K pages, ``[page_ids, 1]`` V pages.
 - A page id addresses the same page in every layer of its group, so one page table serves them all.
 - Page 0 is the padding page: CUDA-graph filler rows point their page tables at it, write there,
   and nothing ever reads it. Its contents are undefined (several filler rows may race on one slot).
@@ -25,7 +21,6 @@ above it (engine, models, gates).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -34,12 +29,6 @@ PAGE_SIZE = 16
 PADDING_PAGE = 0
 K_INDEX = 0
 V_INDEX = 1
-POOL_ORDERS = ("NHD", "HND")
-# How a pool lies in memory (module doc): read when a pool is allocated and when a FlashInfer backend
-# builds its wrappers. `INFER_KV_POOL_ORDER=HND` chooses the other order for a process and the gate
-# processes it starts. NHD until HND is measured faster on a GPU (the session script's attn-layouts
-# and pool-order-ab steps time both: docs/benchmarks/scripts/h200_session.sh).
-POOL_ORDER = os.environ.get("INFER_KV_POOL_ORDER", "NHD")
 
 
 def ceil_div(numerator: int, denominator: int) -> int:
@@ -88,16 +77,9 @@ class KVPoolLayout:
         return elements * dtype.itemsize
 
     def allocate(self, dtype: torch.dtype, device: torch.device | str | None = None) -> torch.Tensor:
-        """A zero-filled pool of ``self.shape``, lying in memory in ``POOL_ORDER``. Zeros, not
-        garbage: the torch backend gathers (masked) slots of the padding page and of released
-        sliding pages, and a NaN there survives a zero weight."""
-        order = pool_order()
-        if order == "NHD":
-            return torch.zeros(self.shape, dtype=dtype, device=device)
-        layers, pages, kv, page_size, heads, dim = self.shape
-        return torch.zeros(layers, pages, kv, heads, page_size, dim, dtype=dtype, device=device).transpose(
-            3, 4
-        )
+        """A zero-filled pool. Zeros, not garbage: the torch backend gathers (masked) slots of the
+        padding page and of released sliding pages, and a NaN there survives a zero weight."""
+        return torch.zeros(self.shape, dtype=dtype, device=device)
 
 
 def check_pool_layer(pool_layer: torch.Tensor, kv_heads: int, head_dim: int) -> None:
@@ -119,28 +101,6 @@ def check_pool_layer(pool_layer: torch.Tensor, kv_heads: int, head_dim: int) -> 
         raise KVLayoutError(f"a pool layer needs the padding page and one more, got {pages} pages")
     if pool_layer.stride(-1) != 1:
         raise KVLayoutError(f"a pool layer's head_dim must be dense, got strides {pool_layer.stride()}")
-
-
-def pool_order() -> str:
-    """``POOL_ORDER``, checked: a KVLayoutError names any other value."""
-    if POOL_ORDER not in POOL_ORDERS:
-        raise KVLayoutError(
-            f"KV pool order {POOL_ORDER!r} (INFER_KV_POOL_ORDER): must be one of {', '.join(POOL_ORDERS)}"
-        )
-    return POOL_ORDER
-
-
-def flashinfer_view(pool_layer: torch.Tensor, order: str) -> torch.Tensor:
-    """One pool layer as FlashInfer's ``paged_kv_cache`` in layout ``order`` (the ``kv_layout`` its
-    wrappers were built with): the layer itself for NHD, its HND transpose for HND. KVLayoutError
-    unless that view is contiguous, i.e. unless the layer lies in memory in ``order``."""
-    view = pool_layer if order == "NHD" else pool_layer.transpose(2, 3)
-    if not view.is_contiguous():
-        raise KVLayoutError(
-            f"a pool layer with strides {pool_layer.stride()} does not lie in {order} order, "
-            "the layout the FlashInfer wrappers were built with"
-        )
-    return view
 
 
 def k_pages(pool_layer: torch.Tensor) -> torch.Tensor:

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from kernels.attention.base import AttentionBackend, AttentionLayerSpec, GroupBatch, WarmUpStep
-from kernels.kv_layout import KVPoolLayout, ceil_div, flashinfer_view, pool_order
+from kernels.kv_layout import ceil_div
 from kernels.triton.storage import multiprocessors
 
 WORKSPACE_BYTES = 256 << 20
@@ -92,7 +92,6 @@ class FlashInferAttention(AttentionBackend):
         self.device = device
         self.dtype = dtype
         self.max_pages_per_seq = max_pages_per_seq
-        self._order = pool_order()  # the pools' order in memory, FlashInfer's kv_layout
         self._workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         self._prefill: dict[tuple[int, int], Any] = {}  # (group, head dim)
         self._decode: dict[tuple[int, int], Any] = {}
@@ -104,10 +103,10 @@ class FlashInferAttention(AttentionBackend):
         key = (group, head_dim)
         if key not in self._prefill:
             self._prefill[key] = self._fi.BatchPrefillWithPagedKVCacheWrapper(
-                self._workspace, self._order, backend=tensor_core_backend(head_dim)
+                self._workspace, "NHD", backend=tensor_core_backend(head_dim)
             )
             self._decode[key] = self._fi.BatchDecodeWithPagedKVCacheWrapper(
-                self._workspace, self._order, use_tensor_cores=True, backend=tensor_core_backend(head_dim)
+                self._workspace, "NHD", use_tensor_cores=True, backend=tensor_core_backend(head_dim)
             )
         return self._prefill[key], self._decode[key]
 
@@ -116,7 +115,7 @@ class FlashInferAttention(AttentionBackend):
         if key not in self._graph_decode:
             self._graph_decode[key] = self._fi.BatchDecodeWithPagedKVCacheWrapper(
                 self._workspace,
-                self._order,
+                "NHD",
                 use_cuda_graph=True,
                 use_tensor_cores=True,
                 backend=tensor_core_backend(head_dim),
@@ -210,8 +209,7 @@ class FlashInferAttention(AttentionBackend):
         # Every query row's output is written by the kernel: an uninitialised buffer spares the
         # prefill wrapper's own zero-filled one (a memset launch per layer and step).
         q = q.contiguous()
-        kv = flashinfer_view(pool_layer, self._order)
-        out: torch.Tensor = self._active[group].run(q, kv, out=torch.empty_like(q))
+        out: torch.Tensor = self._active[group].run(q, pool_layer, out=torch.empty_like(q))
         return out
 
     def warm_up_steps(self, specs: Sequence[AttentionLayerSpec], page_size: int) -> list[WarmUpStep]:
@@ -236,9 +234,9 @@ class FlashInferAttention(AttentionBackend):
 
     def _warm(self, scratch: _Scratch, spec: AttentionLayerSpec, page_size: int, q_len: int) -> None:
         backend = scratch.backend()
-        pool = KVPoolLayout(1, 2, spec.num_kv_heads, spec.head_dim, page_size).allocate(
-            self.dtype, self.device
-        )[0]
+        pool = torch.zeros(
+            2, 2, page_size, spec.num_kv_heads, spec.head_dim, dtype=self.dtype, device=self.device
+        )
         q = torch.zeros(q_len, spec.num_heads, spec.head_dim, dtype=self.dtype, device=self.device)
         backend.plan(0, GroupBatch((q_len,), (2,), ((1,),), page_size), spec)
         backend.run(0, spec, q, pool)

@@ -71,12 +71,10 @@
 #   under the async default, its five gates that need the H200's memory included;
 #   qwen35-9b-parity's full_forward_matches_hf has never run alone on an H200; the prefill-graphs
 #   manifest on gemma4 is what stands between --prefill-graphs and the default.
-# On an H100 (no needs_h200: none of this needs more than 78 GiB): POOL_AB_GEMMA4=0
-# PIPELINE="attn-layouts pool-order-ab attn-chunk-ab decode-tests+pool-order-gates mma-rows-ab":
-# FlashInfer's decode kernel over the pool in HND order and larger pages, the whole step with the
-# pool in HND order (INFER_KV_POOL_ORDER), FlashInfer's KV split pinned, the fused GEMV's GPU tests
-# on the kernel b47e96f restored beside the FlashInfer gates in HND order, and the QKV/down
-# projections at 5-16 rows on our kernels; the rest needs the H200
+# On an H100 (no needs_h200: none of this needs more than 78 GiB):
+# PIPELINE="decode-tests attn-chunk-ab mma-rows-ab": the fused GEMV's GPU tests (its composition test
+# fails in fp16 and fp32 with the kernel b47e96f restored too: read the assertion first), FlashInfer's
+# KV split pinned, and the QKV/down projections at 5-16 rows on our kernels; the rest needs the H200
 # (its figures, gemma4's five gates, the 9b's parity: qwen35-9b-forward). The staging
 # folders are ignored, so a new checkout lacks them: scripts/stage_device.sh stages them all (~1 min)
 # and starts the .fi-aot build (head dim 128: fa2 100 s alone, fa3 21 min beside a `make test`).
@@ -612,31 +610,6 @@ backend.FlashInferAttention.split_kwargs = lambda self, *plan: {'disable_split_k
       --breakdown --save-result $work/qwen3-4b-latency-async-split-$split.json
   done
 }
-pool-order-ab() {  # Qwen3-4B's and Gemma 4 12B's async decode step with the KV pool in NHD order (as
-  # shipped) and in HND (INFER_KV_POOL_ORDER, kernels/kv_layout.py), twice each, interleaved;
-  # attn-layouts times FlashInfer's kernel alone in both
-  synth_q3
-  local run order
-  for run in $(seq ${POOL_AB_RUNS:-2}); do
-    for order in NHD HND; do
-      echo "== pool order $order, run $run"
-      INFER_KV_POOL_ORDER=$order infer bench latency --model $q3 --batch-sizes 1,8,64 --prefill-lens 1024 \
-        --breakdown --save-result $work/qwen3-4b-latency-pool-$order-$run.json
-    done
-  done
-  [ "${POOL_AB_GEMMA4:-1}" = 1 ] || return 0
-  synth_g4
-  for order in NHD HND; do
-    INFER_KV_POOL_ORDER=$order infer bench latency --model $g4 --batch-sizes 1,8,64 --prefill-lens 1024 \
-      --breakdown --save-result $work/gemma4-12b-latency-pool-$order.json
-  done
-}
-pool-order-gates() {  # the qwen3 gates that read the pool through FlashInfer, with it in HND order
-  synth_q3
-  INFER_KV_POOL_ORDER=HND infer gates --manifest qwen3 --shared-process --checkpoint $q3 --gate qwen3.full_forward_matches_hf \
-    --gate qwen3.greedy_matches_hf_generate --gate qwen3.graph_replay_matches_eager \
-    --gate qwen3.prefix_restore_matches_cold --gate qwen3.mixed_step_matches_serial --json $work/qwen3-gates-pool-hnd.json
-}
 attn-chunk-ab() {  # Qwen3-4B's async decode step at batch 1 and 8 with FlashInfer's KV split as the
   # planner sizes it (shipped) and pinned to SPLIT_PAGES pages a chunk (fixed_split_size) in graph
   # buckets below the SMs' fill, where the split and its merge kernel run (2.4 us a layer at batch 1)
@@ -935,7 +908,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | gemv-layout-ab | attn-split-ab | decode-kernel-ab | invariant-gpu-tests | invariant-tiles-probe | invariant-triton-attn | prefill-host-ab | split-rule-check | gemv-rows-ab | prefill-spread | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | prefill-graphs-gates-qwen35 | prefill-graphs-gates-gemma4 | qwen35-prefill-graphs-latency | attn-layouts | qwen35-9b-forward | pool-order-ab | pool-order-gates | mma-rows-ab | attn-chunk-ab)
+  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | gemv-layout-ab | attn-split-ab | decode-kernel-ab | invariant-gpu-tests | invariant-tiles-probe | invariant-triton-attn | prefill-host-ab | split-rule-check | gemv-rows-ab | prefill-spread | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | prefill-graphs-gates-qwen35 | prefill-graphs-gates-gemma4 | qwen35-prefill-graphs-latency | attn-layouts | qwen35-9b-forward | mma-rows-ab | attn-chunk-ab)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
