@@ -127,13 +127,13 @@ def main() -> None:
     parser.add_argument("--save", type=Path)
     args = parser.parse_args()
     named = args.backends.split(",")
+    geometries = [g for g in GEOMETRIES if g[0] in args.geometries.split(",")]
     backends = tuple(b for b in BACKENDS if b[0] in named) + ((CUDA_CORES,) if args.cuda_cores else ())
     device = cuda_device()
     copy_gbs = copy_gb_per_s(device)
     rows = [
         row
-        for geometry in GEOMETRIES
-        if geometry[0] in args.geometries.split(",")
+        for geometry in geometries
         for batch in (int(b) for b in args.batch_sizes.split(","))
         for layout in args.layouts.split(",")
         for page_size in (int(p) for p in args.page_sizes.split(","))

@@ -69,7 +69,7 @@
 #   qwen3-table: the H200's dispatch table has no GEMV rows (copy skinny_dispatch_h200.json back from
 #   runs.tgz); vllm-qwen3 beside it for the same-session ratio; gemma4-gates is the whole manifest
 #   under the async default, its five gates that need the H200's memory included;
-#   qwen35-9b-parity's full_forward_matches_hf has never run alone on an H200; the prefill-graphs
+#   qwen35-9b-forward is the 9b's full_forward_matches_hf, never run alone on an H200; the prefill-graphs
 #   manifest on gemma4 is what stands between --prefill-graphs and the default.
 # On an H100 (no needs_h200: none of this needs more than 78 GiB):
 # PIPELINE="fused-compose-check attn-chunk-ab mma-rows-ab decode-tests": the fused GEMV's composition
@@ -833,18 +833,17 @@ qwen35-decode-fused() {  # the 4b with --decode-fusion (fused projections and th
   infer bench latency --model $q35 --decode-fusion --batch-sizes 1,8,64 --prefill-lens 1024 --breakdown \
     --save-result $work/qwen35-4b-latency-fused.json
 }
-qwen35-parity() {  # CHECKPOINT NAME: the two transformers-parity gates alone
-  infer gates --manifest qwen35 --shared-process --checkpoint "$1" \
-    --gate qwen35.full_forward_matches_hf --gate qwen35.greedy_matches_hf_generate \
-    --json $work/qwen35-$2-parity-gates.json --junit $work/qwen35-$2-parity-gates.xml
+qwen35-parity() {  # CHECKPOINT NAME [GATE...]: transformers-parity gates alone (both by default)
+  local checkpoint=$1 name=$2; shift 2
+  local gates=("${@:-full_forward_matches_hf greedy_matches_hf_generate}")
+  infer gates --manifest qwen35 --shared-process --checkpoint "$checkpoint" \
+    $(printf -- "--gate qwen35.%s " ${gates[*]}) \
+    --json $work/qwen35-$name-parity-gates.json --junit $work/qwen35-$name-parity-gates.xml
 }
 qwen35-4b-parity() { synth_q35; qwen35-parity $q35 4b; }
 qwen35-9b-parity() { synth_q35_9b; qwen35-parity $q35_9b 9b; }
-qwen35-9b-forward() {  # the 9b's teacher-forced parity gate alone (its greedy gate passed at 9c95829)
-  synth_q35_9b
-  infer gates --manifest qwen35 --shared-process --checkpoint $q35_9b --gate qwen35.full_forward_matches_hf \
-    --json $work/qwen35-9b-forward-gate.json --junit $work/qwen35-9b-forward-gate.xml
-}
+# The 9b's teacher-forced gate alone: its greedy gate passed at 9c95829, this one never reached a verdict.
+qwen35-9b-forward() { synth_q35_9b; qwen35-parity $q35_9b 9b-forward full_forward_matches_hf; }
 qwen35() {  # every Qwen3.5 step, cheapest first; a step that fails does not stop the next
   for step in qwen35-gpu-tests qwen35-bench-gdn qwen35-gates qwen35-latency qwen35-9b-parity; do
     echo "== $step"; "$step" || echo "$step failed rc=$?"
