@@ -245,7 +245,8 @@ def _tile_rows(
         x_at = x_ptr + m * stride_xm
         x = tl.load(x_at + ks, mask=k_ok, other=0.0).to(tl.float32)
         if NORM:
-            # The inverse RMS over the whole row as one block: the same sum as the RMSNorm kernel's.
+            # The inverse RMS over the whole row as one block, by the RMSNorm kernel's helper; the
+            # squares add in this reduction's layout order, which need not be that kernel's.
             if TAIL_K > 0:  # noqa: SIM108 (a Triton constexpr branch)
                 whole = tl.load(x_at + ks_row, mask=ks_row < K, other=0.0).to(tl.float32)
             else:

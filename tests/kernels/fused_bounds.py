@@ -6,7 +6,9 @@ freedoms cost, measured in the same run by the tests that use these helpers:
   the measured share of flipped elements);
 * the norm's sum-of-squares order: ``norm_order_flips`` runs the spec on the hidden rows with their
   columns permuted (so the squares are added in other orders); the tests require it to move no
-  bf16/fp16 normalised element on their operands, so the linear bound holds unchanged;
+  bf16/fp16 normalised element on their operands, so the linear bound holds unchanged; where a test
+  compares a fused norm with ``invariant_rms_norm`` bit for bit, ``order_free_rows`` gives it rows
+  whose sum of squares no order can move;
 * the gated epilogue: ``gated_allowed``, per element how far the spec moves when each rounded
   projection output moves by the linear bound (the spec itself evaluated at the perturbed gate and
   up), plus the envelope of exp's last fp32 bit from ``test_gated_act.py``.
@@ -45,6 +47,21 @@ def check_within(got: torch.Tensor, want: torch.Tensor, allowed: torch.Tensor, s
     assert worst <= 1.0 and differing <= most, (
         f"worst |Δ| at {worst:.3g}× the bound; {differing} of {got.numel()} differ (at most {most})"
     )
+
+
+def order_free_rows(m: int, k: int, dtype: torch.dtype, *, seed: int = 5) -> torch.Tensor:
+    """Hidden rows whose fp32 sum of squares is exact in every order, on ``DEVICE``.
+
+    The elements are multiples of 1/8 in [-4, 4] (exact in bf16, fp16 and fp32), so every square is
+    a multiple of 1/64 at most 16 and every partial sum of K ≤ 16,384 of them fits fp32's 24 bits. A
+    fused norm prologue and ``invariant_rms_norm`` may add the squares in different orders (their
+    reductions have different layouts); on these rows that freedom is gone and their bits must match.
+    """
+    g = torch.Generator().manual_seed(seed + k + 1000 * m)
+    rows = torch.randint(-32, 33, (m, k), generator=g).to(torch.float64) / 8
+    squares = rows.square().sum(-1)
+    assert k <= 16_384 and torch.equal(squares.float().double(), squares), "not exact in fp32"
+    return rows.to(dtype).to(DEVICE)
 
 
 def norm_order_flips(h: torch.Tensor, spec: NormSpec, weight: torch.Tensor | None) -> int:
