@@ -618,18 +618,21 @@ backend.FlashInferAttention.split_kwargs = lambda self, *plan: {'disable_split_k
   done
 }
 attn-chunk-ab() {  # Qwen3-4B's async decode step at batch 1 and 8 with FlashInfer's KV split as the
-  # planner sizes it (shipped) and pinned to SPLIT_PAGES pages a chunk (fixed_split_size) in graph
-  # buckets below the SMs' fill, where the split and its merge kernel run (2.4 us a layer at batch 1)
+  # planner sizes it (shipped), pinned to SPLIT_PAGES pages a chunk (fixed_split_size), or off
+  # (disable_split_kv: no merge kernel) in graph buckets below the SMs' fill, where the split and its
+  # merge kernel run (2.4 us a layer at batch 1)
   synth_q3
-  local pages patch
-  for pages in shipped ${SPLIT_PAGES:-2 4 8 16}; do
+  local pages patch kwargs
+  for pages in shipped ${SPLIT_PAGES:-off 2 4 8 16}; do
     echo "== KV chunk: $pages"
     patch=""
+    kwargs="{'fixed_split_size': $pages}"
+    [ $pages = off ] && kwargs="{'disable_split_kv': True}"
     [ $pages = shipped ] || patch="import kernels.attention.flashinfer_backend as backend
 shipped = backend.FlashInferAttention.split_kwargs
 def split_kwargs(self, layer, graph_bucket=None):
     kwargs = shipped(self, layer, graph_bucket)
-    return kwargs if kwargs or graph_bucket is None else {'fixed_split_size': $pages}
+    return kwargs if kwargs or graph_bucket is None else $kwargs
 backend.FlashInferAttention.split_kwargs = split_kwargs"
     infer_patched "$patch" bench latency --model $q3 --batch-sizes 1,8 --prefill-lens 1024 --breakdown \
       --save-result $work/qwen3-4b-latency-attn-chunk-$pages.json
