@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from kernels.attention.base import AttentionBackend, AttentionLayerSpec, GroupBatch, WarmUpStep
-from kernels.kv_layout import ceil_div
+from kernels.kv_layout import KVPoolLayout, ceil_div
 from kernels.triton.storage import multiprocessors
 
 WORKSPACE_BYTES = 256 << 20
@@ -234,9 +234,9 @@ class FlashInferAttention(AttentionBackend):
 
     def _warm(self, scratch: _Scratch, spec: AttentionLayerSpec, page_size: int, q_len: int) -> None:
         backend = scratch.backend()
-        pool = torch.zeros(
-            2, 2, page_size, spec.num_kv_heads, spec.head_dim, dtype=self.dtype, device=self.device
-        )
+        pool = KVPoolLayout(1, 2, spec.num_kv_heads, spec.head_dim, page_size).allocate(
+            self.dtype, self.device
+        )[0]
         q = torch.zeros(q_len, spec.num_heads, spec.head_dim, dtype=self.dtype, device=self.device)
         backend.plan(0, GroupBatch((q_len,), (2,), ((1,),), page_size), spec)
         backend.run(0, spec, q, pool)

@@ -72,10 +72,10 @@
 #   qwen35-9b-forward is the 9b's full_forward_matches_hf, never run alone on an H200; the prefill-graphs
 #   manifest on gemma4 is what stands between --prefill-graphs and the default.
 # On an H100 (no needs_h200: none of this needs more than 78 GiB):
-# PIPELINE="fused-compose-check attn-chunk-ab mma-rows-ab decode-tests": the fused GEMV's composition
-# test alone (it fails in fp16 and fp32 with the kernel b47e96f restored too; its assertion has not
-# come back yet), FlashInfer's KV split pinned, the QKV/down projections at 5-16 rows on our
-# kernels, then every decode kernel's GPU tests; the rest needs the H200
+# PIPELINE="fused-compose-check attn-chunk-ab mma-rows-ab decode-tests": the fused GEMV's and MMA's
+# composition tests alone (at ac16e8f only the GEMV's fp32 case at K = 160, head + tail, failed),
+# FlashInfer's KV split pinned or off, the QKV/down projections at 5-16 rows on our kernels, then
+# every decode kernel's GPU tests; the rest needs the H200
 # (its figures, gemma4's five gates, the 9b's parity: qwen35-9b-forward). The staging
 # folders are ignored, so a new checkout lacks them: scripts/stage_device.sh stages them all (~1 min)
 # and starts the .fi-aot build (head dim 128: fa2 100 s alone, fa3 21 min beside a `make test`).
@@ -255,8 +255,7 @@ decode-tests() {  # issue 18: every decode kernel's GPU tests (fused GEMV and MM
     $(ls tests/kernels/test_fused_mma*.py 2>/dev/null)
 }
 fused-compose-check() {  # the fused GEMV's and MMA's composition tests alone, with their assertions
-  # (the GEMV's failed in fp16 and fp32 at 6d505ba and 9352b11 on random rows; since aa6649f the
-  # norm is compared on rows whose sum of squares is exact in fp32)
+  # (docs/kernels.md: at ac16e8f the GEMV's fp32 case at K = 160, head + tail, failed)
   python3 -m pytest -q --tb=long tests/kernels/test_fused_gemv.py tests/kernels/test_fused_mma.py \
     -k composed_bit_for_bit
 }
