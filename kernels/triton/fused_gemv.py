@@ -24,9 +24,10 @@ at 83 % of the floor over Qwen3-4B's 144 projections (cuBLAS: 72 %):
 
 Fused variants (constexpr flags; the spec of each is a composition in ``kernels.reference``):
 
-* norm prologue (``reference.norm_linear``): each program loads the full hidden row, computes its
-  inverse RMS (``invariant_rmsnorm._row_inverse_rms``) and normalises it with the spec's rounding
-  points (``prep_kernel._normalise``); the fp32 order of the sum of squares is the only freedom.
+* norm prologue (``reference.norm_linear``): each program loads the full hidden row, in the same
+  tiles the dot reads (head and tail), sums its squares per tile, takes the inverse RMS
+  (``invariant_rmsnorm._inverse_rms_of_sum``) and normalises it with the spec's rounding points
+  (``prep_kernel._normalise``); the fp32 order of the sum of squares is the only freedom.
 * residual epilogue (``reference.linear_residual``): ``R(residual + R(x @ w.T))``.
 * gated epilogue (``reference.linear_gated``): a program owns the same rows of the gate half and the
   up half of a fused ``[2I, K]`` weight (two slices, both loaded before the wait) and stores
@@ -62,7 +63,7 @@ import triton.language as tl
 from kernels.kv_layout import ceil_div
 from kernels.reference import GatedActivation, NormSpec, NormWeight
 from kernels.triton.gated_act import _KINDS, _gated_product
-from kernels.triton.invariant_rmsnorm import _MODES, _row_inverse_rms
+from kernels.triton.invariant_rmsnorm import _MODES, _inverse_rms_of_sum
 from kernels.triton.launch import FastLaunch
 from kernels.triton.offline import (
     compile_offline,
@@ -224,7 +225,6 @@ def _tile_rows(
     stride_om,
     eps,
     ROWS: tl.constexpr,
-    BLOCK_K: tl.constexpr,
     HEAD_K: tl.constexpr,
     TAIL_K: tl.constexpr,
     NORM: tl.constexpr,
@@ -240,25 +240,26 @@ def _tile_rows(
     cols = tile * ROWS + tl.arange(0, ROWS)
     ks = tl.arange(0, HEAD_K)[None, :]
     k_ok = ks < K
-    ks_row = tl.arange(0, BLOCK_K)[None, :]  # the whole row, for the norm's sum of squares
     for m in range(M):  # the same code for every row: a row's bits never depend on M
         x_at = x_ptr + m * stride_xm
         x = tl.load(x_at + ks, mask=k_ok, other=0.0).to(tl.float32)
+        x_tail = x
+        if TAIL_K > 0:
+            ks_tail = HEAD_K + tl.arange(0, TAIL_K)[None, :]
+            x_tail = tl.load(x_at + ks_tail, mask=ks_tail < K, other=0.0).to(tl.float32)
         if NORM:
-            # The inverse RMS over the whole row as one block, by the RMSNorm kernel's helper; the
-            # squares add in this reduction's layout order, which need not be that kernel's.
-            if TAIL_K > 0:  # noqa: SIM108 (a Triton constexpr branch)
-                whole = tl.load(x_at + ks_row, mask=ks_row < K, other=0.0).to(tl.float32)
-            else:
-                whole = x
-            inverse_rms = _row_inverse_rms(whole, K, eps)
+            # The squares add in the head's and tail's own tiles: a third, whole-row tile would give
+            # the compiler another layout to propagate into the dot's reduction (a 256-wide load
+            # made the head's sum [1, 2] per thread, the plain kernel's [1, 1]: other fp32 bits).
+            sum_squares = tl.sum(x * x, axis=1)
+            if TAIL_K > 0:
+                sum_squares += tl.sum(x_tail * x_tail, axis=1)
+            inverse_rms = _inverse_rms_of_sum(sum_squares, K, eps)
             x = _normalise(x, inverse_rms, norm_w, WEIGHT_MODE, ROUND_BEFORE_WEIGHT, STORAGE)
         acc = tl.sum(w.to(tl.float32) * x, axis=1)
         if GATED:
             up_acc = tl.sum(up.to(tl.float32) * x, axis=1)
         if TAIL_K > 0:
-            ks_tail = HEAD_K + tl.arange(0, TAIL_K)[None, :]
-            x_tail = tl.load(x_at + ks_tail, mask=ks_tail < K, other=0.0).to(tl.float32)
             if NORM:
                 x_tail = _normalise(
                     x_tail, inverse_rms, norm_w_tail, WEIGHT_MODE, ROUND_BEFORE_WEIGHT, STORAGE
@@ -291,7 +292,6 @@ def _fused_gemv_kernel(
     stride_om,
     eps,
     ROWS: tl.constexpr,
-    BLOCK_K: tl.constexpr,
     HEAD_K: tl.constexpr,
     TAIL_K: tl.constexpr,
     NORM: tl.constexpr,
@@ -331,7 +331,7 @@ def _fused_gemv_kernel(
             _tile_rows(
                 x_ptr, res_ptr, out_ptr, t, w, up, w_tail, up_tail, norm_w, norm_w_tail,
                 M, N_OUT, K, stride_xm, stride_rm, stride_om, eps,
-                ROWS, BLOCK_K, HEAD_K, TAIL_K, NORM, WEIGHT_MODE, ROUND_BEFORE_WEIGHT,
+                ROWS, HEAD_K, TAIL_K, NORM, WEIGHT_MODE, ROUND_BEFORE_WEIGHT,
                 RESIDUAL, GATED, KIND, STORAGE, LIBDEVICE,
             )  # fmt: skip
             w, up, w_tail, up_tail = next_w, next_up, next_w_tail, next_up_tail
@@ -339,7 +339,7 @@ def _fused_gemv_kernel(
         _tile_rows(
             x_ptr, res_ptr, out_ptr, tile, w, up, w_tail, up_tail, norm_w, norm_w_tail,
             M, N_OUT, K, stride_xm, stride_rm, stride_om, eps,
-            ROWS, BLOCK_K, HEAD_K, TAIL_K, NORM, WEIGHT_MODE, ROUND_BEFORE_WEIGHT,
+            ROWS, HEAD_K, TAIL_K, NORM, WEIGHT_MODE, ROUND_BEFORE_WEIGHT,
             RESIDUAL, GATED, KIND, STORAGE, LIBDEVICE,
         )  # fmt: skip
 
@@ -524,7 +524,6 @@ def fused_gemv(
         y.stride(0),
         spec.eps if spec is not None else 0.0,
         ROWS=chosen.rows_per_program,
-        BLOCK_K=next_power_of_2(k),
         HEAD_K=head_k,
         TAIL_K=tail_k,
         NORM=spec is not None,
@@ -589,7 +588,6 @@ def compile_variant(
     spec = fusion.norm
     constexprs = {
         "ROWS": settings.rows_per_program,
-        "BLOCK_K": next_power_of_2(k),
         "HEAD_K": head_k,
         "TAIL_K": tail_k,
         "NORM": spec is not None,
