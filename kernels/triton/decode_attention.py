@@ -19,14 +19,15 @@ Two launches:
   fp32 (online softmax), and writes that partial to scratch. A program with no split writes
   nothing. Up to `SPLIT_TOKENS · PROGRAMS_PER_HEAD` = 1024 visible tokens each program holds at
   most one split, so its partial is that split's.
-* **Merge kernel**, grid `(rows, kv_heads)`. Takes the row's live partials in split order
-  (`j = 0, 1, …` is the program that owns split `first + j`), the exact maximum of their maxima,
-  then sums `exp(m_j - M)·l_j` and `exp(m_j - M)·acc_j` in that fixed order, divides (IEEE) and
-  rounds once to the storage dtype (nearest-even on every device, `_round_to_storage`).
+* **Merge kernel**, grid `(rows, num_heads)`. Loads all `PROGRAMS_PER_HEAD` partial slots of its
+  query head at once (a slot whose program held no split masked to zero), takes the exact maximum
+  of the maxima, sums `exp(m_j - M)·l_j` and `exp(m_j - M)·acc_j` over the slots in one fixed
+  reduction tree, divides (IEEE) and rounds once to the storage dtype (nearest-even on every
+  device, `_round_to_storage`).
 
 Batch-invariant by construction: the split size, the tile, the number of programs and hence the
-assignment of positions to programs, the order each program folds its tiles and the order the
-merge adds partials are functions of the row's own `kv_len`, the window and the layer geometry
+assignment of positions to programs (hence of splits to merge slots), the order each program folds
+its tiles and the merge's tree are functions of the row's own `kv_len`, the window and the layer geometry
 only, never of the batch size or another row's length. A row gets the same bits alone, inside any
 batch, at any row offset, and on an eager step or a graph replay.
 
@@ -57,9 +58,10 @@ from the storage dtype (the products are exact, the sums fp32), and P·V in thre
 with no rounding of P to 16 bits, which FlashInfer does). fp32 storage, and every dtype under
 `TRITON_INTERPRET=1` (whose bf16 dot is wrong), take fp32 IEEE dots on the CUDA cores, with which a
 64-row Qwen3-4B step took 22.3 ms against FlashInfer's 6.4 on an H100 (docs/benchmarks/qwen3.md). PDL on sm_90+
-(kernels/triton/storage.py): both kernels let the next one launch at once, and wait for the one
-before only after reading the KV lengths, so the O projection after the merge can start streaming
-its weights during attention. The sm_90 build, PDL included, is checked offline
+(kernels/triton/storage.py): both kernels let the next one launch at once and wait for the one
+before only after reading the KV lengths (the split kernel also requests its first tile's K/V, all
+but the newest position, before it waits), so the attention's reads start during the prep kernel and
+the O projection after the merge can start streaming its weights during attention. The sm_90 build, PDL included, is checked offline
 (`python -m kernels.triton.decode_attention_aot`); the GPU runs tests/kernels/test_decode_attention.py.
 """
 
@@ -217,17 +219,31 @@ def _decode_attention_split_kernel(
     prog = tl.program_id(2)
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()  # the merge may launch now and wait for us
-    # KV lengths come from host copies made before the step: readable before the wait.
+    # KV lengths and page tables come from host copies made before the step: readable before the
+    # wait, and so is every K/V position but the newest (earlier steps wrote them).
     kv_len = tl.load(kv_len_ptr + row)
     start, first, n_splits = _visible_splits(kv_len, window, SPLIT, HAS_WINDOW)
     # This program's first split: the smallest s ≥ first with s ≡ prog (mod PROGRAMS).
     s0 = first + (prog - first % PROGRAMS + PROGRAMS) % PROGRAMS
+    d = tl.arange(0, HEAD_DIM)
+    n = tl.arange(0, BLOCK_N)
+    table_row = table_ptr + row.to(tl.int64) * stride_table
+    head = pool_ptr + kvh * stride_head
+    # The program's first tile, requested before the wait (nothing when it has no split), so its
+    # K/V are on their way while the prep kernel still runs.
+    lo0 = tl.maximum(s0 * SPLIT, start)
+    hi0 = tl.minimum(s0 * SPLIT + SPLIT, kv_len)
+    t0 = lo0 // BLOCK_N
+    pos0 = t0 * BLOCK_N + n
+    ok0 = (pos0 >= lo0) & (pos0 < hi0)
+    older0 = ok0 & (pos0 < kv_len - 1)
+    slot0 = _token_slots(table_row, head, pos0, ok0, stride_page, stride_token, PAGE)
+    k0 = tl.load(slot0[:, None] + d[None, :], mask=older0[:, None], other=0.0)
+    v0 = tl.load(slot0[:, None] + stride_kv + d[None, :], mask=older0[:, None], other=0.0)
     if PDL:
         tl.extra.cuda.gdc_wait()  # q and the newest K/V are the prep kernel's output
     if s0 < n_splits:
         g = tl.arange(0, GROUP_PAD)
-        d = tl.arange(0, HEAD_DIM)
-        n = tl.arange(0, BLOCK_N)
         g_ok = g < GROUP
         q_rows = q_ptr + row.to(tl.int64) * stride_q_row + (kvh * GROUP + g)[:, None] * stride_q_head
         # Rows past the group are zeros: their scores are finite and they are never stored.
@@ -237,42 +253,54 @@ def _decode_attention_split_kernel(
         m_i = tl.full((GROUP_PAD,), float("-inf"), dtype=tl.float32)
         l_i = tl.zeros((GROUP_PAD,), dtype=tl.float32)
         acc = tl.zeros((GROUP_PAD, HEAD_DIM), dtype=tl.float32)
-        table_row = table_ptr + row.to(tl.int64) * stride_table
-        head = pool_ptr + kvh * stride_head
+        newest0 = (ok0 & (pos0 == kv_len - 1))[:, None]
+        k0 = tl.load(slot0[:, None] + d[None, :], mask=newest0, other=k0)
+        v0 = tl.load(slot0[:, None] + stride_kv + d[None, :], mask=newest0, other=v0)
+        m_i, l_i, acc = _fold_tile(q, k0, v0, ok0, m_i, l_i, acc, scale, TENSOR_CORES)
         for s in range(s0, n_splits, PROGRAMS):
             lo = tl.maximum(s * SPLIT, start)
             hi = tl.minimum(s * SPLIT + SPLIT, kv_len)
-            # Tiles at absolute multiples of BLOCK_N; each one walked holds a visible position, so
-            # the running max is finite from the first tile on.
-            for t in range(lo // BLOCK_N, (hi + BLOCK_N - 1) // BLOCK_N):
+            # Tiles at absolute multiples of BLOCK_N, the first split's first one already folded;
+            # each one walked holds a visible position, so the running max stays finite.
+            t_from = tl.where(s == s0, t0 + 1, lo // BLOCK_N)
+            for t in range(t_from, (hi + BLOCK_N - 1) // BLOCK_N):
                 pos = t * BLOCK_N + n
                 ok = (pos >= lo) & (pos < hi)
-                # Only visible positions touch the table or the pool: nothing else can leak in.
-                page = tl.load(table_row + pos // PAGE, mask=ok, other=0)
-                slot = head + page.to(tl.int64) * stride_page + (pos % PAGE) * stride_token
+                slot = _token_slots(table_row, head, pos, ok, stride_page, stride_token, PAGE)
                 k = tl.load(slot[:, None] + d[None, :], mask=ok[:, None], other=0.0)
-                v = tl.load(slot[:, None] + stride_kv + d[None, :], mask=ok[:, None], other=0.0).to(
-                    tl.float32
-                )
-                if TENSOR_CORES:
-                    scores = tl.dot(q, tl.trans(k)) * scale
-                else:
-                    scores = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee") * scale
-                scores = tl.where(ok[None, :], scores, float("-inf"))
-                m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-                alpha = tl.exp(m_i - m_new)
-                p = tl.exp(scores - m_new[:, None])
-                l_i = l_i * alpha + tl.sum(p, axis=1)
-                if TENSOR_CORES:
-                    pv = tl.dot(p, v, input_precision="tf32x3")
-                else:
-                    pv = tl.dot(p, v, input_precision="ieee")
-                acc = acc * alpha[:, None] + pv
-                m_i = m_new
+                v = tl.load(slot[:, None] + stride_kv + d[None, :], mask=ok[:, None], other=0.0)
+                m_i, l_i, acc = _fold_tile(q, k, v, ok, m_i, l_i, acc, scale, TENSOR_CORES)
         part = (row.to(tl.int64) * KV_HEADS + kvh) * PROGRAMS + prog
         tl.store(acc_ptr + (part * GROUP + g)[:, None] * HEAD_DIM + d[None, :], acc, mask=g_ok[:, None])
         tl.store(ml_ptr + part * 2 * GROUP + g, m_i, mask=g_ok)
         tl.store(ml_ptr + part * 2 * GROUP + GROUP + g, l_i, mask=g_ok)
+
+
+@triton.jit
+def _token_slots(table_row, head, pos, ok, stride_page, stride_token, PAGE: tl.constexpr):
+    """Where positions ``pos`` of one KV head sit in the pool. Only visible positions (``ok``) touch
+    the table, so nothing on other pages or past the row's table can leak in."""
+    page = tl.load(table_row + pos // PAGE, mask=ok, other=0)
+    return head + page.to(tl.int64) * stride_page + (pos % PAGE) * stride_token
+
+
+@triton.jit
+def _fold_tile(q, k, v, ok, m_i, l_i, acc, scale, TENSOR_CORES: tl.constexpr):
+    """One tile of K/V folded into the running max, sum and accumulator (online softmax)."""
+    if TENSOR_CORES:
+        scores = tl.dot(q, tl.trans(k)) * scale
+    else:
+        scores = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee") * scale
+    scores = tl.where(ok[None, :], scores, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(scores - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    if TENSOR_CORES:
+        pv = tl.dot(p, v.to(tl.float32), input_precision="tf32x3")
+    else:
+        pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+    return m_new, l_i, acc * alpha[:, None] + pv
 
 
 @triton.jit(do_not_specialize=["window"])
@@ -286,7 +314,6 @@ def _decode_attention_merge_kernel(
     stride_out_head,
     KV_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
-    GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     SPLIT: tl.constexpr,
     PROGRAMS: tl.constexpr,
@@ -295,42 +322,36 @@ def _decode_attention_merge_kernel(
     PDL: tl.constexpr,
 ):
     row = tl.program_id(0)
-    kvh = tl.program_id(1)
+    h = tl.program_id(1)  # one query head per program: every partial of it loaded at once
+    kvh = h // GROUP
+    gi = h % GROUP
     if PDL:
         # The next kernel (the O projection) may start streaming its weights while we merge.
         tl.extra.cuda.gdc_launch_dependents()
     kv_len = tl.load(kv_len_ptr + row)
-    if PDL:
-        tl.extra.cuda.gdc_wait()  # the partials are the split kernel's output
     _start, first, n_splits = _visible_splits(kv_len, window, SPLIT, HAS_WINDOW)
     live = tl.minimum(n_splits - first, PROGRAMS)  # programs that wrote a partial, ≥ 1
-    g = tl.arange(0, GROUP_PAD)
+    p = tl.arange(0, PROGRAMS)
     d = tl.arange(0, HEAD_DIM)
-    g_ok = g < GROUP
-    head_base = (row.to(tl.int64) * KV_HEADS + kvh) * PROGRAMS
-    # The maximum is exact in any order; the sums below go in split order.
-    big_m = tl.full((GROUP_PAD,), float("-inf"), dtype=tl.float32)
-    for j in range(0, live):
-        part = head_base + (first + j) % PROGRAMS
-        big_m = tl.maximum(big_m, tl.load(ml_ptr + part * 2 * GROUP + g, mask=g_ok, other=float("-inf")))
-    # Padded rows keep a zero maximum so their weights are finite; they are never stored.
-    big_m = tl.where(g_ok, big_m, 0.0)
-    total = tl.zeros((GROUP_PAD,), dtype=tl.float32)
-    acc = tl.zeros((GROUP_PAD, HEAD_DIM), dtype=tl.float32)
-    for j in range(0, live):
-        part = head_base + (first + j) % PROGRAMS
-        m_j = tl.load(ml_ptr + part * 2 * GROUP + g, mask=g_ok, other=0.0)
-        l_j = tl.load(ml_ptr + part * 2 * GROUP + GROUP + g, mask=g_ok, other=0.0)
-        a_j = tl.load(
-            acc_ptr + (part * GROUP + g)[:, None] * HEAD_DIM + d[None, :], mask=g_ok[:, None], other=0.0
-        )
-        w = tl.exp(m_j - big_m)
-        total = total + w * l_j
-        acc = acc + w[:, None] * a_j
-    total = tl.where(g_ok, total, 1.0)
-    y = tl.div_rn(acc, total[:, None])
-    out = out_ptr + row.to(tl.int64) * stride_out_row + (kvh * GROUP + g)[:, None] * stride_out_head
-    tl.store(out + d[None, :], _round_to_storage(y, STORAGE).to(out_ptr.dtype.element_ty), mask=g_ok[:, None])
+    # Program p holds split first + j with j ≡ p - first (mod PROGRAMS); it wrote iff j < live.
+    wrote = (p - first % PROGRAMS + PROGRAMS) % PROGRAMS < live
+    part = (row.to(tl.int64) * KV_HEADS + kvh) * PROGRAMS + p
+    if PDL:
+        tl.extra.cuda.gdc_wait()  # the partials are the split kernel's output
+    m_p = tl.load(ml_ptr + part * 2 * GROUP + gi, mask=wrote, other=float("-inf"))
+    l_p = tl.load(ml_ptr + part * 2 * GROUP + GROUP + gi, mask=wrote, other=0.0)
+    a_p = tl.load(
+        acc_ptr + (part * GROUP + gi)[:, None] * HEAD_DIM + d[None, :], mask=wrote[:, None], other=0.0
+    )
+    # The maximum is exact in any order; the two sums reduce over the program slots in one fixed
+    # tree, a function of the row's own splits only (never of the batch).
+    big_m = tl.max(m_p, axis=0)
+    w = tl.where(wrote, tl.exp(m_p - big_m), 0.0)
+    total = tl.sum(w * l_p, axis=0)
+    acc = tl.sum(w[:, None] * a_p, axis=0)
+    y = tl.div_rn(acc, total)
+    out = out_ptr + row.to(tl.int64) * stride_out_row + h * stride_out_head
+    tl.store(out + d, _round_to_storage(y, STORAGE).to(out_ptr.dtype.element_ty))
 
 
 # ---------------------------------------------------------------------------------------- launcher
@@ -432,7 +453,6 @@ def decode_attention(
     shared = dict(
         KV_HEADS=layer.num_kv_heads,
         GROUP=geometry.group,
-        GROUP_PAD=geometry.group_pad,
         HEAD_DIM=layer.head_dim,
         SPLIT=SPLIT_TOKENS,
         PROGRAMS=PROGRAMS_PER_HEAD,
@@ -459,13 +479,14 @@ def decode_attention(
         pool_layer.stride(2),
         pool_layer.stride(3),
         page_table.stride(0),
+        GROUP_PAD=geometry.group_pad,
         BLOCK_N=geometry.block_n,
         PAGE=PAGE_SIZE,
         TENSOR_CORES=uses_tensor_cores(q.dtype),
         **shared,
         **launch,
     )
-    _decode_attention_merge_launch[(rows, layer.num_kv_heads)](
+    _decode_attention_merge_launch[(rows, layer.num_heads)](
         scratch.acc,
         scratch.ml,
         kv_lens,

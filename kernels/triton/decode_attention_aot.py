@@ -84,7 +84,6 @@ def compile_variant(
     shared: dict[str, object] = {
         "KV_HEADS": layer.num_kv_heads,
         "GROUP": geometry.group,
-        "GROUP_PAD": geometry.group_pad,
         "HEAD_DIM": layer.head_dim,
         "SPLIT": SPLIT_TOKENS,
         "PROGRAMS": PROGRAMS_PER_HEAD,
@@ -103,7 +102,13 @@ def compile_variant(
     }
     split = _compile(
         _decode_attention_split_kernel,
-        {**shared, "BLOCK_N": geometry.block_n, "PAGE": PAGE_SIZE, "TENSOR_CORES": uses_tensor_cores(dtype)},
+        {
+            **shared,
+            "GROUP_PAD": geometry.group_pad,
+            "BLOCK_N": geometry.block_n,
+            "PAGE": PAGE_SIZE,
+            "TENSOR_CORES": uses_tensor_cores(dtype),
+        },
         dtype,
         pool_strides,
         arch,
