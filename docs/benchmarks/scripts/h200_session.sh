@@ -186,6 +186,10 @@ invariant-triton-attn() {  # invariant with the Triton decode attention (a split
   synth_q3
   infer bench latency --model $q3 --numeric-policy invariant --attention-backend triton --batch-sizes 1,8,64 \
     --prefill-lens 8192 --breakdown --save-result $work/invariance-triton-attn-qwen3-4b.json
+  attn-triton-gates
+}
+attn-triton-gates() {  # the two qwen3 gates that hold the Triton decode attention's batch invariance
+  synth_q3
   infer gates --manifest qwen3 --checkpoint $q3 --attention-backend triton --gate qwen3.batch_invariance_is_bitwise \
     --gate qwen3.graph_replay_matches_eager --json $work/qwen3-gates-triton-attn.json
 }
