@@ -188,6 +188,17 @@ invariant-triton-attn() {  # invariant with the Triton decode attention (a split
     --prefill-lens 8192 --breakdown --save-result $work/invariance-triton-attn-qwen3-4b.json
   attn-triton-gates
 }
+attn-triton-split-ab() {  # the Triton decode attention with SPLIT_TOKENS_AB tokens a split: at 32 (head
+  # dim 128) a split is one tile, so every program's whole KV is requested before its PDL wait
+  synth_q3
+  local tokens
+  for tokens in ${SPLIT_TOKENS_AB:-32}; do
+    echo "== Triton decode attention, $tokens tokens a split"
+    infer_patched "import kernels.triton.decode_attention as attention
+attention.SPLIT_TOKENS = $tokens" bench latency --model $q3 --attention-backend triton --batch-sizes 1,8,64 \
+      --prefill-lens 1024 --breakdown --save-result $work/qwen3-4b-latency-attn-triton-split$tokens.json
+  done
+}
 attn-triton-gates() {  # the two qwen3 gates that hold the Triton decode attention's batch invariance
   synth_q3
   infer gates --manifest qwen3 --checkpoint $q3 --attention-backend triton --gate qwen3.batch_invariance_is_bitwise \
