@@ -19,9 +19,9 @@ over the device-to-device copy bandwidth measured in the same run (`timing.copy_
 write); "% of floor" is floor time over measured time. For the skinny kernel, every candidate of
 `kernels.gemm.skinny_candidates` is timed and one per weight shape is kept, the one with the lowest
 mean time-over-floor across the measured row counts, never one per row count (that would change the
-K partition with M and lose batch invariance). The row count picks the fastest of cuBLAS, that one
-and the fused decode GEMV below (where it was timed): the dispatch table
-(`kernels.gemm.skinny_dispatch`).
+K partition with M and lose batch invariance). The row count picks the fastest of cuBLAS, that one,
+and the fused decode GEMV and MMA below (where they were timed): the dispatch table
+(`kernels.gemm.skinny_dispatch`, `dispatch_table`).
 
 The fused decode GEMV (`kernels.triton.fused_gemv`, plain `x @ w.T`, its settings a function of the
 shape) is a third candidate per shape at the row counts it takes (M ≤ its ``MAX_ROWS``, 4). The
@@ -29,8 +29,9 @@ fused decode MMA (`kernels.triton.fused_mma`, plain `x @ w.T` on tensor cores) i
 row counts above that (5-64): every one of its candidates (`fused_mma.mma_candidates`) is timed, and
 one is kept per shape and row block (16 rows up to M = 16, 64 above), by the same rule as the skinny
 kernel's (lowest mean time-over-floor over the block's measured row counts; never one per M, which
-would change a row's bits with M). The plain GEMV is a dispatch choice ("gemv"); the fused MMA is
-not, and the fusions reach the models only through `--decode-fusion` (kernels/gemm/projections.py).
+would change a row's bits with M). Both, plain, are dispatch choices ("gemv"; "mma" with the kept
+settings of the row count's block); the fusions reach the models only through `--decode-fusion`
+(kernels/gemm/projections.py).
 
 Then, per model and row count, the whole decode chain (every projection of every layer once, in model
 order, then the LM head; each weight its own tensor) graphed three ways: all cuBLAS, all ours, and
@@ -50,7 +51,7 @@ from __future__ import annotations
 import datetime
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from functools import partial
 from typing import TypeVar
 
@@ -247,10 +248,13 @@ class GemmTiming:
 
     @property
     def winner(self) -> Backend:
-        """The fastest backend; on a tie the earlier of cuBLAS, ours, the GEMV."""
+        """The fastest backend of those timed (the MMA where its kept settings are named too); on a
+        tie the earlier of cuBLAS, ours, the GEMV, the MMA."""
         times = [(self.cublas_us, Backend.CUBLAS), (self.ours_us, Backend.OURS)]
         if self.fused_us is not None:
             times.append((self.fused_us, Backend.GEMV))
+        if self.mma_us is not None and self.mma_settings is not None:
+            times.append((self.mma_us, Backend.MMA))
         return min(times, key=lambda timed: timed[0])[1]
 
 
@@ -357,13 +361,41 @@ def dispatch_table(
     device: str = "",
     measured_at: str = "",
 ) -> ChoiceTable:
-    """Per shape its chosen settings; per measured row count the fastest backend."""
+    """Per shape its chosen skinny settings; per measured row count the backend with the smallest
+    time (``GemmTiming.winner``: cuBLAS, the skinny kernel, the GEMV where it was timed, M ≤ 4, and
+    the MMA with its kept settings where it was timed, 5-64; a tie goes to the earlier of them, so
+    the MMA is chosen only where it was strictly the fastest), and for each row count choosing the
+    MMA the settings it was timed with (one per shape and row block, as the bench keeps them)."""
     shapes = []
     for (n, k), settings in chosen:
-        rows = tuple(sorted((t.rows, t.winner) for t in timings if (t.n, t.k) == (n, k)))
-        if rows:
-            shapes.append(ShapeChoice(n, k, dtype, settings, rows))
+        timed = sorted((t for t in timings if (t.n, t.k) == (n, k)), key=lambda t: t.rows)
+        if timed:
+            rows = tuple((t.rows, t.winner) for t in timed)
+            mma = tuple(
+                (t.rows, MmaSettings.from_label(t.mma_settings))
+                for t in timed
+                if t.winner is Backend.MMA and t.mma_settings is not None
+            )
+            shapes.append(ShapeChoice(n, k, dtype, settings, rows, mma))
     return ChoiceTable(shapes=tuple(shapes), device=device, measured_at=measured_at)
+
+
+def saved_dispatch_table(saved: Mapping[str, object]) -> ChoiceTable:
+    """``dispatch_table`` of a result saved by ``--save-result`` (``GemmBenchResult.to_json``): the
+    table ``--save-dispatch`` wrote in that run, or, for a result saved before a backend joined the
+    choice, the table the choice of this code makes from the same timings."""
+    chosen = saved.get("chosen")
+    timings = saved.get("timings")
+    if not isinstance(chosen, list) or not isinstance(timings, list):
+        raise ValueError("a saved gemm result has 'chosen' and 'timings' lists")
+    names = {f.name for f in fields(GemmTiming)}
+    return dispatch_table(
+        [((c["n"], c["k"]), SkinnySettings.from_json(c["settings"])) for c in chosen],
+        [GemmTiming(**{key: value for key, value in t.items() if key in names}) for t in timings],
+        str(saved["dtype"]),
+        str(saved.get("device", "")),
+        str(saved.get("measured_at", "")),
+    )
 
 
 # ------------------------------------------------------------------------------------------ timing

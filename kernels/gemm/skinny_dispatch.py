@@ -1,20 +1,28 @@
-"""Chooses cuBLAS, the skinny Triton GEMM or the decode GEMV per weight shape and row count, from a
-measured table.
+"""Chooses cuBLAS, the skinny Triton GEMM, the decode GEMV or the decode MMA per weight shape and row
+count, from a measured table.
 
 ``infer bench gemm --save-dispatch FILE`` writes a ``ChoiceTable``: per weight shape (N, K, dtype)
 one set of ``SkinnySettings`` and, per measured row count, which of ``F.linear`` (cuBLAS), the
-skinny kernel and the decode GEMV was fastest. ``SkinnyDispatch(table)`` is a ``linear(x, weight)``
-that follows it.
+skinny kernel, the decode GEMV and the decode MMA was fastest; for each row count that chose the
+MMA, the MMA settings it was timed with. ``SkinnyDispatch(table)`` is a ``linear(x, weight)`` that
+follows it.
 
 * A call with M rows uses the smallest measured row count ≥ M (its "M bucket"); "ours" runs
   ``skinny_gemm`` with the shape's recorded settings, "gemv" runs ``fused_gemv`` plain (its settings
-  a function of the shape; only for buckets up to its ``MAX_ROWS``), "cublas" runs ``F.linear``.
+  a function of the shape; only for buckets up to its ``MAX_ROWS``), "mma" runs ``fused_mma`` plain
+  (``Fusion()``) with the bucket's recorded ``MmaSettings`` (only for buckets up to its
+  ``MAX_ROWS``; the kernel's row block follows the call's M, so with buckets 8 and 64 a call of 12
+  rows would run the 16-row block with the 64 bucket's settings), "cublas" runs ``F.linear``.
 * Anything the table does not cover (no entry for the shape or dtype, M beyond the largest measured
   bucket, operands the kernel refuses) runs ``F.linear`` and is logged once per shape and reason,
   naming the shape: never silently, never a wrong result.
-* The settings are one per shape, never per bucket, so every bucket that chose one Triton kernel
-  computes a row the same way: within those buckets the dispatch is batch-invariant. Across a
-  bucket boundary where the choice switches backend it is not (docs/kernels.md).
+* The skinny settings are one per shape, never per bucket, so every bucket that chose "ours"
+  computes a row the same way. The MMA's settings are one per shape and row block (1-16 and 17-64
+  rows, ``fused_mma.row_block``; the bench keeps one per block and a table holding two in one
+  block is refused), and the MMA runs a row the same way at any M of one row block, so its
+  buckets within one row block are batch-invariant too; the GEMV's settings depend on the shape
+  only. Across a bucket boundary where the choice switches backend, or across the MMA's 16/17
+  rows, the dispatch is not (docs/kernels.md).
 
 The `tuned` policy follows the table measured on the device it runs on (`measured_table`), and
 cuBLAS for every projection on a device with none (kernels/gemm/dispatch.py).
@@ -33,7 +41,9 @@ import torch
 import torch.nn.functional as F
 
 from kernels.triton.fused_gemv import MAX_ROWS as GEMV_MAX_ROWS
-from kernels.triton.fused_gemv import FusedGemvError, fused_gemv
+from kernels.triton.fused_gemv import FusedGemvError, Fusion, fused_gemv
+from kernels.triton.fused_mma import MAX_ROWS as MMA_MAX_ROWS
+from kernels.triton.fused_mma import FusedMmaError, MmaSettings, fused_mma, row_block
 from kernels.triton.skinny_gemm import MAX_ROWS, SkinnySettings, SkinnyShapeError, json_int, skinny_gemm
 
 log = logging.getLogger("infer.gemm")
@@ -56,6 +66,7 @@ class Backend(StrEnum):
     OURS = "ours"
     CUBLAS = "cublas"
     GEMV = "gemv"
+    MMA = "mma"
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -64,26 +75,46 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 @dataclass(frozen=True, slots=True)
 class ShapeChoice:
-    """One weight shape's settings and, per measured row count (ascending), the faster backend."""
+    """One weight shape's settings and, per measured row count (ascending), the faster backend;
+    ``mma``: per row count that chose the MMA (ascending), the MMA settings it was timed with."""
 
     n: int
     k: int
     dtype: str
     settings: SkinnySettings
     rows: tuple[tuple[int, Backend], ...]
+    mma: tuple[tuple[int, MmaSettings], ...] = ()
 
     def __post_init__(self) -> None:
+        name = f"[{self.n}, {self.k}] {self.dtype}"
+        for kernel, backend, limit in (
+            ("GEMV", Backend.GEMV, GEMV_MAX_ROWS),
+            ("MMA", Backend.MMA, MMA_MAX_ROWS),
+        ):
+            past = [m for m, chosen in self.rows if chosen is backend and m > limit]
+            if past:
+                raise DispatchTableError(
+                    f"{name}: row counts {past} choose the {kernel}, which takes at most {limit} rows"
+                )
         counts = [m for m, _ in self.rows]
         if not counts or counts != sorted(set(counts)) or counts[0] < 1 or counts[-1] > MAX_ROWS:
             raise DispatchTableError(
-                f"[{self.n}, {self.k}] {self.dtype}: row counts {counts} must be distinct, ascending, 1..{MAX_ROWS}"
+                f"{name}: row counts {counts} must be distinct, ascending, 1..{MAX_ROWS}"
             )
-        past = [m for m, backend in self.rows if backend is Backend.GEMV and m > GEMV_MAX_ROWS]
-        if past:
+        mma_rows = [m for m, backend in self.rows if backend is Backend.MMA]
+        if [m for m, _ in self.mma] != mma_rows:
             raise DispatchTableError(
-                f"[{self.n}, {self.k}] {self.dtype}: row counts {past} choose the GEMV, which takes at "
-                f"most {GEMV_MAX_ROWS} rows"
+                f"{name}: MMA settings for row counts {[m for m, _ in self.mma]}, but the row counts "
+                f"choosing the MMA are {mma_rows}: one settings each, no others"
             )
+        per_block: dict[int, MmaSettings] = {}
+        for m, settings in self.mma:
+            kept = per_block.setdefault(row_block(m), settings)
+            if kept != settings:
+                raise DispatchTableError(
+                    f"{name}: row count {m} runs the MMA with {settings.label}, another of its "
+                    f"{row_block(m)}-row block with {kept.label}: the settings are one per row block"
+                )
 
     def backend(self, m: int) -> tuple[int, Backend] | None:
         """The bucket for ``m`` rows (the smallest measured row count ≥ m) and its backend."""
@@ -92,24 +123,37 @@ class ShapeChoice:
                 return bucket, backend
         return None
 
+    def mma_settings(self, bucket: int) -> MmaSettings:
+        """The MMA settings recorded for a bucket that chose the MMA."""
+        return dict(self.mma)[bucket]
+
     def to_json(self) -> dict[str, object]:
-        return {
+        data: dict[str, object] = {
             "n": self.n,
             "k": self.k,
             "dtype": self.dtype,
             "settings": self.settings.to_json(),
             "rows": {str(m): backend.value for m, backend in self.rows},
         }
+        if self.mma:  # absent where no row chose the MMA: such an entry reads as before the MMA
+            data["mma_settings"] = {str(m): settings.to_json() for m, settings in self.mma}
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, object]) -> ShapeChoice:
         rows = data.get("rows")
         settings = data.get("settings")
-        if not isinstance(rows, dict) or not isinstance(settings, dict):
-            raise DispatchTableError(f"dispatch entry {data}: 'rows' and 'settings' must be objects")
+        mma = data.get("mma_settings", {})
+        if not isinstance(rows, dict) or not isinstance(settings, dict) or not isinstance(mma, dict):
+            raise DispatchTableError(
+                f"dispatch entry {data}: 'rows', 'settings' and 'mma_settings' must be objects"
+            )
         try:
             parsed = tuple(sorted((int(m), Backend(b)) for m, b in rows.items()))
-        except ValueError as exc:
+            parsed_mma = tuple(
+                sorted(((int(m), MmaSettings.from_json(s)) for m, s in mma.items()), key=lambda e: e[0])
+            )
+        except (ValueError, TypeError) as exc:  # FusedMmaError is a ValueError
             raise DispatchTableError(f"dispatch entry {data}: {exc}") from None
         try:
             return cls(
@@ -118,6 +162,7 @@ class ShapeChoice:
                 dtype=str(data["dtype"]),
                 settings=SkinnySettings.from_json(settings),
                 rows=parsed,
+                mma=parsed_mma,
             )
         except (KeyError, SkinnyShapeError) as exc:
             raise DispatchTableError(f"dispatch entry {dict(data)}: {exc}") from None
@@ -231,11 +276,14 @@ class SkinnyDispatch:
             return self._fall_back(x, weight, "rows", why, level=logging.INFO)
         if picked[1] is Backend.CUBLAS:
             return F.linear(x, weight)
+        bucket, backend = picked
         try:
-            if picked[1] is Backend.GEMV:
+            if backend is Backend.GEMV:
                 y = fused_gemv(rows, weight)
+            elif backend is Backend.MMA:
+                y = fused_mma(rows, weight, Fusion(), choice.mma_settings(bucket))
             else:
                 y = skinny_gemm(rows, weight, choice.settings)
-        except (SkinnyShapeError, FusedGemvError) as exc:
+        except (SkinnyShapeError, FusedGemvError, FusedMmaError) as exc:
             return self._fall_back(x, weight, "refused", str(exc))
         return y.reshape(*x.shape[:-1], n)

@@ -39,7 +39,9 @@ CUDA-graph safe: a call reads tensor metadata only and allocates only its output
 
 from __future__ import annotations
 
+import re
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -120,6 +122,44 @@ class MmaSettings:
         """Short name for tables: ``n32·k128x4·w4·pdl``."""
         pdl = "pdl" if self.pdl else "nopdl"
         return f"n{self.block_n}·k{self.block_k}x{self.num_stages}·w{self.num_warps}·{pdl}"
+
+    @classmethod
+    def from_label(cls, label: str) -> MmaSettings:
+        """``label``'s inverse (a saved ``infer bench gemm`` result names the kept settings so)."""
+        found = _LABEL.fullmatch(label)
+        if found is None:
+            raise FusedMmaError(f"{label!r} is not an MMA settings label like 'n32·k128x4·w4·pdl'")
+        block_n, block_k, stages, warps, pdl = found.groups()
+        return cls(int(block_n), int(block_k), int(stages), int(warps), pdl == "pdl")
+
+    def to_json(self) -> dict[str, int | bool]:
+        return {
+            "block_n": self.block_n,
+            "block_k": self.block_k,
+            "num_stages": self.num_stages,
+            "num_warps": self.num_warps,
+            "pdl": self.pdl,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, object]) -> MmaSettings:
+        """``to_json``'s inverse: every field present, integers and a bool, else refused naming it."""
+        if set(data) != set(_JSON_FIELDS):
+            raise FusedMmaError(f"MMA settings {dict(data)}: the fields must be {', '.join(_JSON_FIELDS)}")
+        ints: dict[str, int] = {}
+        for name in _JSON_FIELDS[:-1]:
+            value = data[name]
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise FusedMmaError(f"MMA settings {dict(data)}: {name}={value!r} must be an integer")
+            ints[name] = value
+        pdl = data["pdl"]
+        if not isinstance(pdl, bool):
+            raise FusedMmaError(f"MMA settings {dict(data)}: pdl={pdl!r} must be true or false")
+        return cls(**ints, pdl=pdl)
+
+
+_LABEL = re.compile(r"n(\d+)·k(\d+)x(\d+)·w(\d+)·(pdl|nopdl)")
+_JSON_FIELDS = ("block_n", "block_k", "num_stages", "num_warps", "pdl")
 
 
 def mma_settings(n: int, k: int, block_m: int, *, gated: bool = False, element: int = 2) -> MmaSettings:

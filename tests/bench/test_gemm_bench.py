@@ -29,9 +29,10 @@ from infer_cli.bench.gemm_timing import (
     gemm_bench_plan,
     gemm_bytes,
     model_projections,
+    saved_dispatch_table,
 )
 from infer_cli.main import app
-from kernels.gemm.skinny_dispatch import Backend, ChoiceTable
+from kernels.gemm.skinny_dispatch import MEASURED_TABLES, Backend, ChoiceTable, measured_table
 from kernels.triton import fused_gemv as fused_module
 from kernels.triton import fused_mma as mma_module
 from kernels.triton import skinny_gemm as skinny_module
@@ -228,6 +229,72 @@ def test_the_gemv_is_chosen_where_it_was_timed_fastest() -> None:
     assert choice.rows == ((1, Backend.GEMV), (2, Backend.OURS), (8, Backend.OURS))
 
 
+def test_the_mma_is_chosen_only_where_it_was_timed_strictly_fastest() -> None:
+    settings = SkinnySettings(block_k=None, split_k=5)
+    kept = {16: mma_module.MmaSettings(block_n=32, block_k=128), 64: mma_module.MmaSettings(block_n=64)}
+
+    def timing(rows: int, mma_us: float | None, label: bool = True) -> GemmTiming:
+        return GemmTiming(
+            "m", "qkv", 6144, 2560, rows, cublas_us=15.6, ours_us=17.5, floor_us=10.0,
+            settings=settings.label, fused_us=14.0 if rows <= 4 else None, mma_us=mma_us,
+            mma_settings=kept[mma_module.row_block(rows)].label if mma_us is not None and label else None,
+        )  # fmt: skip
+
+    # M = 8 and 16: the MMA fastest; 32: slower than cuBLAS; 64: level with cuBLAS (a tie is not a
+    # win); 1: not timed (the GEMV's rows).
+    timings = [timing(1, None), timing(8, 14.9), timing(16, 14.8), timing(32, 15.7), timing(64, 15.6)]
+    winners = [Backend.GEMV, Backend.MMA, Backend.MMA, Backend.CUBLAS, Backend.CUBLAS]
+    assert [t.winner for t in timings] == winners
+    choice = dispatch_table([((6144, 2560), settings)], timings, "bfloat16").lookup(
+        6144, 2560, torch.bfloat16
+    )
+    assert choice is not None and choice.rows == tuple(zip((1, 8, 16, 32, 64), winners, strict=True))
+    assert choice.mma == ((8, kept[16]), (16, kept[16]))
+    # Fastest at 64 rows too: the 64-row block's settings for that bucket.
+    choice = dispatch_table(
+        [((6144, 2560), settings)], [timing(16, 14.8), timing(64, 15.0)], "bfloat16"
+    ).shapes[0]
+    assert choice.mma == ((16, kept[16]), (64, kept[64]))
+    # A time without the settings it was taken with cannot be dispatched: not a candidate.
+    assert timing(8, 1.0, label=False).winner is Backend.CUBLAS
+
+
+def test_mma_settings_labels_parse_back() -> None:
+    for block in mma_module.ROW_BLOCKS:
+        for settings in mma_module.mma_candidates(6144, 2560, block):
+            assert mma_module.MmaSettings.from_label(settings.label) == settings
+    with pytest.raises(mma_module.FusedMmaError, match="n32·k128x4·w4"):
+        mma_module.MmaSettings.from_label("n32·k128x4·w4")
+
+
+def test_a_saved_result_gives_the_table_its_run_wrote_and_the_shipped_mma_rows() -> None:
+    # Every "mma" row of a shipped table is what `dispatch_table` chose from a saved run named in
+    # its `measured_at`, with the settings that run kept; and the 15a67ed Qwen3-4B run chooses it
+    # for QKV at 8 and 16 rows with [32, 128] × 4 (the MMA's default rule gives 256-wide K tiles).
+    data = Path(__file__).resolve().parents[2] / "docs/benchmarks/data"
+    saved = {path.name: json.loads(path.read_text()) for path in sorted(data.glob("*-gemm-*.json"))}
+    qwen3 = saved_dispatch_table(saved["2026-12-05-gemm-qwen3-4b-h100-15a67ed.json"])
+    qkv = qwen3.lookup(6144, 2560, torch.bfloat16)
+    measured = mma_module.MmaSettings(block_n=32, block_k=128, num_stages=4)
+    assert qkv is not None and qkv.mma == ((8, measured), (16, measured))
+    assert mma_module.mma_settings(6144, 2560, 16) != measured
+    down = qwen3.lookup(2560, 9728, torch.bfloat16)
+    assert down is not None and Backend.MMA not in {b for _, b in down.rows}
+    shipped_mma = 0
+    for device in MEASURED_TABLES:
+        table = measured_table(device)
+        assert table is not None
+        runs = [saved_dispatch_table(r) for r in saved.values() if r.get("device") == device]
+        for choice in table.shapes:
+            if not choice.mma:
+                continue
+            shipped_mma += len(choice.mma)
+            sources = [r for r in runs if r.measured_at in table.measured_at]
+            chosen = [c for r in sources if (c := r.lookup(choice.n, choice.k, torch.bfloat16)) is not None]
+            assert any(c.mma == choice.mma for c in chosen), (device, choice.n, choice.k)
+    assert shipped_mma > 0
+
+
 # ------------------------------------------------------------------- a whole run, timer replaced
 
 
@@ -308,8 +375,8 @@ def test_a_whole_run_with_the_device_timer_replaced(monkeypatch: pytest.MonkeyPa
         f"[40, 208] M={m} n16·whole·s1·m16·w4·nopdl" for m in (1, 8)
     ]
     assert "failed: [40, 208] M=1" in run.output
-    # The fused GEMV (4) beats ours (5) where it was timed, M = 1; ours beats cuBLAS (10) at M = 8.
-    assert [t["winner"] for t in saved["timings"]] == ["gemv", "ours"] * 2
+    # The fused GEMV (4) beats ours (5) where it was timed, M = 1; the fused MMA (3) at M = 8.
+    assert [t["winner"] for t in saved["timings"]] == ["gemv", "mma"] * 2
     assert all(t["ours_us"] == 5.0 and t["cublas_us"] == 10.0 for t in saved["timings"])
     # The fused GEMV at the row counts it takes (M ≤ 4), for both shapes; none at M = 8.
     assert [(t["rows"], t["fused_us"]) for t in saved["timings"]] == [(1, 4.0), (8, None)] * 2
@@ -331,7 +398,9 @@ def test_a_whole_run_with_the_device_timer_replaced(monkeypatch: pytest.MonkeyPa
     assert partial_saves == [False] * 4 + [True]
     table = ChoiceTable.load(dispatch_file)
     assert {(c.n, c.k) for c in table.shapes} == {(48, 64), (40, 208)}
-    assert all(c.rows == ((1, Backend.GEMV), (8, Backend.OURS)) for c in table.shapes)
+    assert all(c.rows == ((1, Backend.GEMV), (8, Backend.MMA)) for c in table.shapes)
+    assert all(c.mma == ((8, mma_module.mma_settings(c.n, c.k, 16)),) for c in table.shapes)
+    assert saved_dispatch_table(saved) == table  # the saved result reads back to the same table
 
 
 def test_the_fused_layer_chain_runs_qwen3s_fused_ops(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,6 +14,7 @@ Split-K 1 against split-K s: within the spec bound (a different sum order, so no
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -37,7 +38,8 @@ from kernels.gemm import skinny_dispatch
 from kernels.gemm.skinny_candidates import candidate_settings
 from kernels.gemm.skinny_dispatch import Backend, ChoiceTable, DispatchTableError, ShapeChoice, SkinnyDispatch
 from kernels.reference import SpecError
-from kernels.triton.fused_gemv import fused_gemv
+from kernels.triton.fused_gemv import Fusion, fused_gemv
+from kernels.triton.fused_mma import MmaSettings, fused_mma
 from kernels.triton.skinny_aot import SERVING_SHAPES
 from kernels.triton.skinny_gemm import MAX_ROWS, SkinnySettings, SkinnyShapeError, skinny_gemm
 from kernels.triton.storage import pdl_supported
@@ -272,8 +274,16 @@ def test_every_candidate_of_every_serving_shape_is_runnable_and_m_free() -> None
 # --------------------------------------------------------------------------------------- dispatch
 
 
-def _table(settings: SkinnySettings, rows: tuple[tuple[int, Backend], ...]) -> ChoiceTable:
-    return ChoiceTable(shapes=(ShapeChoice(N, K, "bfloat16", settings, rows),))
+def _table(
+    settings: SkinnySettings,
+    rows: tuple[tuple[int, Backend], ...],
+    mma: tuple[tuple[int, MmaSettings], ...] = (),
+) -> ChoiceTable:
+    return ChoiceTable(shapes=(ShapeChoice(N, K, "bfloat16", settings, rows, mma),))
+
+
+# Not the MMA's default for [40, 208] (block_n 16, block_k 256): the dispatch must pass these on.
+MMA = MmaSettings(block_n=32, block_k=64, num_stages=2)
 
 
 def test_dispatch_routes_a_table_entry_to_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -318,6 +328,57 @@ def test_a_gemv_bucket_past_the_gemv_s_rows_is_refused_by_name() -> None:
         _table(SETTINGS["whole-s4"], ((1, Backend.GEMV), (8, Backend.GEMV)))
 
 
+def test_dispatch_routes_an_mma_bucket_through_the_fused_mma(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    calls: list[tuple[int, Fusion, MmaSettings]] = []
+
+    def spy(x: torch.Tensor, w: torch.Tensor, fusion: Fusion, settings: MmaSettings) -> torch.Tensor:
+        calls.append((x.shape[0], fusion, settings))
+        return fused_mma(x, w, fusion, settings)
+
+    monkeypatch.setattr(skinny_dispatch, "fused_mma", spy)
+    rows = ((4, Backend.OURS), (16, Backend.MMA), (64, Backend.CUBLAS))
+    linear = SkinnyDispatch(_table(SETTINGS["whole-s4"], rows, ((16, MMA),)))
+    x, w = _operands(17, torch.bfloat16)
+    for m in (5, 16):  # bucket 16: the MMA with the bucket's settings, bit for bit a direct call
+        assert torch.equal(linear(x[:m], w), fused_mma(x[:m], w, Fusion(), MMA)), m
+    assert calls == [(5, Fusion(), MMA), (16, Fusion(), MMA)]
+    assert torch.equal(linear(x[:4], w), skinny_gemm(x[:4], w, SETTINGS["whole-s4"]))  # bucket 4
+    assert torch.equal(linear(x, w), F.linear(x, w))  # 17 rows: bucket 64, cuBLAS
+    assert len(calls) == 2
+    assert linear(x[:12].reshape(2, 6, K), w).shape == (2, 6, N)
+    # Settings the kernel refuses (the pipeline past its shared memory): F.linear, said by name.
+    too_big = MmaSettings(block_n=64, block_k=512)
+    refused = SkinnyDispatch(_table(SETTINGS["whole-s4"], ((16, Backend.MMA),), ((16, too_big),)))
+    with caplog.at_level(logging.WARNING, logger="infer.gemm"):
+        assert torch.equal(refused(x[:8], w), F.linear(x[:8], w))
+    assert any(
+        "[40, 208] bfloat16" in r.getMessage() and "shared memory" in r.getMessage() for r in caplog.records
+    )
+
+
+def test_an_mma_bucket_past_the_mma_s_rows_or_without_its_settings_is_refused_by_name() -> None:
+    rows = ((8, Backend.MMA), (65, Backend.MMA))
+    with pytest.raises(
+        DispatchTableError,
+        match=r"\[40, 208\] bfloat16: row counts \[65\] choose the MMA, which takes at most 64",
+    ):
+        _table(SETTINGS["whole-s4"], rows, ((8, MMA), (65, MMA)))
+    with pytest.raises(DispatchTableError, match=r"\[40, 208\] bfloat16: MMA settings for row counts \[8\]"):
+        _table(SETTINGS["whole-s4"], ((8, Backend.MMA), (16, Backend.MMA)), ((8, MMA),))
+    with pytest.raises(
+        DispatchTableError, match=r"row counts \[8\], but the row counts choosing the MMA are \[\]"
+    ):
+        _table(SETTINGS["whole-s4"], ((8, Backend.OURS),), ((8, MMA),))
+    # Two settings in one row block (8 and 16 rows both run 16-row blocks) would break invariance.
+    other = MmaSettings(block_n=16, block_k=64, num_stages=2)
+    with pytest.raises(DispatchTableError, match=r"row count 16 .* 16-row block .* one per row block"):
+        _table(SETTINGS["whole-s4"], ((8, Backend.MMA), (16, Backend.MMA)), ((8, MMA), (16, other)))
+    mixed = _table(SETTINGS["whole-s4"], ((16, Backend.MMA), (64, Backend.MMA)), ((16, MMA), (64, other)))
+    assert mixed.shapes[0].mma_settings(64) == other  # different row blocks may differ
+
+
 def test_dispatch_falls_back_by_name_once_per_shape(caplog: pytest.LogCaptureFixture) -> None:
     linear = SkinnyDispatch(_table(SETTINGS["whole-s1"], ((1, Backend.OURS), (8, Backend.OURS))))
     x, w = _operands(17, torch.bfloat16)
@@ -345,9 +406,33 @@ def test_dispatch_table_round_trips_through_a_file(tmp_path: Path) -> None:
     assert merged.lookup(N, 256, torch.bfloat16) == other.shapes[0]
     with pytest.raises(DispatchTableError, match=r"\[40, 208\] bfloat16 twice"):
         ChoiceTable.merged([loaded, table])
+    assert "mma_settings" not in path.read_text()  # a table without "mma" reads as before it
     path.write_text(path.read_text().replace('"ours"', '"triton"'))
     with pytest.raises(DispatchTableError, match="triton"):
         ChoiceTable.load(path)
+
+
+def test_an_mma_table_round_trips_through_a_file(tmp_path: Path) -> None:
+    rows = ((1, Backend.GEMV), (8, Backend.MMA), (16, Backend.MMA), (64, Backend.CUBLAS))
+    table = _table(SETTINGS["loop-s3"], rows, ((8, MMA), (16, MMA)))
+    path = tmp_path / "dispatch.json"
+    table.save(path)
+    saved = json.loads(path.read_text())["shapes"][0]
+    assert saved["rows"] == {"1": "gemv", "8": "mma", "16": "mma", "64": "cublas"}
+    block = {"block_n": 32, "block_k": 64, "num_stages": 2, "num_warps": 4, "pdl": True}
+    assert saved["mma_settings"] == {"8": block, "16": block}
+    loaded = ChoiceTable.load(path)
+    assert loaded == table
+    choice = loaded.lookup(N, K, torch.bfloat16)
+    assert choice is not None and choice.backend(12) == (16, Backend.MMA) and choice.mma_settings(16) == MMA
+    for broken, why in (
+        ({**block, "block_k": "64"}, "block_k='64' must be an integer"),
+        ({"block_n": 32}, "fields"),
+    ):
+        entry = {**saved, "mma_settings": {"8": block, "16": broken}}
+        path.write_text(json.dumps({"format": skinny_dispatch.TABLE_FORMAT, "shapes": [entry]}))
+        with pytest.raises(DispatchTableError, match=why):
+            ChoiceTable.load(path)
 
 
 # ----------------------------------------------------------------------------- sm_90 compile check

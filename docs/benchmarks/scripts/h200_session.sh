@@ -438,7 +438,7 @@ for data in sorted(Path("docs/benchmarks/data").glob("2026-12-05-gemm-*-h100-*.j
         timed[(t.n, t.k, t.rows)] = Backend.OURS if t.ours_us < t.cublas_us else Backend.CUBLAS
 shapes = tuple(
     ShapeChoice(c.n, c.k, c.dtype, c.settings,
-                tuple((m, timed[(c.n, c.k, m)] if b is Backend.GEMV else b) for m, b in c.rows))
+                tuple((m, timed[(c.n, c.k, m)] if b is Backend.GEMV else b) for m, b in c.rows), c.mma)
     for c in table.shapes
 )
 ChoiceTable(shapes, table.device, table.measured_at + " (no gemv)").save(path)
