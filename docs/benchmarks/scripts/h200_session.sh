@@ -654,7 +654,9 @@ backend.FlashInferAttention.split_kwargs = split_kwargs"
 }
 mma-rows-ab() {  # Qwen3-4B's async decode step at batch 8 and 16 as shipped, with the QKV projection
   # at 5-16 rows on the fused MMA (plain; 14.9 against cuBLAS's 15.6 us at M = 8 per shape, 6d505ba),
-  # and with the down projection there on the skinny GEMM too (PDL; 24.1 against 23.8); two runs each
+  # and with the down projection there on the skinny GEMM too (PDL; 24.1 against 23.8); two runs each.
+  # Run at 27dcee1 (docs/benchmarks/qwen3.md); since 9b704c0 the H100's shipped table puts the QKV
+  # (and the LM head) at M = 8 and 16 on the MMA already, so "shipped" is no longer cuBLAS there.
   synth_q3
   local run variant
   local mma="import kernels.gemm.skinny_dispatch as dispatch
