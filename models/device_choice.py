@@ -102,5 +102,22 @@ def _triton(
     )
     inner = _flashinfer(options, device, dtype, max_pages_per_seq) if with_flashinfer else TorchAttention()
     return TritonDecodeAttention(
-        inner, device, dtype, max_pages_per_seq, max_rows=options.engine.max_num_seqs
+        inner,
+        device,
+        dtype,
+        max_pages_per_seq,
+        max_rows=options.engine.max_num_seqs,
+        kernel_rows=triton_kernel_rows(options.engine.numeric_policy, inner),
     )
+
+
+def triton_kernel_rows(policy: str, inner: AttentionBackend) -> int | None:
+    """The most decode rows the Triton kernel serves beside ``inner``: every step (None) under an
+    end-to-end invariant policy (a row's kernel must not follow the batch) or beside a backend other
+    than FlashInfer (what it was measured against); else ``KERNEL_ROWS``, the batches where it
+    measured faster than FlashInfer."""
+    from kernels.attention.triton_decode_backend import KERNEL_ROWS
+
+    if is_end_to_end_invariant(policy) or inner.name != "flashinfer":
+        return None
+    return KERNEL_ROWS

@@ -2,10 +2,13 @@
 through an inner backend.
 
 A step whose every sequence has one query token, on a layer geometry the kernel takes (head dims
-64/128/256, kernels/triton/decode_attention.py), runs `decode_attention`. Any step holding a
-prefill chunk, and any geometry the kernel refuses (Gemma 4's head-dim-512 global layers), is
-planned and run by the inner backend: FlashInfer on CUDA, the torch reference backend where
-FlashInfer is absent (so CPU tests drive this backend under the Triton interpreter).
+64/128/256, kernels/triton/decode_attention.py), of at most `kernel_rows` rows, runs
+`decode_attention`. Any step holding a prefill chunk, any larger decode step, and any geometry the
+kernel refuses (Gemma 4's head-dim-512 global layers), is planned and run by the inner backend:
+FlashInfer on CUDA, the torch reference backend where FlashInfer is absent (so CPU tests drive this
+backend under the Triton interpreter). `kernel_rows` None: every decode step, as the end-to-end
+invariant policies need (a row's kernel must not follow the batch); models/device_choice.py sets
+`KERNEL_ROWS` for the others, the batches where the kernel measured faster than FlashInfer.
 
 CUDA graphs: each (group, bucket) gets a page table `[bucket, max_pages_per_seq]` and a KV-length
 vector `[bucket]`, int32, allocated at its first graph plan and rewritten in place by every later
@@ -38,6 +41,12 @@ from kernels.attention.base import AttentionBackend, AttentionLayerSpec, GroupBa
 from kernels.kv_layout import PADDING_PAGE, ceil_div
 from kernels.triton.decode_attention import DecodeGeometry, DecodeScratch, decode_attention, supports
 
+# Decode steps up to this many rows run the kernel where the policy lets the kernel follow the
+# batch: on an H100 (Qwen3-4B, 2026-12-07, a0e5a73; docs/benchmarks/qwen3.md) the kernel's step was
+# 3.49 ms at batch 1 against FlashInfer's 3.58, and 4.26 / 7.37 against 4.18 / 6.21 at batch 8 / 64
+# (batches 2-4 not yet measured).
+KERNEL_ROWS = 1
+
 
 @dataclass(frozen=True, slots=True)
 class _GraphBuffers:
@@ -63,16 +72,19 @@ class TritonDecodeAttention(AttentionBackend):
         dtype: torch.dtype,
         max_pages_per_seq: int,
         max_rows: int,
+        kernel_rows: int | None = None,
     ) -> None:
-        if max_rows < 1 or max_pages_per_seq < 1:
+        if max_rows < 1 or max_pages_per_seq < 1 or (kernel_rows is not None and kernel_rows < 1):
             raise ValueError(
-                f"max_rows={max_rows} and max_pages_per_seq={max_pages_per_seq} must be positive"
+                f"max_rows={max_rows}, max_pages_per_seq={max_pages_per_seq} and kernel_rows={kernel_rows} "
+                "must be positive"
             )
         self.inner = inner
         self.device = device
         self.dtype = dtype
         self.max_pages_per_seq = max_pages_per_seq
         self.max_rows = max_rows
+        self.kernel_rows = kernel_rows
         self._graph_buffers: dict[tuple[int, int], _GraphBuffers] = {}  # (group, bucket)
         self._scratch: dict[DecodeGeometry, DecodeScratch] = {}
         # Per group: this step's decode plan, or None where the inner backend holds the plan.
@@ -84,7 +96,9 @@ class TritonDecodeAttention(AttentionBackend):
     def plan(
         self, group: int, batch: GroupBatch, layer: AttentionLayerSpec, graph_bucket: int | None = None
     ) -> None:
-        if not (all(q == 1 for q in batch.q_lens) and supports(layer)):
+        rows = len(batch.q_lens)
+        decode = all(q == 1 for q in batch.q_lens)
+        if not (decode and supports(layer) and (self.kernel_rows is None or rows <= self.kernel_rows)):
             if graph_bucket is not None and not self.inner.supports_graphs:
                 raise ValueError(
                     f"attention backend {self.name!r}: a graph plan of {layer} needs the inner backend "
@@ -94,7 +108,6 @@ class TritonDecodeAttention(AttentionBackend):
             self._active[group] = None
             self.inner_plans += 1
             return
-        rows = len(batch.q_lens)
         if graph_bucket is not None and rows != graph_bucket:
             raise ValueError(f"a graph plan needs a decode step of exactly {graph_bucket} rows, got {rows}")
         pages = [ceil_div(kv, batch.page_size) for kv in batch.kv_lens]
@@ -155,7 +168,12 @@ class TritonDecodeAttention(AttentionBackend):
     def sibling(self) -> TritonDecodeAttention:
         # Its own buffers, scratch and inner backend: a concurrent forward shares no memory with us.
         return TritonDecodeAttention(
-            self.inner.sibling(), self.device, self.dtype, self.max_pages_per_seq, self.max_rows
+            self.inner.sibling(),
+            self.device,
+            self.dtype,
+            self.max_pages_per_seq,
+            self.max_rows,
+            self.kernel_rows,
         )
 
     def warm_up_steps(self, specs: Sequence[AttentionLayerSpec], page_size: int) -> list[WarmUpStep]:

@@ -15,7 +15,7 @@ from engine.contract import Request, SamplingParams
 from engine.scheduler import BatchScheduler
 from kernels.attention.base import AttentionLayerSpec, GroupBatch
 from kernels.attention.torch_backend import TorchAttention
-from kernels.attention.triton_decode_backend import TritonDecodeAttention
+from kernels.attention.triton_decode_backend import KERNEL_ROWS, TritonDecodeAttention
 from kernels.kv_layout import PADDING_PAGE, PAGE_SIZE
 from kernels.triton.decode_attention import decode_attention
 from models.registry import ModelOptions, load_model
@@ -25,9 +25,14 @@ LAYER = AttentionLayerSpec(8, 2, 128, 128**-0.5)
 POOL_PAGES = 24
 
 
-def _backend(max_rows: int = 8) -> TritonDecodeAttention:
+def _backend(max_rows: int = 8, kernel_rows: int | None = None) -> TritonDecodeAttention:
     return TritonDecodeAttention(
-        TorchAttention(), DEVICE, torch.bfloat16, max_pages_per_seq=8, max_rows=max_rows
+        TorchAttention(),
+        DEVICE,
+        torch.bfloat16,
+        max_pages_per_seq=8,
+        max_rows=max_rows,
+        kernel_rows=kernel_rows,
     )
 
 
@@ -67,6 +72,39 @@ def test_decode_steps_run_the_kernel_and_prefill_steps_the_inner_backend() -> No
     assert backend.inner_plans == 2
     with pytest.raises(ValueError, match="cannot be captured"):
         backend.plan(1, GroupBatch((1,), (3,), ((1,),), PAGE_SIZE), wide, graph_bucket=1)
+
+
+def test_decode_steps_past_kernel_rows_go_to_the_inner_backend() -> None:
+    backend = _backend(kernel_rows=2)
+    pool, q = _pool_and_q(3, seed=4)
+    backend.plan(0, DECODE, LAYER)  # three rows: past the limit
+    reference = TorchAttention()
+    reference.plan(0, DECODE, LAYER)
+    assert torch.equal(backend.run(0, LAYER, q, pool), reference.run(0, LAYER, q, pool))
+    assert (backend.decode_plans, backend.inner_plans) == (0, 1)
+    two = GroupBatch((1, 1), DECODE.kv_lens[:2], DECODE.page_tables[:2], PAGE_SIZE)
+    backend.plan(0, two, LAYER)
+    unlimited = _backend()
+    unlimited.plan(0, two, LAYER)
+    assert torch.equal(backend.run(0, LAYER, q[:2], pool), unlimited.run(0, LAYER, q[:2], pool))
+    assert (backend.decode_plans, backend.inner_plans) == (1, 1)
+    padded = GroupBatch((1,) * 4, (*DECODE.kv_lens, 1), (*DECODE.page_tables, (PADDING_PAGE,)), PAGE_SIZE)
+    with pytest.raises(ValueError, match="cannot be captured"):  # a graph bucket past it: the inner's
+        backend.plan(0, padded, LAYER, graph_bucket=4)
+    assert backend.sibling().kernel_rows == 2
+    with pytest.raises(ValueError, match="kernel_rows=0"):
+        _backend(kernel_rows=0)
+
+
+def test_the_kernel_takes_every_decode_step_unless_flashinfer_is_faster_and_may_be() -> None:
+    from models.device_choice import triton_kernel_rows
+
+    flashinfer = type("FlashInferStandIn", (TorchAttention,), {"name": "flashinfer"})()
+    assert triton_kernel_rows("tuned", flashinfer) == KERNEL_ROWS
+    # Batch invariance: a row's kernel must not follow the batch.
+    assert triton_kernel_rows("invariant", flashinfer) is None
+    # Nothing measured it against another backend, and the torch one cannot be graphed.
+    assert triton_kernel_rows("tuned", TorchAttention()) is None
 
 
 def test_graph_buckets_rewrite_fixed_buffers_and_match_the_eager_bits() -> None:
