@@ -72,10 +72,12 @@
 #   qwen35-9b-forward is the 9b's full_forward_matches_hf, never run alone on an H200; the prefill-graphs
 #   manifest on gemma4 is what stands between --prefill-graphs and the default.
 # On an H100 (no needs_h200: none of this needs more than 78 GiB):
-# PIPELINE="fused-compose-check attn-chunk-ab mma-rows-ab decode-tests": the fused GEMV's and MMA's
-# composition tests alone (at ac16e8f only the GEMV's fp32 case at K = 160, head + tail, failed),
-# FlashInfer's KV split pinned or off, the QKV/down projections at 5-16 rows on our kernels, then
-# every decode kernel's GPU tests; the rest needs the H200
+# PIPELINE="attn-rows-ab qwen3-gates-decode-path gemma4-decode-variants" with
+# GATE_DECODE_PATH="--attention-backend triton" and GEMMA4_VARIANTS="default| triton|--attention-backend=triton":
+# where the Triton decode attention stops beating FlashInfer (batches 1-8; KERNEL_ROWS), the qwen3
+# manifest with it (before it may become the default), and Gemma 4 12B with it (its sliding layers,
+# head dim 256, take the kernel; the global ones, 512, stay on FlashInfer). (fused-compose-check,
+# attn-chunk-ab, mma-rows-ab and decode-tests ran at 27dcee1: docs/benchmarks/qwen3.md.) The rest needs the H200
 # (its figures, gemma4's five gates, the 9b's parity: qwen35-9b-forward). The staging
 # folders are ignored, so a new checkout lacks them: scripts/stage_device.sh stages them all (~1 min)
 # and starts the .fi-aot build (head dim 128: fa2 100 s alone, fa3 21 min beside a `make test`).
@@ -260,6 +262,21 @@ attn-triton-latency() {  # Qwen3-4B with it, beside qwen3-latency (FlashInfer) a
   synth_q3
   infer bench latency --model $q3 --attention-backend triton --batch-sizes 1,8,64 --prefill-lens 1024 \
     --breakdown --save-result $work/qwen3-4b-latency-attn-triton.json
+}
+attn-rows-ab() {  # where the Triton decode attention stops beating FlashInfer (KERNEL_ROWS, 1 since
+  # a0e5a73: faster at batch 1, slower at 8 and 64): batches 1-8 with FlashInfer, and with the kernel
+  # on every decode step (KERNEL_ROWS patched to 8), twice each, interleaved
+  synth_q3
+  local run
+  for run in 1 2; do
+    echo "== FlashInfer, run $run"
+    infer bench latency --model $q3 --batch-sizes 1,2,4,8 --prefill-lens 1024 \
+      --save-result $work/qwen3-4b-latency-rows-flashinfer-$run.json
+    echo "== Triton decode attention on every decode step up to 8 rows, run $run"
+    infer_patched "import kernels.attention.triton_decode_backend as backend
+backend.KERNEL_ROWS = 8" bench latency --model $q3 --attention-backend triton --batch-sizes 1,2,4,8 \
+      --prefill-lens 1024 --save-result $work/qwen3-4b-latency-rows-triton-$run.json
+  done
 }
 decode-tests() {  # issue 18: every decode kernel's GPU tests (fused GEMV and MMA, prep, split-KV attention,
   # skinny GEMM) and the fused-path model tests, before any timing
