@@ -27,8 +27,8 @@ Two launches:
 
 Batch-invariant by construction: the split size, the tile, the number of programs and hence the
 assignment of positions to programs (hence of splits to merge slots), the order each program folds
-its tiles and the merge's tree are functions of the row's own `kv_len`, the window and the layer geometry
-only, never of the batch size or another row's length. A row gets the same bits alone, inside any
+its tiles and the merge's tree are functions of the row's own `kv_len`, the window and the layer
+geometry only, never of the batch size or another row's length. A row gets the same bits alone, inside any
 batch, at any row offset, and on an eager step or a graph replay.
 
 CUDA-graph safe: the grid is `(rows, kv_heads, PROGRAMS_PER_HEAD)`, fixed by the bucket and the
@@ -60,9 +60,10 @@ with no rounding of P to 16 bits, which FlashInfer does). fp32 storage, and ever
 64-row Qwen3-4B step took 22.3 ms against FlashInfer's 6.4 on an H100 (docs/benchmarks/qwen3.md). PDL on sm_90+
 (kernels/triton/storage.py): both kernels let the next one launch at once and wait for the one
 before only after reading the KV lengths (the split kernel also requests its first tile's K/V, all
-but the newest position, before it waits), so the attention's reads start during the prep kernel and
-the O projection after the merge can start streaming its weights during attention. The sm_90 build, PDL included, is checked offline
-(`python -m kernels.triton.decode_attention_aot`); the GPU runs tests/kernels/test_decode_attention.py.
+but the newest position, before it waits), so the attention's reads start during the prep kernel
+and the O projection after the merge can start streaming its weights during attention. The sm_90
+build, PDL included, is checked offline (`python -m kernels.triton.decode_attention_aot`); the GPU
+runs tests/kernels/test_decode_attention.py.
 """
 
 from __future__ import annotations
@@ -220,7 +221,8 @@ def _decode_attention_split_kernel(
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()  # the merge may launch now and wait for us
     # KV lengths and page tables come from host copies made before the step: readable before the
-    # wait, and so is every K/V position but the newest (earlier steps wrote them).
+    # wait. So is every K/V position but the newest: earlier steps wrote them, and the plan's host
+    # copies stand between two steps on the stream, so those writes completed before we launched.
     kv_len = tl.load(kv_len_ptr + row)
     start, first, n_splits = _visible_splits(kv_len, window, SPLIT, HAS_WINDOW)
     # This program's first split: the smallest s ≥ first with s ≡ prog (mod PROGRAMS).
