@@ -42,7 +42,7 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 import triton
@@ -133,13 +133,7 @@ class MmaSettings:
         return cls(int(block_n), int(block_k), int(stages), int(warps), pdl == "pdl")
 
     def to_json(self) -> dict[str, int | bool]:
-        return {
-            "block_n": self.block_n,
-            "block_k": self.block_k,
-            "num_stages": self.num_stages,
-            "num_warps": self.num_warps,
-            "pdl": self.pdl,
-        }
+        return {name: getattr(self, name) for name in _JSON_FIELDS}
 
     @classmethod
     def from_json(cls, data: Mapping[str, object]) -> MmaSettings:
@@ -159,7 +153,7 @@ class MmaSettings:
 
 
 _LABEL = re.compile(r"n(\d+)·k(\d+)x(\d+)·w(\d+)·(pdl|nopdl)")
-_JSON_FIELDS = ("block_n", "block_k", "num_stages", "num_warps", "pdl")
+_JSON_FIELDS = tuple(field.name for field in fields(MmaSettings))  # pdl last: the one bool
 
 
 def mma_settings(n: int, k: int, block_m: int, *, gated: bool = False, element: int = 2) -> MmaSettings:

@@ -25,8 +25,6 @@ Against the unfused kernels, bit for bit: the fused prologue and epilogues are t
 composed with them exactly. The one freedom left, the order in which the prologue and
 ``invariant_rms_norm`` add the squares (their reductions have different layouts on the GPU), is
 taken away by hidden rows whose sum of squares is exact in fp32 (``fused_bounds.order_free_rows``).
-On an H100 the fp32 case at K = 160 (head + tail) still differs by a few fp32 ulps: the two compiled
-kernels' dots add in different orders there (docs/kernels.md, "The fused decode GEMV (`--decode-fusion`, M ≤ 4)").
 
 Metamorphic, bit for bit: row offset 1 against 0 with sentinel rows and columns untouched; a row
 alone against the same row inside a batch of ``MAX_ROWS``; two runs.
