@@ -263,6 +263,45 @@ attn-triton-latency() {  # Qwen3-4B with it, beside qwen3-latency (FlashInfer) a
   infer bench latency --model $q3 --attention-backend triton --batch-sizes 1,8,64 --prefill-lens 1024 \
     --breakdown --save-result $work/qwen3-4b-latency-attn-triton.json
 }
+attn-merge-ab() {  # the Triton attention's merge at the end of its split kernel (MERGE_IN_SPLIT, the
+  # default) against the merge as a second launch, batches 1-4 twice each, interleaved; the default
+  # backend (Triton up to KERNEL_ROWS = 4 rows, FlashInfer past them) at 8 and 64 too, and FlashInfer
+  # alone once
+  synth_q3
+  local run breakdown
+  for run in 1 2; do
+    breakdown=$([ $run == 1 ] && echo --breakdown)
+    echo "== default (merge in the split kernel), run $run"
+    infer bench latency --model $q3 --batch-sizes 1,2,4,8,64 --prefill-lens 1024 $breakdown \
+      --save-result $work/qwen3-4b-latency-merge-in-split-$run.json
+    echo "== merge kernel (MERGE_IN_SPLIT off), run $run"
+    infer_patched "import kernels.triton.decode_attention as attention
+attention.MERGE_IN_SPLIT = False" bench latency --model $q3 --batch-sizes 1,2,4 --prefill-lens 1024 $breakdown \
+      --save-result $work/qwen3-4b-latency-merge-kernel-$run.json
+  done
+  echo "== FlashInfer attention"
+  infer bench latency --model $q3 --attention-backend flashinfer --batch-sizes 1,2,4,8,64 --prefill-lens 1024 \
+    --save-result $work/qwen3-4b-latency-flashinfer.json
+}
+default-attn-gates() {  # the Triton attention as the CUDA default: the qwen3 manifest, and the gates of
+  # qwen35 and gemma4 whose engines decode through it that fit an H100 (gemma4's hf-reference gates
+  # and its graph gate beside them run out of its memory: 2026-12-05, da31a49)
+  synth_q3
+  infer gates --manifest qwen3 --shared-process --checkpoint $q3 $(gate_args qwen3) \
+    --json $work/qwen3-gates.json --junit $work/qwen3-gates.xml
+  synth_q35
+  infer gates --manifest qwen35 --shared-process --checkpoint $q35 ${QWEN35_SELECT:---gate qwen35.greedy_matches_hf_generate \
+    --gate qwen35.mixed_step_matches_serial --gate qwen35.batch_row_order_does_not_matter \
+    --gate qwen35.graph_replay_matches_eager --gate qwen35.prefix_restore_matches_cold \
+    --gate qwen35.preemption_recompute_matches} --json $work/qwen35-gates.json --junit $work/qwen35-gates.xml
+  synth_g4
+  infer gates --manifest gemma4 --shared-process --checkpoint $g4 ${GEMMA4_SELECT:---gate gemma4.greedy_matches_hf_generate \
+    --gate gemma4.serve_matches_full_forward --gate gemma4.mixed_step_matches_serial \
+    --gate gemma4.batch_row_order_does_not_matter --gate gemma4.prefix_restore_matches_cold \
+    --gate gemma4.lifecycle_completes} --json $work/gemma4-gates.json --junit $work/gemma4-gates.xml
+  infer gates --manifest gemma4 --checkpoint $g4 --gate gemma4.graph_replay_matches_eager \
+    --json $work/gemma4-graph-gate.json --junit $work/gemma4-graph-gate.xml
+}
 attn-rows-ab() {  # where the Triton decode attention stops beating FlashInfer (KERNEL_ROWS, 1 since
   # a0e5a73: faster at batch 1, slower at 8 and 64): batches 1-8 with FlashInfer, and with the kernel
   # on every decode step (KERNEL_ROWS patched to 8), twice each, interleaved
@@ -950,7 +989,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | gemv-layout-ab | attn-split-ab | decode-kernel-ab | invariant-gpu-tests | invariant-tiles-probe | invariant-triton-attn | prefill-host-ab | split-rule-check | gemv-rows-ab | prefill-spread | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | prefill-graphs-gates-qwen35 | prefill-graphs-gates-gemma4 | qwen35-prefill-graphs-latency | attn-layouts | qwen35-9b-forward | mma-rows-ab | attn-chunk-ab | fused-compose-check)
+  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | gemv-layout-ab | attn-split-ab | decode-kernel-ab | invariant-gpu-tests | invariant-tiles-probe | invariant-triton-attn | prefill-host-ab | split-rule-check | gemv-rows-ab | prefill-spread | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | prefill-graphs-gates-qwen35 | prefill-graphs-gates-gemma4 | qwen35-prefill-graphs-latency | attn-layouts | qwen35-9b-forward | mma-rows-ab | attn-chunk-ab | fused-compose-check | attn-merge-ab | default-attn-gates)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
