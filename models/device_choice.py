@@ -47,9 +47,11 @@ FLASHINFER_DTYPES = (torch.bfloat16, torch.float16)
 def pick_attention(
     options: ModelOptions, device: torch.device, dtype: torch.dtype, max_pages_per_seq: int
 ) -> AttentionBackend:
-    """`--attention-backend`, or by default FlashInfer on CUDA in bf16/fp16 and torch otherwise."""
-    flashinfer_default = device.type == "cuda" and dtype in FLASHINFER_DTYPES
-    name = options.attention_backend or ("flashinfer" if flashinfer_default else "torch")
+    """`--attention-backend`, or by default: on CUDA in bf16/fp16, `triton` (decode steps of up to
+    `KERNEL_ROWS` rows through the split-KV Triton kernel, every other step through FlashInfer)
+    under a policy that is not end-to-end invariant, and `flashinfer` (its batch-invariant split)
+    under one, or where flashinfer is not installed (which then says so); torch otherwise."""
+    name = options.attention_backend or _default_attention(options, device, dtype)
     if name == "torch":
         return TorchAttention()
     if name == "flashinfer":
@@ -61,6 +63,16 @@ def pick_attention(
     raise ModelLoadError(f"--attention-backend {name!r}: unknown (available: torch, flashinfer, triton)")
 
 
+def _default_attention(options: ModelOptions, device: torch.device, dtype: torch.dtype) -> str:
+    if device.type != "cuda" or dtype not in FLASHINFER_DTYPES:
+        return "torch"
+    # Under an end-to-end invariant policy the kernel would serve every decode step (a row's kernel
+    # must not follow the batch), and at batch 64 it measured much slower than FlashInfer.
+    if is_end_to_end_invariant(options.engine.numeric_policy):
+        return "flashinfer"
+    return "triton" if importlib.util.find_spec("flashinfer") is not None else "flashinfer"
+
+
 def _flashinfer(
     options: ModelOptions, device: torch.device, dtype: torch.dtype, max_pages_per_seq: int
 ) -> AttentionBackend:
@@ -69,17 +81,18 @@ def _flashinfer(
             f"--attention-backend flashinfer with dtype {dtype}: FlashInfer's kernels take bfloat16 and "
             "float16 only (torch or triton attention run float32)"
         )
-    try:
+    try:  # FlashInferAttention imports flashinfer in its constructor
         from kernels.attention.flashinfer_backend import FlashInferAttention
+
+        # The end-to-end invariant policies need a KV split that does not follow the batch.
+        return FlashInferAttention(
+            device,
+            dtype,
+            max_pages_per_seq,
+            batch_invariant=is_end_to_end_invariant(options.engine.numeric_policy),
+        )
     except ImportError as exc:
         raise ModelLoadError(f"--attention-backend flashinfer: flashinfer is not installed ({exc})") from exc
-    # The end-to-end invariant policies need a KV split that does not follow the batch.
-    return FlashInferAttention(
-        device,
-        dtype,
-        max_pages_per_seq,
-        batch_invariant=is_end_to_end_invariant(options.engine.numeric_policy),
-    )
 
 
 def _triton(

@@ -17,10 +17,13 @@ kernel's grid depends on the bucket and the geometry only, so the captured launc
 the new step. Steps the inner backend serves in a bucket use its own graph buffers.
 
 Scratch: the kernel's fp32 partials, `DecodeGeometry.scratch_bytes_per_row` per row (266,240 B for
-Qwen3-4B), one buffer per geometry for `max_rows` rows (the engine's `max_num_seqs`: 68 MB for
-Qwen3-4B at 256), allocated at the geometry's first plan and never moved. Every layer, group,
-bucket and eager step of this instance shares it: they run one after another on one stream, and a
-scratch is dead between a merge launch and the next split launch. `sibling()` gets its own.
+Qwen3-4B), one buffer per geometry for the most rows the kernel serves: `max_rows` (the engine's
+`max_num_seqs`: 68 MB for Qwen3-4B at 256) where `kernel_rows` is None, else the smaller of
+`max_rows` and `kernel_rows` (1 MB for Qwen3-4B at 4). It is allocated at the geometry's first
+plan and never moved. Every layer, group, bucket and eager step of this instance shares it: they
+run one after another on one stream, and a scratch is dead between a merge launch and the next
+split launch. An eager kernel step past it gets a scratch of its own for that step; a graph bucket
+past it that the kernel would serve is refused. `sibling()` gets its own.
 
 Batch invariance: decode rows are batch-invariant by construction (the kernel's docstring);
 `batch_invariant` on the inner backend covers the prefill steps. A decode row that shares a step
@@ -42,10 +45,12 @@ from kernels.kv_layout import PADDING_PAGE, ceil_div
 from kernels.triton.decode_attention import DecodeGeometry, DecodeScratch, decode_attention, supports
 
 # Decode steps up to this many rows run the kernel where the policy lets the kernel follow the
-# batch: on an H100 (Qwen3-4B, 2026-12-07, a0e5a73; docs/benchmarks/qwen3.md) the kernel's step was
-# 3.49 ms at batch 1 against FlashInfer's 3.58, and 4.26 / 7.37 against 4.18 / 6.21 at batch 8 / 64
-# (batches 2-4 not yet measured).
-KERNEL_ROWS = 1
+# batch: on an H100 (2026-12-07, 5847dc3, Qwen3-4B at 512-token contexts, two runs each;
+# docs/benchmarks/qwen3.md) the decode step took, FlashInfer against the kernel, 3.576 / 3.575 ms
+# against 3.480 / 3.482 at batch 1, 3.928 / 3.930 against 3.790 / 3.789 at batch 2, 4.058 / 4.040
+# against 4.016 / 4.019 at batch 4, and 4.157 / 4.146 against 4.228 / 4.249 at batch 8 (FlashInfer
+# faster).
+KERNEL_ROWS = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +153,9 @@ class TritonDecodeAttention(AttentionBackend):
     def _scratch_for(self, geometry: DecodeGeometry, rows: int, *, graphed: bool) -> DecodeScratch:
         scratch = self._scratch.get(geometry)
         if scratch is None:
-            scratch = DecodeScratch.allocate(geometry, max(rows, self.max_rows), self.device)
+            # The kernel serves no step past `kernel_rows` rows: the rest go to the inner backend.
+            served = self.max_rows if self.kernel_rows is None else min(self.max_rows, self.kernel_rows)
+            scratch = DecodeScratch.allocate(geometry, max(rows, served), self.device)
             self._scratch[geometry] = scratch
         if scratch.rows >= rows:
             return scratch

@@ -5,6 +5,9 @@ Interpreter on a CPU, the GPU when one is present."""
 
 from __future__ import annotations
 
+import importlib.machinery
+import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -16,6 +19,7 @@ from engine.scheduler import BatchScheduler
 from kernels.attention.base import AttentionLayerSpec, GroupBatch
 from kernels.attention.torch_backend import TorchAttention
 from kernels.attention.triton_decode_backend import KERNEL_ROWS, TritonDecodeAttention
+from kernels.gemm.names import POLICY_NAMES, is_end_to_end_invariant
 from kernels.kv_layout import PADDING_PAGE, PAGE_SIZE
 from kernels.triton.decode_attention import decode_attention
 from models.registry import ModelOptions, load_model
@@ -105,6 +109,29 @@ def test_the_kernel_takes_every_decode_step_unless_flashinfer_is_faster_and_may_
     assert triton_kernel_rows("invariant", flashinfer) is None
     # Nothing measured it against another backend, and the torch one cannot be graphed.
     assert triton_kernel_rows("tuned", TorchAttention()) is None
+
+
+def test_the_shared_scratch_holds_the_rows_the_kernel_serves() -> None:
+    """With `kernel_rows` set no kernel step is wider, so the scratch is sized for the smaller of it
+    and `max_rows` (4 rows, not 256, for the CUDA default at Qwen3-4B's 256 sequences)."""
+    pool, q = _pool_and_q(3, seed=5)
+    for max_rows, kernel_rows, want in ((256, 4, 4), (8, None, 8), (8, 16, 8)):
+        backend = _backend(max_rows=max_rows, kernel_rows=kernel_rows)
+        backend.plan(0, DECODE, LAYER)  # three rows: the first plan allocates the shared scratch
+        plan = backend._active[0]
+        assert plan is not None and backend.decode_plans == 1
+        assert plan.scratch.rows == want, (max_rows, kernel_rows)
+    # The 4-row scratch serves a 4-row graph bucket, and the eager step's bits are the unlimited ones.
+    backend = _backend(max_rows=256, kernel_rows=4)
+    backend.plan(0, DECODE, LAYER)
+    eager = backend.run(0, LAYER, q, pool)
+    unlimited = _backend()
+    unlimited.plan(0, DECODE, LAYER)
+    assert torch.equal(eager, unlimited.run(0, LAYER, q, pool))
+    padded = GroupBatch((1,) * 4, (*DECODE.kv_lens, 1), (*DECODE.page_tables, (PADDING_PAGE,)), PAGE_SIZE)
+    backend.plan(0, padded, LAYER, graph_bucket=4)
+    plan = backend._active[0]
+    assert plan is not None and plan.scratch.rows == 4 and backend.decode_plans == 2
 
 
 def test_graph_buckets_rewrite_fixed_buffers_and_match_the_eager_bits() -> None:
@@ -199,3 +226,51 @@ def test_pick_attention_builds_it_and_refuses_a_cpu_without_the_interpreter(
         pick_attention(options, cpu, torch.float32, max_pages_per_seq=4)
     with pytest.raises(ModelLoadError, match="available: torch, flashinfer, triton"):
         pick_attention(ModelOptions(attention_backend="cutlass"), cpu, torch.float32, max_pages_per_seq=4)
+
+
+class _CudaLike:
+    """A CPU run's stand-in for a CUDA device, by its type only (as tests/kernels/
+    test_flashinfer_split_plan.py passes one to pick_attention): nothing here launches a kernel."""
+
+    type = "cuda"
+
+
+@pytest.mark.parametrize("policy", POLICY_NAMES)
+def test_the_cuda_default_is_triton_unless_the_policy_is_end_to_end_invariant(
+    monkeypatch: pytest.MonkeyPatch, policy: str
+) -> None:
+    from kernels.attention.flashinfer_backend import FlashInferAttention
+    from models.device_choice import pick_attention
+
+    # An importable stand-in for flashinfer (a spec, so find_spec finds it); the backend's
+    # constructor only imports it and allocates its workspace, which the stand-in zeros skip.
+    fake = types.ModuleType("flashinfer")
+    fake.__spec__ = importlib.machinery.ModuleSpec("flashinfer", None)
+    monkeypatch.setitem(sys.modules, "flashinfer", fake)
+    monkeypatch.setattr(torch, "zeros", lambda *a, **k: torch.empty(0))
+    options = ModelOptions(engine=EngineConfig(numeric_policy=policy, max_num_seqs=256))
+    cuda = _CudaLike()
+    backend = pick_attention(options, cuda, torch.bfloat16, 8)  # type: ignore[arg-type]
+    if is_end_to_end_invariant(policy):
+        assert type(backend) is FlashInferAttention and backend.batch_invariant
+    else:
+        assert isinstance(backend, TritonDecodeAttention)
+        assert type(backend.inner) is FlashInferAttention and not backend.inner.batch_invariant
+        assert (backend.kernel_rows, backend.max_rows) == (KERNEL_ROWS, 256)
+    assert pick_attention(options, cuda, torch.float16, 8).name == backend.name  # type: ignore[arg-type]
+    assert backend.name == ("flashinfer" if policy in ("invariant", "per-token") else "triton")
+    # fp32 on CUDA, and any dtype on the CPU: the torch backend.
+    assert type(pick_attention(options, cuda, torch.float32, 8)) is TorchAttention  # type: ignore[arg-type]
+    for dtype in (torch.float32, torch.bfloat16):
+        assert type(pick_attention(options, torch.device("cpu"), dtype, 8)) is TorchAttention
+
+
+def test_the_cuda_default_without_flashinfer_says_it_is_not_installed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from models.device_choice import pick_attention
+    from models.registry import ModelLoadError
+
+    monkeypatch.setitem(sys.modules, "flashinfer", None)  # find_spec: None; import: ImportError
+    with pytest.raises(ModelLoadError, match="flashinfer: flashinfer is not installed"):
+        pick_attention(ModelOptions(), _CudaLike(), torch.bfloat16, 8)  # type: ignore[arg-type]
