@@ -265,22 +265,26 @@ attn-triton-latency() {  # Qwen3-4B with it, beside qwen3-latency (FlashInfer) a
 }
 attn-merge-ab() {  # the Triton attention's merge at the end of its split kernel (MERGE_IN_SPLIT, the
   # default) against the merge as a second launch, batches 1-4 twice each, interleaved; the default
-  # backend (Triton up to KERNEL_ROWS = 4 rows, FlashInfer past them) at 8 and 64 too, and FlashInfer
-  # alone once
+  # backend (Triton up to KERNEL_ROWS = 4 rows, FlashInfer past them) at 8, 16 and 64 too, the kernel
+  # at 8 and 16 rows, and FlashInfer alone once
   synth_q3
   local run breakdown
   for run in 1 2; do
     breakdown=$([ $run == 1 ] && echo --breakdown)
     echo "== default (merge in the split kernel), run $run"
-    infer bench latency --model $q3 --batch-sizes 1,2,4,8,64 --prefill-lens 1024 $breakdown \
+    infer bench latency --model $q3 --batch-sizes 1,2,4,8,16,64 --prefill-lens 1024 $breakdown \
       --save-result $work/qwen3-4b-latency-merge-in-split-$run.json
     echo "== merge kernel (MERGE_IN_SPLIT off), run $run"
     infer_patched "import kernels.triton.decode_attention as attention
 attention.MERGE_IN_SPLIT = False" bench latency --model $q3 --batch-sizes 1,2,4 --prefill-lens 1024 $breakdown \
       --save-result $work/qwen3-4b-latency-merge-kernel-$run.json
   done
+  echo "== the kernel up to 16 rows (KERNEL_ROWS patched), merge in the split kernel"
+  infer_patched "import kernels.attention.triton_decode_backend as backend
+backend.KERNEL_ROWS = 16" bench latency --model $q3 --batch-sizes 8,16 --prefill-lens 1024 \
+    --save-result $work/qwen3-4b-latency-merge-in-split-rows16.json
   echo "== FlashInfer attention"
-  infer bench latency --model $q3 --attention-backend flashinfer --batch-sizes 1,2,4,8,64 --prefill-lens 1024 \
+  infer bench latency --model $q3 --attention-backend flashinfer --batch-sizes 1,2,4,8,16,64 --prefill-lens 1024 \
     --save-result $work/qwen3-4b-latency-flashinfer.json
 }
 default-attn-gates() {  # the Triton attention as the CUDA default: the qwen3 manifest, and the gates of
