@@ -8,7 +8,7 @@ KV head as the rows of one `[group, head_dim]` tile, so each K/V byte is read on
 Head dims 64, 128 and 256 (and 16, 32 for the tiny test checkpoints); sliding windows (`window` positions, the query's own included); the
 softmax scale from the layer spec; bf16, fp16 or fp32 storage; the softmax and every sum in fp32.
 
-One launch (two with `MERGE_IN_SPLIT` off):
+Two launches:
 
 * **Split kernel**, grid `(rows, kv_heads, PROGRAMS_PER_HEAD)`. A row's visible positions
   `[start, kv_len)` (`start = max(0, kv_len - window)`) are cut at absolute multiples of
@@ -19,16 +19,11 @@ One launch (two with `MERGE_IN_SPLIT` off):
   fp32 (online softmax), and writes that partial to scratch. A program with no split writes
   nothing. Up to `SPLIT_TOKENS · PROGRAMS_PER_HEAD` = 1024 visible tokens each program holds at
   most one split, so its partial is that split's.
-* **Merge**, per query head: loads all `PROGRAMS_PER_HEAD` partial slots at once (a slot whose
-  program held no split masked to zero), takes the exact maximum of the maxima, sums
-  `exp(m_j - M)·l_j` and `exp(m_j - M)·acc_j` over the slots in one fixed reduction tree, divides
-  (IEEE) and rounds once to the storage dtype (nearest-even on every device, `_round_to_storage`).
-  It runs at the end of the split kernel: each program that wrote a partial adds one to its
-  (row, KV head)'s counter in `DecodeScratch.arrivals` (a CTA barrier, then an acq_rel atomic at
-  GPU scope), and the one that arrives last merges that KV head's query heads, reading the others'
-  partials past L1, and sets the counter back to zero. That saves the second launch and its
-  wait between the split and the O projection (docs/benchmarks/qwen3.md). With `MERGE_IN_SPLIT`
-  off, a merge kernel with grid `(rows, num_heads)` runs the same helper instead.
+* **Merge kernel**, grid `(rows, num_heads)`. Loads all `PROGRAMS_PER_HEAD` partial slots of its
+  query head at once (a slot whose program held no split masked to zero), takes the exact maximum
+  of the maxima, sums `exp(m_j - M)·l_j` and `exp(m_j - M)·acc_j` over the slots in one fixed
+  reduction tree, divides (IEEE) and rounds once to the storage dtype (nearest-even on every
+  device, `_round_to_storage`).
 
 Batch-invariant by construction: the split size, the tile, the number of programs and hence the
 assignment of positions to programs (hence of splits to merge slots), the order each program folds
@@ -47,11 +42,9 @@ that a row longer than 1024 tokens is read by at most 16 programs per KV head (1
 
 Scratch: per row `num_heads · PROGRAMS_PER_HEAD · (head_dim + 2) · 4` bytes of fp32 (the
 accumulators, maxima and sums of every program), 266,240 B for Qwen3-4B (32 heads, head dim 128),
-so 17 MB at 64 rows and 68 MB at 256, and one int32 arrival counter per (row, KV head). A scratch
-is dead between one merge and the next split launch, and its counters are zero again, so one per
-geometry serves every layer, every bucket and every eager step of one backend instance (they run
-one after another on one stream, and each kernel of the chain completes only after the one before
-it); `DecodeScratch` is that buffer.
+so 17 MB at 64 rows and 68 MB at 256. A scratch is dead between one merge and the next split
+launch, so one per geometry serves every layer, every bucket and every eager step of one backend
+instance (they run one after another on one stream); `DecodeScratch` is that buffer.
 
 Positions and page-table entries are trusted inside the kernel (it cannot raise in a graph): page
 table entries are read only for pages holding visible positions, and K/V only at visible positions,
@@ -65,10 +58,10 @@ from the storage dtype (the products are exact, the sums fp32), and P·V in thre
 with no rounding of P to 16 bits, which FlashInfer does). fp32 storage, and every dtype under
 `TRITON_INTERPRET=1` (whose bf16 dot is wrong), take fp32 IEEE dots on the CUDA cores, with which a
 64-row Qwen3-4B step took 22.3 ms against FlashInfer's 6.4 on an H100 (docs/benchmarks/qwen3.md). PDL on sm_90+
-(kernels/triton/storage.py): the kernels let the next one launch at once and wait for the one
+(kernels/triton/storage.py): both kernels let the next one launch at once and wait for the one
 before only after reading the KV lengths (the split kernel also requests its first tile's K/V, all
 but the newest position, before it waits), so the attention's reads start during the prep kernel
-and the O projection after it can start streaming its weights during attention. The sm_90
+and the O projection after the merge can start streaming its weights during attention. The sm_90
 build, PDL included, is checked offline (`python -m kernels.triton.decode_attention_aot`); the GPU
 runs tests/kernels/test_decode_attention.py.
 """
@@ -100,9 +93,6 @@ HEAD_DIMS = (16, 32, 64, 128, 256)
 # The query heads of one KV head sit in one tile of at least 16 rows (tl.dot's minimum).
 MAX_GROUP = 64
 NUM_WARPS = 4
-# The merge runs at the end of the split kernel, in the last program of a (row, KV head) to write
-# its partial, instead of as a second launch (module doc).
-MERGE_IN_SPLIT = True
 
 
 class DecodeAttentionError(ValueError):
@@ -163,23 +153,19 @@ def uses_tensor_cores(dtype: torch.dtype) -> bool:
 class DecodeScratch:
     """The split kernel's fp32 partials for up to `rows` rows of one geometry: `acc [rows, Hkv,
     PROGRAMS_PER_HEAD, group, head_dim]` and `ml [rows, Hkv, PROGRAMS_PER_HEAD, 2, group]` (the
-    running max, then the sum), never initialised: a merge reads only partials written by the same
-    launch. `arrivals` int32 `[rows, Hkv]` counts the programs of a (row, KV head) that have
-    written theirs; zero at allocation, and zero again after every launch (its last arriver
-    resets it)."""
+    running max, then the sum). Never initialised: the merge reads only partials written by the
+    same launch pair."""
 
     geometry: DecodeGeometry
     acc: torch.Tensor
     ml: torch.Tensor
-    arrivals: torch.Tensor
 
     @classmethod
     def allocate(cls, geometry: DecodeGeometry, rows: int, device: torch.device | str) -> DecodeScratch:
         g, p = geometry, PROGRAMS_PER_HEAD
         acc = torch.empty(rows, g.num_kv_heads, p, g.group, g.head_dim, dtype=torch.float32, device=device)
         ml = torch.empty(rows, g.num_kv_heads, p, 2, g.group, dtype=torch.float32, device=device)
-        arrivals = torch.zeros(rows, g.num_kv_heads, dtype=torch.int32, device=device)
-        return cls(geometry, acc, ml, arrivals)
+        return cls(geometry, acc, ml)
 
     @property
     def rows(self) -> int:
@@ -208,8 +194,6 @@ def _decode_attention_split_kernel(
     kv_len_ptr,
     acc_ptr,
     ml_ptr,
-    arrivals_ptr,
-    out_ptr,
     scale,
     window,
     stride_q_row,
@@ -219,8 +203,6 @@ def _decode_attention_split_kernel(
     stride_token,
     stride_head,
     stride_table,
-    stride_out_row,
-    stride_out_head,
     KV_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
@@ -231,8 +213,6 @@ def _decode_attention_split_kernel(
     PAGE: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
     TENSOR_CORES: tl.constexpr,
-    MERGE: tl.constexpr,
-    STORAGE: tl.constexpr,
     PDL: tl.constexpr,
 ):
     row = tl.program_id(0)
@@ -296,34 +276,6 @@ def _decode_attention_split_kernel(
         tl.store(acc_ptr + (part * GROUP + g)[:, None] * HEAD_DIM + d[None, :], acc, mask=g_ok[:, None])
         tl.store(ml_ptr + part * 2 * GROUP + g, m_i, mask=g_ok)
         tl.store(ml_ptr + part * 2 * GROUP + GROUP + g, l_i, mask=g_ok)
-        if MERGE:
-            # The last of the (row, KV head)'s writing programs to arrive merges its query heads.
-            # The barrier puts every thread's partial stores before the counter's release; the
-            # winner's acquire (and the L1-bypassing loads) see every other program's.
-            tl.debug_barrier()
-            counter = arrivals_ptr + row * KV_HEADS + kvh
-            arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-            live = tl.minimum(n_splits - first, PROGRAMS)
-            if arrived == live - 1:
-                tl.store(counter, 0)  # every arrival of this launch is in: ready for the next
-                out_row = out_ptr + row.to(tl.int64) * stride_out_row
-                for gi in range(GROUP):
-                    _merge_query_head(
-                        acc_ptr,
-                        ml_ptr,
-                        out_row + (kvh * GROUP + gi) * stride_out_head,
-                        row,
-                        kvh,
-                        gi,
-                        first,
-                        live,
-                        KV_HEADS,
-                        GROUP,
-                        HEAD_DIM,
-                        PROGRAMS,
-                        STORAGE,
-                        ".cg",
-                    )
 
 
 @triton.jit
@@ -353,48 +305,6 @@ def _fold_tile(q, k, v, ok, m_i, l_i, acc, scale, TENSOR_CORES: tl.constexpr):
     return m_new, l_i, acc * alpha[:, None] + pv
 
 
-@triton.jit
-def _merge_query_head(
-    acc_ptr,
-    ml_ptr,
-    out,
-    row,
-    kvh,
-    gi,
-    first,
-    live,
-    KV_HEADS: tl.constexpr,
-    GROUP: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    PROGRAMS: tl.constexpr,
-    STORAGE: tl.constexpr,
-    CACHE: tl.constexpr,
-):
-    """Query head ``gi`` of KV head ``kvh``: its ``live`` partials (every slot loaded at once),
-    merged and stored at ``out`` in the storage dtype."""
-    p = tl.arange(0, PROGRAMS)
-    d = tl.arange(0, HEAD_DIM)
-    # Program p holds split first + j with j ≡ p - first (mod PROGRAMS); it wrote iff j < live.
-    wrote = (p - first % PROGRAMS + PROGRAMS) % PROGRAMS < live
-    part = (row.to(tl.int64) * KV_HEADS + kvh) * PROGRAMS + p
-    m_p = tl.load(ml_ptr + part * 2 * GROUP + gi, mask=wrote, other=float("-inf"), cache_modifier=CACHE)
-    l_p = tl.load(ml_ptr + part * 2 * GROUP + GROUP + gi, mask=wrote, other=0.0, cache_modifier=CACHE)
-    a_p = tl.load(
-        acc_ptr + (part * GROUP + gi)[:, None] * HEAD_DIM + d[None, :],
-        mask=wrote[:, None],
-        other=0.0,
-        cache_modifier=CACHE,
-    )
-    # The maximum is exact in any order; the two sums reduce over the program slots in one fixed
-    # tree, a function of the row's own splits only (never of the batch).
-    big_m = tl.max(m_p, axis=0)
-    w = tl.where(wrote, tl.exp(m_p - big_m), 0.0)
-    total = tl.sum(w * l_p, axis=0)
-    acc = tl.sum(w[:, None] * a_p, axis=0)
-    y = tl.div_rn(acc, total)
-    tl.store(out + d, _round_to_storage(y, STORAGE).to(out.dtype.element_ty))
-
-
 @triton.jit(do_not_specialize=["window"])
 def _decode_attention_merge_kernel(
     acc_ptr,
@@ -415,31 +325,35 @@ def _decode_attention_merge_kernel(
 ):
     row = tl.program_id(0)
     h = tl.program_id(1)  # one query head per program: every partial of it loaded at once
+    kvh = h // GROUP
+    gi = h % GROUP
     if PDL:
         # The next kernel (the O projection) may start streaming its weights while we merge.
         tl.extra.cuda.gdc_launch_dependents()
     kv_len = tl.load(kv_len_ptr + row)
     _start, first, n_splits = _visible_splits(kv_len, window, SPLIT, HAS_WINDOW)
     live = tl.minimum(n_splits - first, PROGRAMS)  # programs that wrote a partial, ≥ 1
+    p = tl.arange(0, PROGRAMS)
+    d = tl.arange(0, HEAD_DIM)
+    # Program p holds split first + j with j ≡ p - first (mod PROGRAMS); it wrote iff j < live.
+    wrote = (p - first % PROGRAMS + PROGRAMS) % PROGRAMS < live
+    part = (row.to(tl.int64) * KV_HEADS + kvh) * PROGRAMS + p
     if PDL:
         tl.extra.cuda.gdc_wait()  # the partials are the split kernel's output
-    out = out_ptr + row.to(tl.int64) * stride_out_row + h * stride_out_head
-    _merge_query_head(
-        acc_ptr,
-        ml_ptr,
-        out,
-        row,
-        h // GROUP,
-        h % GROUP,
-        first,
-        live,
-        KV_HEADS,
-        GROUP,
-        HEAD_DIM,
-        PROGRAMS,
-        STORAGE,
-        "",
+    m_p = tl.load(ml_ptr + part * 2 * GROUP + gi, mask=wrote, other=float("-inf"))
+    l_p = tl.load(ml_ptr + part * 2 * GROUP + GROUP + gi, mask=wrote, other=0.0)
+    a_p = tl.load(
+        acc_ptr + (part * GROUP + gi)[:, None] * HEAD_DIM + d[None, :], mask=wrote[:, None], other=0.0
     )
+    # The maximum is exact in any order; the two sums reduce over the program slots in one fixed
+    # tree, a function of the row's own splits only (never of the batch).
+    big_m = tl.max(m_p, axis=0)
+    w = tl.where(wrote, tl.exp(m_p - big_m), 0.0)
+    total = tl.sum(w * l_p, axis=0)
+    acc = tl.sum(w[:, None] * a_p, axis=0)
+    y = tl.div_rn(acc, total)
+    out = out_ptr + row.to(tl.int64) * stride_out_row + h * stride_out_head
+    tl.store(out + d, _round_to_storage(y, STORAGE).to(out_ptr.dtype.element_ty))
 
 
 # ---------------------------------------------------------------------------------------- launcher
@@ -545,7 +459,6 @@ def decode_attention(
         SPLIT=SPLIT_TOKENS,
         PROGRAMS=PROGRAMS_PER_HEAD,
         HAS_WINDOW=layer.window is not None,
-        STORAGE=STORAGE_TYPES[q.dtype],
         PDL=pdl,
     )
     # No FMA contraction: the spec multiplies and adds separately (as in every kernel here).
@@ -559,8 +472,6 @@ def decode_attention(
         kv_lens,
         scratch.acc,
         scratch.ml,
-        scratch.arrivals,
-        out,
         layer.scale,
         window,
         q.stride(0),
@@ -570,26 +481,23 @@ def decode_attention(
         pool_layer.stride(2),
         pool_layer.stride(3),
         page_table.stride(0),
-        out.stride(0),
-        out.stride(1),
         GROUP_PAD=geometry.group_pad,
         BLOCK_N=geometry.block_n,
         PAGE=PAGE_SIZE,
         TENSOR_CORES=uses_tensor_cores(q.dtype),
-        MERGE=MERGE_IN_SPLIT,
         **shared,
         **launch,
     )
-    if not MERGE_IN_SPLIT:
-        _decode_attention_merge_launch[(rows, layer.num_heads)](
-            scratch.acc,
-            scratch.ml,
-            kv_lens,
-            out,
-            window,
-            out.stride(0),
-            out.stride(1),
-            **shared,
-            **launch,
-        )
+    _decode_attention_merge_launch[(rows, layer.num_heads)](
+        scratch.acc,
+        scratch.ml,
+        kv_lens,
+        out,
+        window,
+        out.stride(0),
+        out.stride(1),
+        STORAGE=STORAGE_TYPES[q.dtype],
+        **shared,
+        **launch,
+    )
     return out

@@ -18,7 +18,6 @@ import triton
 from kernels.attention.base import AttentionLayerSpec
 from kernels.kv_layout import PAGE_SIZE
 from kernels.triton.decode_attention import (
-    MERGE_IN_SPLIT,
     NUM_WARPS,
     PROGRAMS_PER_HEAD,
     SPLIT_TOKENS,
@@ -42,7 +41,7 @@ SERVING_VARIANTS: tuple[tuple[int, int, int, int | None, torch.dtype], ...] = (
     (8, 8, 64, None, torch.bfloat16),
 )
 
-_INT_POINTERS = ("table_ptr", "kv_len_ptr", "arrivals_ptr")
+_INT_POINTERS = ("table_ptr", "kv_len_ptr")
 _FP32_POINTERS = ("acc_ptr", "ml_ptr")
 
 
@@ -75,16 +74,10 @@ def _compile(
 
 
 def compile_variant(
-    layer: AttentionLayerSpec,
-    dtype: torch.dtype,
-    *,
-    arch: int = 90,
-    pdl: bool = True,
-    merge_in_split: bool = MERGE_IN_SPLIT,
+    layer: AttentionLayerSpec, dtype: torch.dtype, *, arch: int = 90, pdl: bool = True
 ) -> tuple[object, object]:
     """The compiled (split, merge) kernels for one layer geometry and storage dtype on ``sm_{arch}``,
-    PDL on as a GPU of that arch launches them (or off); the split kernel with the merge at its end
-    when ``merge_in_split`` (the merge kernel is compiled either way)."""
+    PDL on as a GPU of that arch launches them (or off)."""
     if interpreted():
         raise RuntimeError("ahead-of-time compilation needs TRITON_INTERPRET unset")
     geometry = DecodeGeometry.of(layer)
@@ -95,7 +88,6 @@ def compile_variant(
         "SPLIT": SPLIT_TOKENS,
         "PROGRAMS": PROGRAMS_PER_HEAD,
         "HAS_WINDOW": layer.window is not None,
-        "STORAGE": STORAGE_TYPES[dtype],
         "PDL": pdl,
     }
     # Pool strides are multiples of 16 elements at every serving geometry; q's row and head
@@ -107,8 +99,6 @@ def compile_variant(
         "stride_head",
         "stride_q_row",
         "stride_q_head",
-        "stride_out_row",
-        "stride_out_head",
     }
     split = _compile(
         _decode_attention_split_kernel,
@@ -118,7 +108,6 @@ def compile_variant(
             "BLOCK_N": geometry.block_n,
             "PAGE": PAGE_SIZE,
             "TENSOR_CORES": uses_tensor_cores(dtype),
-            "MERGE": merge_in_split,
         },
         dtype,
         pool_strides,
@@ -126,7 +115,7 @@ def compile_variant(
     )
     merge = _compile(
         _decode_attention_merge_kernel,
-        shared,
+        {**shared, "STORAGE": STORAGE_TYPES[dtype]},
         dtype,
         {"stride_out_row", "stride_out_head"},
         arch,

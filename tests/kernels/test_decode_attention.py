@@ -20,7 +20,6 @@ from kernels.attention.base import AttentionLayerSpec, GroupBatch
 from kernels.attention.torch_backend import TorchAttention
 from kernels.kv_layout import PADDING_PAGE, PAGE_SIZE, pages_for
 from kernels.reference import attend_one_sequence, paged_kv
-from kernels.triton import decode_attention as decode_attention_module
 from kernels.triton.decode_attention import (
     PROGRAMS_PER_HEAD,
     SPLIT_TOKENS,
@@ -209,17 +208,6 @@ def test_scratch_and_out_buffers_are_reused_in_place() -> None:
     )
     assert got.data_ptr() == out.data_ptr()
     assert torch.equal(out, case.kernel())
-    # Every (row, KV head)'s last arriver reset its counter: the next launch (a replay) starts at 0.
-    assert int(scratch.arrivals.abs().sum()) == 0
-
-
-def test_the_merge_in_the_split_kernel_is_the_merge_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The last arriver's merge and the second launch run one helper over the same partials: the
-    same bits, on rows of one split up to more splits than a KV head has programs."""
-    case = Case(_layer(8, 2, 128), KV_LENS, torch.bfloat16, seed=4)
-    fused = case.kernel()
-    monkeypatch.setattr(decode_attention_module, "MERGE_IN_SPLIT", False)
-    assert torch.equal(case.kernel(), fused)
 
 
 def test_refuses_what_it_cannot_run_naming_the_value() -> None:

@@ -263,30 +263,6 @@ attn-triton-latency() {  # Qwen3-4B with it, beside qwen3-latency (FlashInfer) a
   infer bench latency --model $q3 --attention-backend triton --batch-sizes 1,8,64 --prefill-lens 1024 \
     --breakdown --save-result $work/qwen3-4b-latency-attn-triton.json
 }
-attn-merge-ab() {  # the Triton attention's merge at the end of its split kernel (MERGE_IN_SPLIT, the
-  # default) against the merge as a second launch, batches 1-4 twice each, interleaved; the default
-  # backend (Triton up to KERNEL_ROWS = 4 rows, FlashInfer past them) at 8, 16 and 64 too, the kernel
-  # at 8 and 16 rows, and FlashInfer alone once
-  synth_q3
-  local run breakdown
-  for run in 1 2; do
-    breakdown=$([ $run == 1 ] && echo --breakdown)
-    echo "== default (merge in the split kernel), run $run"
-    infer bench latency --model $q3 --batch-sizes 1,2,4,8,16,64 --prefill-lens 1024 $breakdown \
-      --save-result $work/qwen3-4b-latency-merge-in-split-$run.json
-    echo "== merge kernel (MERGE_IN_SPLIT off), run $run"
-    infer_patched "import kernels.triton.decode_attention as attention
-attention.MERGE_IN_SPLIT = False" bench latency --model $q3 --batch-sizes 1,2,4 --prefill-lens 1024 $breakdown \
-      --save-result $work/qwen3-4b-latency-merge-kernel-$run.json
-  done
-  echo "== the kernel up to 16 rows (KERNEL_ROWS patched), merge in the split kernel"
-  infer_patched "import kernels.attention.triton_decode_backend as backend
-backend.KERNEL_ROWS = 16" bench latency --model $q3 --batch-sizes 8,16 --prefill-lens 1024 \
-    --save-result $work/qwen3-4b-latency-merge-in-split-rows16.json
-  echo "== FlashInfer attention"
-  infer bench latency --model $q3 --attention-backend flashinfer --batch-sizes 1,2,4,8,16,64 --prefill-lens 1024 \
-    --save-result $work/qwen3-4b-latency-flashinfer.json
-}
 default-attn-gates() {  # the Triton attention as the CUDA default: the qwen3 manifest, and the gates of
   # qwen35 and gemma4 whose engines decode through it that fit an H100 (gemma4's hf-reference gates
   # and its graph gate beside them run out of its memory: 2026-12-05, da31a49)
@@ -993,7 +969,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | gemv-layout-ab | attn-split-ab | decode-kernel-ab | invariant-gpu-tests | invariant-tiles-probe | invariant-triton-attn | prefill-host-ab | split-rule-check | gemv-rows-ab | prefill-spread | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | prefill-graphs-gates-qwen35 | prefill-graphs-gates-gemma4 | qwen35-prefill-graphs-latency | attn-layouts | qwen35-9b-forward | mma-rows-ab | attn-chunk-ab | fused-compose-check | attn-merge-ab | default-attn-gates)
+  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | gemv-layout-ab | attn-split-ab | decode-kernel-ab | invariant-gpu-tests | invariant-tiles-probe | invariant-triton-attn | prefill-host-ab | split-rule-check | gemv-rows-ab | prefill-spread | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | prefill-graphs-gates-qwen35 | prefill-graphs-gates-gemma4 | qwen35-prefill-graphs-latency | attn-layouts | qwen35-9b-forward | mma-rows-ab | attn-chunk-ab | fused-compose-check | default-attn-gates)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
