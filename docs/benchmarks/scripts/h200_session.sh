@@ -72,12 +72,13 @@
 #   qwen35-9b-forward is the 9b's full_forward_matches_hf, never run alone on an H200; the prefill-graphs
 #   manifest on gemma4 is what stands between --prefill-graphs and the default.
 # On an H100 (no needs_h200: none of this needs more than 78 GiB):
-# PIPELINE="attn-rows-ab qwen3-gates-decode-path gemma4-decode-variants" with
-# GATE_DECODE_PATH="--attention-backend triton" and GEMMA4_VARIANTS="default| triton|--attention-backend=triton":
-# where the Triton decode attention stops beating FlashInfer (batches 1-8; KERNEL_ROWS), the qwen3
-# manifest with it (before it may become the default), and Gemma 4 12B with it (its sliding layers,
-# head dim 256, take the kernel; the global ones, 512, stay on FlashInfer). (fused-compose-check,
-# attn-chunk-ab, mma-rows-ab and decode-tests ran at 27dcee1: docs/benchmarks/qwen3.md.) The rest needs the H200
+# PIPELINE="qwen3-latency vllm-qwen3 default-attn-gates" with QWEN35_SELECT=all (the qwen35
+# manifest's gates the machine can run): the target table at HEAD with the Triton attention as the default up to
+# 4 rows (18a1ef6) beside vLLM in the same session (six staging calls first), the qwen3 manifest
+# at that default (112a45b's ran with the merge inside the split kernel, since reverted), and the
+# qwen35 and gemma4 gates that fit. (attn-rows-ab, qwen3-gates-decode-path and
+# gemma4-decode-variants ran at 5847dc3, the merge A/B at 112a45b: docs/benchmarks/qwen3.md.)
+# The rest needs the H200
 # (its figures, gemma4's five gates, the 9b's parity: qwen35-9b-forward). The staging
 # folders are ignored, so a new checkout lacks them: scripts/stage_device.sh stages them all (~1 min)
 # and starts the .fi-aot build (head dim 128: fa2 100 s alone, fa3 21 min beside a `make test`).
@@ -265,22 +266,23 @@ attn-triton-latency() {  # Qwen3-4B with it, beside qwen3-latency (FlashInfer) a
 }
 default-attn-gates() {  # the Triton attention as the CUDA default: the qwen3 manifest, and the gates of
   # qwen35 and gemma4 whose engines decode through it that fit an H100 (gemma4's hf-reference gates
-  # and its graph gate beside them run out of its memory: 2026-12-05, da31a49)
+  # run out of its memory beside the others, and its graph gate even alone: da31a49, 112a45b)
   synth_q3
   infer gates --manifest qwen3 --shared-process --checkpoint $q3 $(gate_args qwen3) \
     --json $work/qwen3-gates.json --junit $work/qwen3-gates.xml
   synth_q35
-  infer gates --manifest qwen35 --shared-process --checkpoint $q35 ${QWEN35_SELECT:---gate qwen35.greedy_matches_hf_generate \
+  local q35_gates=${QWEN35_SELECT:-"--gate qwen35.greedy_matches_hf_generate \
     --gate qwen35.mixed_step_matches_serial --gate qwen35.batch_row_order_does_not_matter \
     --gate qwen35.graph_replay_matches_eager --gate qwen35.prefix_restore_matches_cold \
-    --gate qwen35.preemption_recompute_matches} --json $work/qwen35-gates.json --junit $work/qwen35-gates.xml
+    --gate qwen35.preemption_recompute_matches"}
+  [ "$q35_gates" == all ] && q35_gates=$(gate_args qwen35)  # every gate this machine can run
+  infer gates --manifest qwen35 --shared-process --checkpoint $q35 $q35_gates \
+    --json $work/qwen35-gates.json --junit $work/qwen35-gates.xml
   synth_g4
   infer gates --manifest gemma4 --shared-process --checkpoint $g4 ${GEMMA4_SELECT:---gate gemma4.greedy_matches_hf_generate \
     --gate gemma4.serve_matches_full_forward --gate gemma4.mixed_step_matches_serial \
     --gate gemma4.batch_row_order_does_not_matter --gate gemma4.prefix_restore_matches_cold \
     --gate gemma4.lifecycle_completes} --json $work/gemma4-gates.json --junit $work/gemma4-gates.xml
-  infer gates --manifest gemma4 --checkpoint $g4 --gate gemma4.graph_replay_matches_eager \
-    --json $work/gemma4-graph-gate.json --junit $work/gemma4-graph-gate.xml
 }
 attn-rows-ab() {  # where the Triton decode attention stops beating FlashInfer (KERNEL_ROWS, 1 since
   # a0e5a73: faster at batch 1, slower at 8 and 64): batches 1-8 with FlashInfer, and with the kernel
