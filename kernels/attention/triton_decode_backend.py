@@ -3,7 +3,8 @@ through an inner backend.
 
 A step whose every sequence has one query token, on a layer geometry the kernel takes (head dims
 64/128/256, kernels/triton/decode_attention.py), of at most `kernel_rows` rows, runs
-`decode_attention`. Any step holding a prefill chunk, any larger decode step, and any geometry the
+`decode_attention`, at the split size `SPLIT_TOKENS_BY_ROWS` names for its rows where `kernel_rows`
+is set (the kernel's default otherwise, and for every step under the invariant policies). Any step holding a prefill chunk, any larger decode step, and any geometry the
 kernel refuses (Gemma 4's head-dim-512 global layers), is planned and run by the inner backend:
 FlashInfer on CUDA, the torch reference backend where FlashInfer is absent (so CPU tests drive this
 backend under the Triton interpreter). `kernel_rows` None: every decode step, as the end-to-end
@@ -42,7 +43,13 @@ import torch
 
 from kernels.attention.base import AttentionBackend, AttentionLayerSpec, GroupBatch, WarmUpStep
 from kernels.kv_layout import PADDING_PAGE, ceil_div
-from kernels.triton.decode_attention import DecodeGeometry, DecodeScratch, decode_attention, supports
+from kernels.triton.decode_attention import (
+    SPLIT_TOKENS,
+    DecodeGeometry,
+    DecodeScratch,
+    decode_attention,
+    supports,
+)
 
 # Decode steps up to this many rows run the kernel where the policy lets the kernel follow the
 # batch: on an H100 (2026-12-07, 5847dc3, Qwen3-4B at 512-token contexts, two runs each;
@@ -51,6 +58,11 @@ from kernels.triton.decode_attention import DecodeGeometry, DecodeScratch, decod
 # against 4.016 / 4.019 at batch 4, and 4.157 / 4.146 against 4.228 / 4.249 at batch 8 (FlashInfer
 # faster).
 KERNEL_ROWS = 4
+# Where the policy lets the kernel follow the batch: (most rows, tokens per split), ascending; a step
+# of more rows than every entry names, or any step under an end-to-end invariant policy, splits at
+# `decode_attention.SPLIT_TOKENS`. Empty: no measurement has yet preferred another size
+# (docs/benchmarks/scripts/decode_attention_backends.py --triton-splits times them).
+SPLIT_TOKENS_BY_ROWS: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +76,7 @@ class _DecodePlan:
     page_table: torch.Tensor
     kv_lens: torch.Tensor
     scratch: DecodeScratch
+    split_tokens: int
 
 
 class TritonDecodeAttention(AttentionBackend):
@@ -136,8 +149,17 @@ class TritonDecodeAttention(AttentionBackend):
             buffers.kv_lens.copy_(host_lens, non_blocking=True)
             page_table, kv_lens = buffers.page_table, buffers.kv_lens
         scratch = self._scratch_for(DecodeGeometry.of(layer), rows, graphed=graph_bucket is not None)
-        self._active[group] = _DecodePlan(page_table, kv_lens, scratch)
+        self._active[group] = _DecodePlan(page_table, kv_lens, scratch, self.split_tokens(rows))
         self.decode_plans += 1
+
+    def split_tokens(self, rows: int) -> int:
+        """Tokens per split for a decode step of `rows` rows: `SPLIT_TOKENS_BY_ROWS` where the
+        kernel may follow the batch (`kernel_rows` set), else the kernel's fixed default."""
+        if self.kernel_rows is not None:
+            for most_rows, split in SPLIT_TOKENS_BY_ROWS:
+                if rows <= most_rows:
+                    return split
+        return SPLIT_TOKENS
 
     def _graph_buffers_for(self, group: int, bucket: int) -> _GraphBuffers:
         key = (group, bucket)
@@ -170,7 +192,15 @@ class TritonDecodeAttention(AttentionBackend):
         plan = self._active[group]
         if plan is None:
             return self.inner.run(group, layer, q, pool_layer)
-        return decode_attention(q, pool_layer, plan.page_table, plan.kv_lens, layer, scratch=plan.scratch)
+        return decode_attention(
+            q,
+            pool_layer,
+            plan.page_table,
+            plan.kv_lens,
+            layer,
+            scratch=plan.scratch,
+            split_tokens=plan.split_tokens,
+        )
 
     def sibling(self) -> TritonDecodeAttention:
         # Its own buffers, scratch and inner backend: a concurrent forward shares no memory with us.
@@ -207,6 +237,11 @@ class TritonDecodeAttention(AttentionBackend):
         q = torch.zeros(1, spec.num_heads, spec.head_dim, dtype=self.dtype, device=self.device)
         table = torch.ones(1, 1, dtype=torch.int32, device=self.device)
         kv_lens = torch.full((1,), 2, dtype=torch.int32, device=self.device)
-        decode_attention(q, pool, table, kv_lens, spec)
+        # Every split size a step may take (each is its own compiled kernel), before any capture.
+        splits = {SPLIT_TOKENS} | (
+            {split for _, split in SPLIT_TOKENS_BY_ROWS} if self.kernel_rows else set()
+        )
+        for split in sorted(splits):
+            decode_attention(q, pool, table, kv_lens, spec, split_tokens=split)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

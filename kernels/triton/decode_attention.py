@@ -12,7 +12,7 @@ Two launches:
 
 * **Split kernel**, grid `(rows, kv_heads, PROGRAMS_PER_HEAD)`. A row's visible positions
   `[start, kv_len)` (`start = max(0, kv_len - window)`) are cut at absolute multiples of
-  `SPLIT_TOKENS`: split `s` covers `[s·SPLIT_TOKENS, (s+1)·SPLIT_TOKENS)`. Program `p` of
+  `SPLIT_TOKENS` (or the caller's `split_tokens`): split `s` covers `[s·SPLIT_TOKENS, (s+1)·SPLIT_TOKENS)`. Program `p` of
   (row, KV head) takes the splits `s ≡ p (mod PROGRAMS_PER_HEAD)` in increasing order and walks
   each in tiles of `BLOCK_N` tokens (a tile holds up to `TILE_ELEMENTS` values of K and at most
   a split: 64 tokens at head dim 64 and below, 32 at 128, 16 at 256), keeping a running max, sum and `[group, head_dim]` accumulator in
@@ -80,9 +80,12 @@ from kernels.triton.launch import FastLaunch
 from kernels.triton.prep_kernel import _round_to_storage
 from kernels.triton.storage import STORAGE_TYPES, interpreted, next_power_of_2, pdl_supported
 
-# Tokens per split, at absolute positions. A constant, never derived from the batch: that is the
-# batch invariance. 64 tokens (4 pages) spreads a 512-token KV over 8 programs per KV head.
+# Tokens per split, at absolute positions, by default. Never derived from the batch inside the kernel:
+# that is the batch invariance. 64 tokens (4 pages) spreads a 512-token KV over 8 programs per KV
+# head. A caller may pass another size (`split_tokens`), a power of two in SPLIT_TOKENS_RANGE; rows
+# get the same bits under the same size only.
 SPLIT_TOKENS = 64
+SPLIT_TOKENS_RANGE = (16, 4096)
 # Programs per (row, KV head). With 64-token splits one program holds one split up to 1024 tokens.
 PROGRAMS_PER_HEAD = 16
 # Values of K (and of V) in one program's tile: 8 KB of bf16, so a tile's K and V in fp32 stay
@@ -129,9 +132,9 @@ class DecodeGeometry:
     def group_pad(self) -> int:
         return max(16, next_power_of_2(self.group))
 
-    @property
-    def block_n(self) -> int:
-        return min(SPLIT_TOKENS, TILE_ELEMENTS // self.head_dim)
+    def block_n(self, split_tokens: int = SPLIT_TOKENS) -> int:
+        """Tokens per tile: up to `TILE_ELEMENTS` values of K, and never past a split."""
+        return min(split_tokens, TILE_ELEMENTS // self.head_dim)
 
     @property
     def scratch_bytes_per_row(self) -> int:
@@ -366,12 +369,18 @@ def check_decode(
     kv_lens: torch.Tensor,
     layer: AttentionLayerSpec,
     scratch: DecodeScratch | None,
+    split_tokens: int = SPLIT_TOKENS,
 ) -> None:
     """Raise `DecodeAttentionError` naming the value if `decode_attention` cannot run these operands."""
     geometry = DecodeGeometry.of(layer)
     why = geometry.problem()
     if why is not None:
         raise DecodeAttentionError(f"decode attention: {why}")
+    low, high = SPLIT_TOKENS_RANGE
+    if split_tokens & (split_tokens - 1) or not low <= split_tokens <= high:
+        raise DecodeAttentionError(
+            f"decode attention: split_tokens={split_tokens} must be a power of two in [{low}, {high}]"
+        )
     if layer.window is not None and layer.window < 1:
         raise DecodeAttentionError(f"decode attention: window={layer.window} must be at least 1")
     if q.dim() != 3 or tuple(q.shape[1:]) != (layer.num_heads, layer.head_dim):
@@ -429,15 +438,17 @@ def decode_attention(
     *,
     scratch: DecodeScratch | None = None,
     out: torch.Tensor | None = None,
+    split_tokens: int = SPLIT_TOKENS,
 ) -> torch.Tensor:
     """Attention of q `[rows, num_heads, head_dim]` (row i: one query at position `kv_lens[i] - 1`)
     over the row's `kv_lens[i]` positions on pages `page_table[i]` of `pool_layer`. Returns
     `[rows, num_heads, head_dim]` in q's dtype (into `out` when given, a dense tensor of that shape).
 
     `page_table` int32 `[≥ rows, pages]` and `kv_lens` int32 `[≥ rows]` live on q's device; only
-    their first `rows` rows are read. Host work is metadata only: no synchronisation, and with
+    their first `rows` rows are read. `split_tokens` sets the split (module doc); a row's bits
+    depend on it, never on the batch. Host work is metadata only: no synchronisation, and with
     `scratch` and `out` given no allocation (CUDA-graph safe)."""
-    check_decode(q, pool_layer, page_table, kv_lens, layer, scratch)
+    check_decode(q, pool_layer, page_table, kv_lens, layer, scratch, split_tokens)
     geometry = DecodeGeometry.of(layer)
     rows = q.shape[0]
     if out is None:
@@ -456,7 +467,7 @@ def decode_attention(
         KV_HEADS=layer.num_kv_heads,
         GROUP=geometry.group,
         HEAD_DIM=layer.head_dim,
-        SPLIT=SPLIT_TOKENS,
+        SPLIT=split_tokens,
         PROGRAMS=PROGRAMS_PER_HEAD,
         HAS_WINDOW=layer.window is not None,
         PDL=pdl,
@@ -482,7 +493,7 @@ def decode_attention(
         pool_layer.stride(3),
         page_table.stride(0),
         GROUP_PAD=geometry.group_pad,
-        BLOCK_N=geometry.block_n,
+        BLOCK_N=geometry.block_n(split_tokens),
         PAGE=PAGE_SIZE,
         TENSOR_CORES=uses_tensor_cores(q.dtype),
         **shared,

@@ -105,7 +105,7 @@ def compile_variant(
         {
             **shared,
             "GROUP_PAD": geometry.group_pad,
-            "BLOCK_N": geometry.block_n,
+            "BLOCK_N": geometry.block_n(),
             "PAGE": PAGE_SIZE,
             "TENSOR_CORES": uses_tensor_cores(dtype),
         },

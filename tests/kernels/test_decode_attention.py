@@ -182,6 +182,22 @@ def test_a_row_gets_the_same_bits_alone_in_any_batch_at_any_offset() -> None:
     assert torch.equal(case.kernel(pool=case.sentinel_pool()), batch)
 
 
+@pytest.mark.parametrize("split", [16, 128, 1024])
+def test_other_split_sizes_match_the_spec_and_keep_a_rows_bits(split: int) -> None:
+    """A caller's split size (the backend's per-batch choice): the same bound, and under one size a
+    row's bits do not depend on the batch."""
+    case = Case(_layer(8, 2, 128), (1, 17, split - 1, split + 1, 3 * split + 5), torch.bfloat16, seed=7)
+    exact = case.exact().cpu()
+    batch = decode_attention(case.q, case.pool, case.table(), case.lens(), case.layer, split_tokens=split)
+    spec = (case.spec().double() - exact).abs().max().item()
+    assert (batch.double().cpu() - exact).abs().max().item() <= SPEC_ERROR_RATIO[torch.bfloat16] * spec
+    for r in range(len(case.kv_lens)):
+        alone = decode_attention(
+            case.q[r : r + 1], case.pool, case.table([r]), case.lens([r]), case.layer, split_tokens=split
+        )
+        assert torch.equal(alone, batch[r : r + 1]), case.kv_lens[r]
+
+
 def test_padding_rows_are_harmless() -> None:
     case = Case(_layer(8, 2, 128), (17, S + 1), torch.bfloat16, seed=2)
     live = case.kernel()
@@ -225,6 +241,9 @@ def test_refuses_what_it_cannot_run_naming_the_value() -> None:
         decode_attention(case.q, case.pool, table.long(), lens, case.layer)
     with pytest.raises(DecodeAttentionError, match="window=0"):
         decode_attention(case.q, case.pool, table, lens, _layer(8, 2, 128, 0))
+    for split in (48, 8, 8192):
+        with pytest.raises(DecodeAttentionError, match=f"split_tokens={split}"):
+            decode_attention(case.q, case.pool, table, lens, case.layer, split_tokens=split)
     small = DecodeScratch.allocate(DecodeGeometry.of(case.layer), 1, DEVICE)
     with pytest.raises(DecodeAttentionError, match="scratch for 1 rows"):
         decode_attention(

@@ -111,6 +111,25 @@ def test_the_kernel_takes_every_decode_step_unless_flashinfer_is_faster_and_may_
     assert triton_kernel_rows("tuned", TorchAttention()) is None
 
 
+def test_the_split_size_follows_the_rows_only_where_the_kernel_may_follow_the_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import kernels.attention.triton_decode_backend as module
+
+    monkeypatch.setattr(module, "SPLIT_TOKENS_BY_ROWS", ((1, 32), (4, 128)))
+    tuned = _backend(kernel_rows=8)
+    assert [tuned.split_tokens(rows) for rows in (1, 2, 4, 5, 8)] == [32, 128, 128, 64, 64]
+    assert _backend(kernel_rows=None).split_tokens(1) == 64  # invariant: one split size for every batch
+    pool, q = _pool_and_q(3, seed=6)
+    tuned.plan(0, DECODE, LAYER)  # three rows: 128-token splits
+    table = torch.tensor(
+        [[5, 9, 0, 0, 0], [1, 2, 3, 4, 6], [7, 0, 0, 0, 0]], dtype=torch.int32, device=DEVICE
+    )
+    lens = torch.tensor(DECODE.kv_lens, dtype=torch.int32, device=DEVICE)
+    want = decode_attention(q, pool, table, lens, LAYER, split_tokens=128)
+    assert torch.equal(tuned.run(0, LAYER, q, pool), want)
+
+
 def test_the_shared_scratch_holds_the_rows_the_kernel_serves() -> None:
     """With `kernel_rows` set no kernel step is wider, so the scratch is sized for the smaller of it
     and `max_rows` (4 rows, not 256, for the CUDA default at Qwen3-4B's 256 sequences)."""

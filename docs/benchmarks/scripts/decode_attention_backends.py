@@ -15,7 +15,9 @@ output is compared with fa2's (largest |difference|); a backend FlashInfer refus
 geometry is recorded with its error; fa3 is not asked past head dim 256. `--layouts` and
 `--page-sizes` time the same rows in other pool layouts (HND: `[pages, 2, kv_heads, page, dim]`,
 a head's tokens of a page contiguous) and page sizes than the engine's (NHD, 16: kernels/kv_layout.py),
-to see what a layout change would give before making one. Needs CUDA and flashinfer.
+to see what a layout change would give before making one. `--triton-splits` adds infer's split-KV
+Triton kernel at each tokens-per-split size over the same rows (the sizes
+`triton_decode_backend.SPLIT_TOKENS_BY_ROWS` may pick per batch). Needs CUDA and flashinfer.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ def measure(
     backends: tuple[tuple[str, bool, str], ...],
     layout: str = "NHD",
     page_size: int = PAGE_SIZE,
+    triton_splits: tuple[int, ...] = (),
 ) -> list[dict]:
     import flashinfer
 
@@ -106,6 +109,65 @@ def measure(
             "max_abs_diff_vs_fa2": float((out.float() - reference.float()).abs().max()),
         }
         rows.append(row)
+    if triton_splits and layout == "NHD" and page_size == PAGE_SIZE:
+        rows += _triton_rows(name, heads, kv_heads, head_dim, window, batch, context, pool, q, indices,
+                             kv_bytes, copy_gbs, triton_splits, reference)  # fmt: skip
+    return rows
+
+
+def _triton_rows(
+    name: str,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    window: int | None,
+    batch: int,
+    context: int,
+    pool: torch.Tensor,
+    q: torch.Tensor,
+    indices: torch.Tensor,
+    kv_bytes: int,
+    copy_gbs: float,
+    splits: tuple[int, ...],
+    reference: torch.Tensor | None,
+) -> list[dict]:
+    """The split-KV Triton decode kernel (kernels/triton/decode_attention.py) over the same pool and
+    rows, once per tokens-per-split size, its split and merge launches timed together."""
+    from kernels.attention.base import AttentionLayerSpec
+    from kernels.triton.decode_attention import (
+        DecodeAttentionError,
+        DecodeGeometry,
+        DecodeScratch,
+        decode_attention,
+    )
+
+    layer = AttentionLayerSpec(heads, kv_heads, head_dim, head_dim**-0.5, window)
+    table = indices.view(batch, -1)
+    lens = torch.full((batch,), context, dtype=torch.int32, device=q.device)
+    scratch = DecodeScratch.allocate(DecodeGeometry.of(layer), batch, q.device)
+    out = torch.empty_like(q)
+    rows = []
+    for split in splits:
+        row: dict = {"geometry": name, "batch": batch, "context": context, "backend": f"triton-s{split}",
+                     "layout": "NHD", "page_size": PAGE_SIZE}  # fmt: skip
+        try:
+            run = partial(
+                decode_attention, q, pool, table, lens, layer, scratch=scratch, out=out, split_tokens=split
+            )
+            run()
+            ms = device_ms(run)
+        except DecodeAttentionError as exc:  # a geometry the kernel does not take (head dim 512)
+            row["error"] = str(exc)[:300]
+            rows.append(row)
+            continue
+        diff = float((out.float() - reference.float()).abs().max()) if reference is not None else float("nan")
+        row |= {
+            "ms": ms,
+            "kv_gb_per_s": kv_bytes / (ms * 1e-3) / 1e9,
+            "pct_of_copy": 100 * kv_bytes / (ms * 1e-3) / 1e9 / copy_gbs,
+            "max_abs_diff_vs_fa2": diff,
+        }
+        rows.append(row)
     return rows
 
 
@@ -124,8 +186,14 @@ def main() -> None:
     parser.add_argument("--backends", default="fa2,fa3", help="which tensor-core backends to time")
     parser.add_argument("--layouts", default="NHD", help="pool layouts to time: NHD (the engine's), HND")
     parser.add_argument("--page-sizes", default=str(PAGE_SIZE), help="tokens per page to time")
+    parser.add_argument(
+        "--triton-splits",
+        default="",
+        help="also the Triton decode kernel at these tokens per split (NHD, 16-token pages), e.g. 64,128,256,512",
+    )
     parser.add_argument("--save", type=Path)
     args = parser.parse_args()
+    splits = tuple(int(s) for s in args.triton_splits.split(",") if s)
     named = args.backends.split(",")
     geometries = [g for g in GEOMETRIES if g[0] in args.geometries.split(",")]
     backends = tuple(b for b in BACKENDS if b[0] in named) + ((CUDA_CORES,) if args.cuda_cores else ())
@@ -137,7 +205,9 @@ def main() -> None:
         for batch in (int(b) for b in args.batch_sizes.split(","))
         for layout in args.layouts.split(",")
         for page_size in (int(p) for p in args.page_sizes.split(","))
-        for row in measure(geometry, batch, args.context, device, copy_gbs, backends, layout, page_size)
+        for row in measure(
+            geometry, batch, args.context, device, copy_gbs, backends, layout, page_size, splits
+        )
     ]
     for row in rows:
         what = f"{row['geometry']:20} bs {row['batch']:3} {row['layout']} p{row['page_size']:<3} {row['backend']:10}"

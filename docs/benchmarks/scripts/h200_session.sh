@@ -72,13 +72,15 @@
 #   qwen35-9b-forward is the 9b's full_forward_matches_hf, never run alone on an H200; the prefill-graphs
 #   manifest on gemma4 is what stands between --prefill-graphs and the default.
 # On an H100 (no needs_h200: none of this needs more than 78 GiB):
-# PIPELINE="qwen3-latency vllm-qwen3 default-attn-gates pdl-preload-probe" with QWEN35_SELECT=all
-# (the qwen35 manifest's gates the machine can run): the target table at HEAD with the Triton attention as the default up to
-# 4 rows (18a1ef6) beside vLLM in the same session (six staging calls first), the qwen3 manifest
-# at that default (112a45b's ran with the merge inside the split kernel, since reverted), and the
-# qwen35 and gemma4 gates that fit, then why the O projection's weights do not stream during the
-# attention before it (pdl-preload-probe). (attn-rows-ab, qwen3-gates-decode-path and
-# gemma4-decode-variants ran at 5847dc3, the merge A/B at 112a45b: docs/benchmarks/qwen3.md.)
+# PIPELINE="qwen3-latency vllm-qwen3 attn-split-sizes pdl-preload-probe default-attn-gates" with
+# QWEN35_SELECT=all: the target table at HEAD (the Triton attention the default up to 4 rows,
+# 18a1ef6) beside vLLM in the same session (six staging calls first); the Triton kernel's split size
+# per batch, one layer alone (then attn-split-size-ab with SPLIT_ROWS and SPLIT_TABLE from it, and
+# SPLIT_TOKENS_BY_ROWS and KERNEL_ROWS set where the whole step gains); why the O projection's
+# weights do not stream during the attention before it; the qwen3 manifest at the default
+# (112a45b's ran with the merge inside the split kernel, since reverted) and the qwen35 manifest's
+# and gemma4's gates that fit. (attn-rows-ab, qwen3-gates-decode-path and gemma4-decode-variants
+# ran at 5847dc3, the merge A/B at 112a45b: docs/benchmarks/qwen3.md.)
 # The rest needs the H200
 # (its figures, gemma4's five gates, the 9b's parity: qwen35-9b-forward). The staging
 # folders are ignored, so a new checkout lacks them: scripts/stage_device.sh stages them all (~1 min)
@@ -264,6 +266,24 @@ attn-triton-latency() {  # Qwen3-4B with it, beside qwen3-latency (FlashInfer) a
   synth_q3
   infer bench latency --model $q3 --attention-backend triton --batch-sizes 1,8,64 --prefill-lens 1024 \
     --breakdown --save-result $work/qwen3-4b-latency-attn-triton.json
+}
+attn-split-sizes() {  # one layer's decode attention alone: FlashInfer (fa2) beside the Triton kernel
+  # at each tokens-per-split size, batches 1-64 (what SPLIT_TOKENS_BY_ROWS may pick), ~2 min
+  python3 docs/benchmarks/scripts/decode_attention_backends.py --geometries "qwen3-4b,gemma4-12b sliding" \
+    --backends fa2 --batch-sizes 1,2,4,8,16,64 --triton-splits 32,64,128,256,512 --save $work/attn-split-sizes.json
+}
+attn-split-size-ab() {  # the whole step with the Triton kernel up to SPLIT_ROWS rows at the split sizes
+  # SPLIT_TABLE names per batch (set both from attn-split-sizes) against the default, twice each
+  synth_q3
+  local run
+  for run in 1 2; do
+    infer bench latency --model $q3 --batch-sizes 1,2,4,8,16,64 --prefill-lens 1024 \
+      --save-result $work/qwen3-4b-latency-split-default-$run.json
+    infer_patched "import kernels.attention.triton_decode_backend as backend
+backend.KERNEL_ROWS = ${SPLIT_ROWS:-64}
+backend.SPLIT_TOKENS_BY_ROWS = ${SPLIT_TABLE:-((4, 64), (16, 128), (64, 256))}" bench latency --model $q3 \
+      --batch-sizes 1,2,4,8,16,64 --prefill-lens 1024 --save-result $work/qwen3-4b-latency-split-table-$run.json
+  done
 }
 pdl-preload-probe() {  # how much of each Qwen3-4B projection's weight stream a PDL predecessor hides,
   # per GEMV layout (the O projection's question in docs/benchmarks/qwen3.md, 2026-12-07), ~2 min
@@ -978,7 +998,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | gemv-layout-ab | attn-split-ab | decode-kernel-ab | invariant-gpu-tests | invariant-tiles-probe | invariant-triton-attn | prefill-host-ab | split-rule-check | gemv-rows-ab | prefill-spread | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | prefill-graphs-gates-qwen35 | prefill-graphs-gates-gemma4 | qwen35-prefill-graphs-latency | attn-layouts | qwen35-9b-forward | mma-rows-ab | attn-chunk-ab | fused-compose-check | default-attn-gates | pdl-preload-probe)
+  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | gemv-layout-ab | attn-split-ab | decode-kernel-ab | invariant-gpu-tests | invariant-tiles-probe | invariant-triton-attn | prefill-host-ab | split-rule-check | gemv-rows-ab | prefill-spread | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | prefill-graphs-gates-qwen35 | prefill-graphs-gates-gemma4 | qwen35-prefill-graphs-latency | attn-layouts | qwen35-9b-forward | mma-rows-ab | attn-chunk-ab | fused-compose-check | default-attn-gates | pdl-preload-probe | attn-split-sizes | attn-split-size-ab)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
