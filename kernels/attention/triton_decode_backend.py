@@ -4,12 +4,13 @@ through an inner backend.
 A step whose every sequence has one query token, on a layer geometry the kernel takes (head dims
 64/128/256, kernels/triton/decode_attention.py), of at most `kernel_rows` rows, runs
 `decode_attention`, at the split size `SPLIT_TOKENS_BY_ROWS` names for its rows where `kernel_rows`
-is set (the kernel's default otherwise, and for every step under the invariant policies). Any step holding a prefill chunk, any larger decode step, and any geometry the
-kernel refuses (Gemma 4's head-dim-512 global layers), is planned and run by the inner backend:
-FlashInfer on CUDA, the torch reference backend where FlashInfer is absent (so CPU tests drive this
-backend under the Triton interpreter). `kernel_rows` None: every decode step, as the end-to-end
-invariant policies need (a row's kernel must not follow the batch); models/device_choice.py sets
-`KERNEL_ROWS` for the others, the batches where the kernel measured faster than FlashInfer.
+is set (the kernel's default otherwise, and for every step under the invariant policies). Any step
+holding a prefill chunk, any larger decode step, and any geometry the kernel refuses (Gemma 4's
+head-dim-512 global layers), is planned and run by the inner backend: FlashInfer on CUDA, the torch
+reference backend where FlashInfer is absent (so CPU tests drive this backend under the Triton
+interpreter). `kernel_rows` None: every decode step, as the end-to-end invariant policies need (a
+row's kernel must not follow the batch); models/device_choice.py sets `KERNEL_ROWS` for the others,
+the batches where the kernel measured faster than FlashInfer.
 
 CUDA graphs: each (group, bucket) gets a page table `[bucket, max_pages_per_seq]` and a KV-length
 vector `[bucket]`, int32, allocated at its first graph plan and rewritten in place by every later

@@ -10,15 +10,15 @@ softmax scale from the layer spec; bf16, fp16 or fp32 storage; the softmax and e
 
 Two launches:
 
-* **Split kernel**, grid `(rows, kv_heads, PROGRAMS_PER_HEAD)`. A row's visible positions
-  `[start, kv_len)` (`start = max(0, kv_len - window)`) are cut at absolute multiples of
-  `SPLIT_TOKENS` (or the caller's `split_tokens`): split `s` covers `[s·SPLIT_TOKENS, (s+1)·SPLIT_TOKENS)`. Program `p` of
-  (row, KV head) takes the splits `s ≡ p (mod PROGRAMS_PER_HEAD)` in increasing order and walks
-  each in tiles of `BLOCK_N` tokens (a tile holds up to `TILE_ELEMENTS` values of K and at most
-  a split: 64 tokens at head dim 64 and below, 32 at 128, 16 at 256), keeping a running max, sum and `[group, head_dim]` accumulator in
-  fp32 (online softmax), and writes that partial to scratch. A program with no split writes
-  nothing. Up to `SPLIT_TOKENS · PROGRAMS_PER_HEAD` = 1024 visible tokens each program holds at
-  most one split, so its partial is that split's.
+* **Split kernel**, grid `(rows, kv_heads, PROGRAMS_PER_HEAD)`. A row's visible positions `[start,
+  kv_len)` (`start = max(0, kv_len - window)`) are cut at absolute multiples of `SPLIT_TOKENS` (or
+  the caller's `split_tokens`): split `s` covers `[s·SPLIT_TOKENS, (s+1)·SPLIT_TOKENS)`. Program `p`
+  of (row, KV head) takes the splits `s ≡ p (mod PROGRAMS_PER_HEAD)` in increasing order and walks
+  each in tiles of `BLOCK_N` tokens (a tile holds up to `TILE_ELEMENTS` values of K and at most a
+  split: 64 tokens at head dim 64 and below, 32 at 128, 16 at 256), keeping a running max, sum and
+  `[group, head_dim]` accumulator in fp32 (online softmax), and writes that partial to scratch. A
+  program with no split writes nothing. Up to `SPLIT_TOKENS · PROGRAMS_PER_HEAD` = 1024 visible
+  tokens each program holds at most one split, so its partial is that split's.
 * **Merge kernel**, grid `(rows, num_heads)`. Loads all `PROGRAMS_PER_HEAD` partial slots of its
   query head at once (a slot whose program held no split masked to zero), takes the exact maximum
   of the maxima, sums `exp(m_j - M)·l_j` and `exp(m_j - M)·acc_j` over the slots in one fixed
