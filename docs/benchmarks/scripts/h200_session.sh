@@ -77,7 +77,8 @@
 # 18a1ef6) beside vLLM in the same session (six staging calls first); the Triton kernel's split size
 # per batch, one layer alone (then attn-split-size-ab with SPLIT_ROWS and SPLIT_TABLE from it, and
 # SPLIT_TOKENS_BY_ROWS and KERNEL_ROWS set where the whole step gains); why the O projection's
-# weights do not stream during the attention before it; the qwen3 manifest at the default
+# weights do not stream during the attention before it (then o-layout-ab with the layouts that hide
+# it); the qwen3 manifest at the default
 # (112a45b's ran with the merge inside the split kernel, since reverted) and the qwen35 manifest's
 # and gemma4's gates that fit. (attn-rows-ab, qwen3-gates-decode-path and gemma4-decode-variants
 # ran at 5847dc3, the merge A/B at 112a45b: docs/benchmarks/qwen3.md.)
@@ -283,6 +284,28 @@ attn-split-size-ab() {  # the whole step with the Triton kernel up to SPLIT_ROWS
 backend.KERNEL_ROWS = ${SPLIT_ROWS:-64}
 backend.SPLIT_TOKENS_BY_ROWS = ${SPLIT_TABLE:-((4, 64), (16, 128), (64, 256))}" bench latency --model $q3 \
       --batch-sizes 1,2,4,8,16,64 --prefill-lens 1024 --save-result $work/qwen3-4b-latency-split-table-$run.json
+  done
+}
+o-layout-ab() {  # the whole step with only the O projection's GEMV [2560, 4096] in another layout
+  # (O_LAYOUTS: NAME|FIELD=VALUE[,FIELD=VALUE] words replaced into its shipped settings), against
+  # the shipped step, twice each, interleaved; pdl-preload-probe says which layouts to try
+  synth_q3
+  local run layout name fields
+  for run in 1 2; do
+    infer bench latency --model $q3 --batch-sizes 1,2 --prefill-lens 1024 \
+      --save-result $work/qwen3-4b-latency-o-shipped-$run.json
+    for layout in ${O_LAYOUTS:-persistent4|persistent=4 rows4|rows_per_program=4}; do
+      IFS='|' read -r name fields <<<"$layout"
+      echo "== O projection: $fields, run $run"
+      infer_patched "import dataclasses
+import kernels.triton.fused_gemv as gemv
+shipped = gemv.gemv_settings
+def settings(n, k, *, gated=False):
+    chosen = shipped(n, k, gated=gated)
+    return dataclasses.replace(chosen, $fields) if (n, k, gated) == (2560, 4096, False) else chosen
+gemv.gemv_settings = settings" bench latency --model $q3 --batch-sizes 1,2 --prefill-lens 1024 \
+        --save-result $work/qwen3-4b-latency-o-$name-$run.json
+    done
   done
 }
 pdl-preload-probe() {  # how much of each Qwen3-4B projection's weight stream a PDL predecessor hides,
@@ -998,7 +1021,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | gemv-layout-ab | attn-split-ab | decode-kernel-ab | invariant-gpu-tests | invariant-tiles-probe | invariant-triton-attn | prefill-host-ab | split-rule-check | gemv-rows-ab | prefill-spread | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | prefill-graphs-gates-qwen35 | prefill-graphs-gates-gemma4 | qwen35-prefill-graphs-latency | attn-layouts | qwen35-9b-forward | mma-rows-ab | attn-chunk-ab | fused-compose-check | default-attn-gates | pdl-preload-probe | attn-split-sizes | attn-split-size-ab)
+  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | gemv-layout-ab | attn-split-ab | decode-kernel-ab | invariant-gpu-tests | invariant-tiles-probe | invariant-triton-attn | prefill-host-ab | split-rule-check | gemv-rows-ab | prefill-spread | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | prefill-graphs-gates-qwen35 | prefill-graphs-gates-gemma4 | qwen35-prefill-graphs-latency | attn-layouts | qwen35-9b-forward | mma-rows-ab | attn-chunk-ab | fused-compose-check | default-attn-gates | pdl-preload-probe | attn-split-sizes | attn-split-size-ab | o-layout-ab)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
