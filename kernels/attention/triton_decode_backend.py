@@ -238,10 +238,8 @@ class TritonDecodeAttention(AttentionBackend):
         q = torch.zeros(1, spec.num_heads, spec.head_dim, dtype=self.dtype, device=self.device)
         table = torch.ones(1, 1, dtype=torch.int32, device=self.device)
         kv_lens = torch.full((1,), 2, dtype=torch.int32, device=self.device)
-        # Every split size a step may take (each is its own compiled kernel), before any capture.
-        splits = {SPLIT_TOKENS} | (
-            {split for _, split in SPLIT_TOKENS_BY_ROWS} if self.kernel_rows else set()
-        )
+        # Every split size a kernel step may take (each is its own compiled kernel), before any capture.
+        splits = {self.split_tokens(rows) for rows in range(1, (self.kernel_rows or 1) + 1)}
         for split in sorted(splits):
             decode_attention(q, pool, table, kv_lens, spec, split_tokens=split)
         if self.device.type == "cuda":

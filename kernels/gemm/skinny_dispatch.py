@@ -124,8 +124,8 @@ class ShapeChoice:
         return None
 
     def mma_settings(self, bucket: int) -> MmaSettings:
-        """The MMA settings recorded for a bucket that chose the MMA."""
-        return dict(self.mma)[bucket]
+        """The MMA settings recorded for a bucket that chose the MMA (``__post_init__`` holds one)."""
+        return next(settings for m, settings in self.mma if m == bucket)
 
     def to_json(self) -> dict[str, object]:
         data: dict[str, object] = {

@@ -12,6 +12,7 @@ import importlib
 import os
 import sys
 
+import pytest
 import torch
 
 if not torch.cuda.is_available():
@@ -24,3 +25,15 @@ if not torch.cuda.is_available():
     ):
         if _name in sys.modules:
             importlib.reload(sys.modules[_name])
+
+
+class _CudaLike:
+    """A CPU run's stand-in for a CUDA device, by its type only: what `pick_attention` checks before
+    it builds a backend. Nothing given it launches a kernel."""
+
+    type = "cuda"
+
+
+@pytest.fixture
+def cuda_like() -> torch.device:
+    return _CudaLike()  # type: ignore[return-value]

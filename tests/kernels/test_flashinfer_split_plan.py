@@ -134,18 +134,18 @@ def test_decode_plans_take_each_rows_first_pages_in_order(plans: list[tuple[str,
 
 @pytest.mark.parametrize("policy", POLICY_NAMES)
 def test_the_model_lines_pick_the_split_from_the_policy(
-    plans: list[tuple[str, dict[str, Any]]], monkeypatch: pytest.MonkeyPatch, policy: str
+    plans: list[tuple[str, dict[str, Any]]],
+    monkeypatch: pytest.MonkeyPatch,
+    policy: str,
+    cuda_like: torch.device,
 ) -> None:
     from models import device_choice
 
     # pick_attention refuses flashinfer off CUDA before building it; the device check is not what is
     # under test here, so the CPU device is passed off as CUDA by its type only.
-    class _CudaLike:
-        type = "cuda"
-
     options = ModelOptions(engine=EngineConfig(numeric_policy=policy), attention_backend="flashinfer")
     monkeypatch.setattr(torch, "zeros", lambda *a, **k: torch.empty(0))
-    backend = device_choice.pick_attention(options, _CudaLike(), torch.bfloat16, 8)  # type: ignore[arg-type]
+    backend = device_choice.pick_attention(options, cuda_like, torch.bfloat16, 8)
     assert getattr(backend, "batch_invariant", None) is is_end_to_end_invariant(policy)
     assert is_end_to_end_invariant(policy) is (policy in ("invariant", "per-token"))
 
@@ -214,25 +214,23 @@ def test_one_group_planned_at_two_head_dims_uses_a_wrapper_per_head_dim(
     assert [kind for kind, _ in plans if "run" not in kind].count("graph-decode") == 3
 
 
-def test_float32_on_cuda_takes_torch_attention_and_refuses_flashinfer_by_name() -> None:
+def test_float32_on_cuda_takes_torch_attention_and_refuses_flashinfer_by_name(
+    cuda_like: torch.device,
+) -> None:
     """FlashInfer has no fp32 kernels (its JIT raised a bare KeyError on the H100, 2026-12-05): an
     fp32 model on CUDA gets the torch backend by default, and asking for FlashInfer names why not."""
     from kernels.attention.torch_backend import TorchAttention
     from models import device_choice
     from models.registry import ModelLoadError
 
-    class _CudaLike:
-        type = "cuda"
-
-    cuda = _CudaLike()
-    backend = device_choice.pick_attention(ModelOptions(), cuda, torch.float32, 8)  # type: ignore[arg-type]
+    backend = device_choice.pick_attention(ModelOptions(), cuda_like, torch.float32, 8)
     assert isinstance(backend, TorchAttention)
     with pytest.raises(
         ModelLoadError, match=r"flashinfer with dtype torch\.float32: .*bfloat16 and float16 only"
     ):
         device_choice.pick_attention(
             ModelOptions(attention_backend="flashinfer"),
-            cuda,  # type: ignore[arg-type]
+            cuda_like,
             torch.float32,
             8,
         )

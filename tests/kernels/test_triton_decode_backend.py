@@ -247,16 +247,9 @@ def test_pick_attention_builds_it_and_refuses_a_cpu_without_the_interpreter(
         pick_attention(ModelOptions(attention_backend="cutlass"), cpu, torch.float32, max_pages_per_seq=4)
 
 
-class _CudaLike:
-    """A CPU run's stand-in for a CUDA device, by its type only (as tests/kernels/
-    test_flashinfer_split_plan.py passes one to pick_attention): nothing here launches a kernel."""
-
-    type = "cuda"
-
-
 @pytest.mark.parametrize("policy", POLICY_NAMES)
 def test_the_cuda_default_is_triton_unless_the_policy_is_end_to_end_invariant(
-    monkeypatch: pytest.MonkeyPatch, policy: str
+    monkeypatch: pytest.MonkeyPatch, policy: str, cuda_like: torch.device
 ) -> None:
     from kernels.attention.flashinfer_backend import FlashInferAttention
     from models.device_choice import pick_attention
@@ -268,28 +261,27 @@ def test_the_cuda_default_is_triton_unless_the_policy_is_end_to_end_invariant(
     monkeypatch.setitem(sys.modules, "flashinfer", fake)
     monkeypatch.setattr(torch, "zeros", lambda *a, **k: torch.empty(0))
     options = ModelOptions(engine=EngineConfig(numeric_policy=policy, max_num_seqs=256))
-    cuda = _CudaLike()
-    backend = pick_attention(options, cuda, torch.bfloat16, 8)  # type: ignore[arg-type]
+    backend = pick_attention(options, cuda_like, torch.bfloat16, 8)
     if is_end_to_end_invariant(policy):
         assert type(backend) is FlashInferAttention and backend.batch_invariant
     else:
         assert isinstance(backend, TritonDecodeAttention)
         assert type(backend.inner) is FlashInferAttention and not backend.inner.batch_invariant
         assert (backend.kernel_rows, backend.max_rows) == (KERNEL_ROWS, 256)
-    assert pick_attention(options, cuda, torch.float16, 8).name == backend.name  # type: ignore[arg-type]
+    assert pick_attention(options, cuda_like, torch.float16, 8).name == backend.name
     assert backend.name == ("flashinfer" if policy in ("invariant", "per-token") else "triton")
     # fp32 on CUDA, and any dtype on the CPU: the torch backend.
-    assert type(pick_attention(options, cuda, torch.float32, 8)) is TorchAttention  # type: ignore[arg-type]
+    assert type(pick_attention(options, cuda_like, torch.float32, 8)) is TorchAttention
     for dtype in (torch.float32, torch.bfloat16):
         assert type(pick_attention(options, torch.device("cpu"), dtype, 8)) is TorchAttention
 
 
 def test_the_cuda_default_without_flashinfer_says_it_is_not_installed(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, cuda_like: torch.device
 ) -> None:
     from models.device_choice import pick_attention
     from models.registry import ModelLoadError
 
     monkeypatch.setitem(sys.modules, "flashinfer", None)  # find_spec: None; import: ImportError
     with pytest.raises(ModelLoadError, match="flashinfer: flashinfer is not installed"):
-        pick_attention(ModelOptions(), _CudaLike(), torch.bfloat16, 8)  # type: ignore[arg-type]
+        pick_attention(ModelOptions(), cuda_like, torch.bfloat16, 8)

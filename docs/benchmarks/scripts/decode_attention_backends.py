@@ -110,17 +110,14 @@ def measure(
         }
         rows.append(row)
     if triton_splits and layout == "NHD" and page_size == PAGE_SIZE:
-        rows += _triton_rows(name, heads, kv_heads, head_dim, window, batch, context, pool, q, indices,
-                             kv_bytes, copy_gbs, triton_splits, reference)  # fmt: skip
+        rows += _triton_rows(
+            geometry, batch, context, pool, q, indices, kv_bytes, copy_gbs, triton_splits, reference
+        )
     return rows
 
 
 def _triton_rows(
-    name: str,
-    heads: int,
-    kv_heads: int,
-    head_dim: int,
-    window: int | None,
+    geometry: tuple[str, int, int, int, int | None],
     batch: int,
     context: int,
     pool: torch.Tensor,
@@ -141,6 +138,7 @@ def _triton_rows(
         decode_attention,
     )
 
+    name, heads, kv_heads, head_dim, window = geometry
     layer = AttentionLayerSpec(heads, kv_heads, head_dim, head_dim**-0.5, window)
     table = indices.view(batch, -1)
     lens = torch.full((batch,), context, dtype=torch.int32, device=q.device)

@@ -9,8 +9,8 @@ it takes alone, although it launched ~10 µs earlier.
 A hold kernel stands in for the predecessor: one 1-warp program per SM that waits for the kernel
 before it (PDL), lets the next one launch at once, and spins `hold` µs on %globaltimer. Each case is
 a CUDA graph of `PAIRS` (hold, GEMV) pairs over rotating weight copies (more bytes than L2 holds, so
-no pair reads weights a previous one left in cache); the same graph of holds alone is timed in the
-same process. `after_us` = (pairs − holds alone) / PAIRS: what the projection adds past the end of
+no pair reads weights a previous one left in cache), timed by `infer_cli.bench.timing.graph_us`; the
+same graph of holds alone is timed in the same process. `after_us` = (pairs − holds alone) / PAIRS: what the projection adds past the end of
 its predecessor. With no preload it stays at the projection's own time whatever the hold; with
 preload it falls as the hold grows, down to the time the slices that did not fit in flight take.
 Needs CUDA, a Triton with PDL (sm_90+) and this repository on PYTHONPATH.
@@ -21,13 +21,14 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
 
-from infer_cli.bench.timing import copy_gb_per_s, cuda_device, versions
+from infer_cli.bench.timing import copy_gb_per_s, cuda_device, graph_us, versions
 from kernels.triton.fused_gemv import MAX_SLICE_ELEMENTS, GemvSettings, fused_gemv, gemv_settings
 from kernels.triton.storage import multiprocessors, pdl_supported
 
@@ -49,26 +50,6 @@ def _hold_kernel(ns):
 
 def _hold(ns: int, programs: int) -> None:
     _hold_kernel[(programs,)](ns, num_warps=1, launch_pdl=True)
-
-
-def _graph_ms(body: object, device: torch.device) -> float:
-    """Median ms of one replay of a CUDA graph of `body()` (warmed eagerly first)."""
-    stream = torch.cuda.Stream(device)
-    with torch.cuda.stream(stream):
-        body()  # type: ignore[operator]
-        torch.cuda.synchronize(device)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            body()  # type: ignore[operator]
-    times = []
-    for _ in range(20):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
 
 
 def layouts(n: int, k: int) -> dict[str, GemvSettings]:
@@ -94,20 +75,16 @@ def after_us(
     settings: GemvSettings,
     hold_ns: int,
     programs: int,
-    device: torch.device,
 ) -> float:
     """µs one GEMV adds past the end of a `hold_ns` predecessor (module doc)."""
-
-    def holds_alone() -> None:
-        for _ in range(PAIRS):
-            _hold(hold_ns, programs)
-
-    def pairs() -> None:
-        for i in range(PAIRS):
-            _hold(hold_ns, programs)
-            fused_gemv(row, weights[i % len(weights)], settings=settings, out=out)
-
-    return (_graph_ms(pairs, device) - _graph_ms(holds_alone, device)) / PAIRS * 1e3
+    hold = partial(_hold, hold_ns, programs)
+    holds_alone = [hold] * PAIRS
+    pairs = [
+        call
+        for i in range(PAIRS)
+        for call in (hold, partial(fused_gemv, row, weights[i % len(weights)], settings=settings, out=out))
+    ]
+    return (graph_us(pairs) - graph_us(holds_alone)) / PAIRS
 
 
 def main() -> None:
@@ -132,7 +109,7 @@ def main() -> None:
         floor_us = n * k * 2 / (copy * 1e9) * 1e6
         for label, settings in layouts(n, k).items():
             for hold_us in holds:
-                added = after_us(x[:, :k], weights, out, settings, hold_us * 1000, programs, device)
+                added = after_us(x[:, :k], weights, out, settings, hold_us * 1000, programs)
                 rows.append(
                     {
                         "shape": name,
