@@ -274,9 +274,26 @@ attn-split-sizes() {  # one layer's decode attention alone: FlashInfer (fa2) bes
     --backends fa2 --batch-sizes 1,2,4,8,16,64 --triton-splits 32,64,128,256,512 --save $work/attn-split-sizes.json
 }
 attn-split-size-ab() {  # the whole step with the Triton kernel up to SPLIT_ROWS rows at the split sizes
-  # SPLIT_TABLE names per batch (set both from attn-split-sizes) against the default, twice each
+  # SPLIT_TABLE names per batch against the default, twice each; unset, both come from this session's
+  # attn-split-sizes (per batch its fastest split; the kernel up to the last batch it beats fa2)
   synth_q3
   local run
+  if [ -z "${SPLIT_TABLE:-}" ] && [ -f $work/attn-split-sizes.json ]; then
+    read -r SPLIT_ROWS SPLIT_TABLE < <(python3 - $work/attn-split-sizes.json <<'PY'
+import json, sys
+rows = [r for r in json.load(open(sys.argv[1]))["rows"] if r["geometry"] == "qwen3-4b" and "ms" in r]
+table, kernel_rows, ahead = [], 1, True
+for batch in sorted({r["batch"] for r in rows}):
+    fa2 = min(r["ms"] for r in rows if r["batch"] == batch and not r["backend"].startswith("triton"))
+    best = min((r for r in rows if r["batch"] == batch and r["backend"].startswith("triton")), key=lambda r: r["ms"])
+    table.append((batch, int(best["backend"].removeprefix("triton-s"))))
+    ahead = ahead and best["ms"] < fa2  # the kernel's batches: those up to its first loss
+    kernel_rows = batch if ahead else kernel_rows
+print(kernel_rows, repr(tuple(table)).replace(" ", ""))
+PY
+)
+    echo "== from attn-split-sizes: SPLIT_ROWS=$SPLIT_ROWS SPLIT_TABLE=$SPLIT_TABLE"
+  fi
   for run in 1 2; do
     infer bench latency --model $q3 --batch-sizes 1,2,4,8,16,64 --prefill-lens 1024 \
       --save-result $work/qwen3-4b-latency-split-default-$run.json
@@ -294,7 +311,7 @@ o-layout-ab() {  # the whole step with only the O projection's GEMV [2560, 4096]
   for run in 1 2; do
     infer bench latency --model $q3 --batch-sizes 1,2 --prefill-lens 1024 \
       --save-result $work/qwen3-4b-latency-o-shipped-$run.json
-    for layout in ${O_LAYOUTS:-persistent4|persistent=4 rows4|rows_per_program=4}; do
+    for layout in ${O_LAYOUTS:-rows1|rows_per_program=1 persistent3|persistent=3}; do
       IFS='|' read -r name fields <<<"$layout"
       echo "== O projection: $fields, run $run"
       infer_patched "import dataclasses
