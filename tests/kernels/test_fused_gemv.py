@@ -33,6 +33,7 @@ alone against the same row inside a batch of ``MAX_ROWS``; two runs.
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 import torch
@@ -328,13 +329,14 @@ def test_a_persistent_program_computes_each_tile_as_its_own_program_does(
 ) -> None:
     # The same slices, rows and reductions, only walked by fewer programs: the same bits.
     fusion = FUSIONS[name]
-    for k, per_sm in itertools.product((96, 112), (1, 3)):
+    # (Under the interpreter l2_ahead launches no prefetch: it must change nothing on the way there.)
+    for k, per_sm, l2_ahead in itertools.product((96, 112), (1, 3), (False, True)):
         t = _tensors(MAX_ROWS, k, dtype)
         kwargs = _plain_kwargs(fusion, t, slice(None))
-        walked = GemvSettings(rows_per_program=2, k_tail=True, persistent=per_sm)
+        walked = GemvSettings(rows_per_program=2, k_tail=True, persistent=per_sm, l2_ahead=l2_ahead)
         assert torch.equal(
             _run(fusion, t, t["x"], walked, **kwargs), _run(fusion, t, t["x"], TAIL, **kwargs)
-        ), f"K={k}, {per_sm} per SM"
+        ), f"K={k}, {per_sm} per SM, L2 ahead {l2_ahead}"
 
 
 @pytest.mark.parametrize("name", list(FUSIONS))
@@ -369,6 +371,20 @@ def test_settings_follow_the_weight_shape_only() -> None:
     assert gemv_settings(40, 64).rows_per_program == 128
     with pytest.raises(FusedGemvError, match="rows_per_program=3"):
         GemvSettings(rows_per_program=3)
+    with pytest.raises(FusedGemvError, match="l2_ahead=True needs persistent programs"):
+        GemvSettings(rows_per_program=2, l2_ahead=True)
+
+
+def test_l2_ahead_asks_for_every_tile_past_a_programs_first_two(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The O projection [2560, 4096] at 2 rows: 1280 tiles over 3 programs per SM of an H100 (132):
+    # 396 programs walk at most 4 tiles each, the first two in registers, the other two in L2.
+    monkeypatch.setattr("kernels.triton.fused_gemv.multiprocessors", lambda device: 132)
+    cpu = torch.device("cpu")
+    walked = GemvSettings(rows_per_program=2, persistent=3, l2_ahead=True)
+    assert walked.grid(2560, cpu) == 396
+    assert walked.tiles_past_two(2560, cpu) == 2
+    assert walked.tiles_past_two(2 * 396, cpu) == 0  # one tile a program
+    assert replace(walked, persistent=1).tiles_past_two(2560, cpu) == 8  # 10 tiles a program
 
 
 def test_refusals_name_the_shape() -> None:

@@ -312,7 +312,7 @@ o-layout-ab() {  # the whole step with only the O projection's GEMV [2560, 4096]
   for run in 1 2; do
     infer bench latency --model $q3 --batch-sizes 1,2 --prefill-lens 1024 \
       --save-result $work/qwen3-4b-latency-o-shipped-$run.json
-    for layout in ${O_LAYOUTS:-rows1|rows_per_program=1 persistent3|persistent=3}; do
+    for layout in ${O_LAYOUTS:-persistent3|persistent=3 persistent3-l2|persistent=3,l2_ahead=True}; do
       IFS='|' read -r name fields <<<"$layout"
       echo "== O projection: $fields, run $run"
       infer_patched "import dataclasses
