@@ -456,16 +456,28 @@ SERVING = {
 }
 
 
+# (k_tail, persistent per SM, l2_ahead): the interpreter's layouts, and persistent with the L2
+# prefetch, which is PTX and so launches on the GPU only.
+GPU_LAYOUTS = {
+    "one-block": (False, 0, False),
+    "tail": (True, 0, False),
+    "persistent": (True, 2, False),
+    "persistent-l2": (True, 2, True),
+}
+
+
 def _layout(layout: str, n_out: int, k: int, gated: bool) -> GemvSettings:
-    """The shape's default rows and warps in one of the three layouts (persistent: 2 per SM)."""
+    """The shape's default rows and warps in one of the GPU layouts (persistent: 2 per SM)."""
     default = gemv_settings(n_out, k, gated=gated)
-    tail, per_sm = {"one-block": (False, 0), "tail": (True, 0), "persistent": (True, 2)}[layout]
-    return GemvSettings(default.rows_per_program, default.num_warps, k_tail=tail, persistent=per_sm)
+    tail, per_sm, l2_ahead = GPU_LAYOUTS[layout]
+    return GemvSettings(
+        default.rows_per_program, default.num_warps, k_tail=tail, persistent=per_sm, l2_ahead=l2_ahead
+    )
 
 
 @needs_cuda
 @pytest.mark.parametrize("name", list(SERVING))
-@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("layout", list(GPU_LAYOUTS))
 def test_gpu_serving_shapes_are_batch_invariant_and_within_the_bound(layout: str, name: str) -> None:
     n, k, fusion = SERVING[name]
     n_out, gated = (n // 2, True) if fusion.activation else (n, False)
@@ -487,7 +499,7 @@ def test_gpu_serving_shapes_are_batch_invariant_and_within_the_bound(layout: str
         )
 
     full = run(slice(None))
-    if layout == "persistent":  # each tile as its own program computes it
+    if layout.startswith("persistent"):  # each tile as its own program computes it
         assert torch.equal(full, run(slice(None), _layout("tail", n_out, k, gated)))
     for m in range(1, MAX_ROWS):
         assert torch.equal(run(slice(0, m)), full[:m]), f"first {m} rows"
@@ -510,7 +522,7 @@ def test_gpu_serving_shapes_are_batch_invariant_and_within_the_bound(layout: str
 
 
 @needs_cuda
-@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("layout", list(GPU_LAYOUTS))
 def test_gpu_graph_replay_of_a_pdl_chain_matches_eager(layout: str) -> None:
     from kernels.triton.storage import pdl_supported
 
