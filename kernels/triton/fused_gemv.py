@@ -126,7 +126,7 @@ class GemvSettings:
     k_tail: bool = False
     # 0: one program per tile of rows. n > 0: n programs per SM (at most one per tile), each walking
     # the tiles P apart (P programs): its first two tiles' slices requested before the PDL wait, and
-    # from then on the slice two tiles ahead requested before this tile's dot.
+    # after each tile's rows the slice two tiles ahead.
     persistent: int = 0
     # Persistent only: before the wait, each program also asks for the rest of its tiles' slices in
     # L2 (``cp.async.bulk.prefetch.L2``, a hint), so after the wait they come from L2, not HBM.
