@@ -72,14 +72,17 @@
 #   qwen35-9b-forward is the 9b's full_forward_matches_hf, never run alone on an H200; the prefill-graphs
 #   manifest on gemma4 is what stands between --prefill-graphs and the default.
 # On an H100 (no needs_h200: none of this needs more than 78 GiB), most information per device
-# second first: PIPELINE="pdl-preload-probe attn-split-sizes o-layout-ab attn-split-size-ab
-# qwen3-latency vllm-qwen3 default-attn-gates" with QWEN35_SELECT=all (~2 + 2 + 4 + 3 + 2 + 3 + 12
-# min; 2026-12-07's second session got no machine in seven starts, ~960 s of its budget): why the O
-# projection's weights do not stream during the attention before it, per layout (o-layout-ab then
-# times the resident layouts in the whole step); the Triton kernel's split size per batch, one
-# layer alone (attn-split-size-ab derives SPLIT_ROWS and SPLIT_TABLE from it unless set, and
-# SPLIT_TOKENS_BY_ROWS and KERNEL_ROWS are set where the whole step gains); the target table at HEAD
-# beside vLLM in the same session (six staging calls first); the qwen3 manifest at the default
+# second first: PIPELINE="o-layout-ab gemv-persistent-tests pdl-preload-probe attn-split-sizes
+# attn-split-size-ab qwen3-latency vllm-qwen3 default-attn-gates" with QWEN35_SELECT=all (~4 + 1 + 2
+# + 2 + 3 + 2 + 3 + 12 min; 2026-12-07's second session got no machine in eleven starts, 1,426 s of
+# its budget): the O projection alone in the persistent layout with two slices before the PDL wait,
+# with and without its later tiles asked for in L2 (8c85e24; docs/kernels.md, "Persistent
+# programs"), in the whole step at batches 1-2, and their GPU tests (set the O shape's layout in
+# gemv_settings where the step gains); what each projection's GEMV adds past a PDL predecessor, per
+# layout; the Triton kernel's split size per batch, one layer alone (attn-split-size-ab derives
+# SPLIT_ROWS and SPLIT_TABLE from it unless set; set SPLIT_TOKENS_BY_ROWS and KERNEL_ROWS where the
+# whole step gains); the target table at HEAD beside vLLM in the same session (six staging calls
+# first); the qwen3 manifest at the default
 # (112a45b's ran with the merge inside the split kernel, since reverted) and the qwen35 manifest's
 # and gemma4's gates that fit. (attn-rows-ab, qwen3-gates-decode-path and gemma4-decode-variants
 # ran at 5847dc3, the merge A/B at 112a45b: docs/benchmarks/qwen3.md.)
