@@ -158,7 +158,7 @@ class GemvSettings:
     @property
     def label(self) -> str:
         tail = "·tail" if self.k_tail else ""
-        persistent = f"·p{self.persistent}{'·l2' if self.l2_ahead else ''}" if self.persistent else ""
+        persistent = (f"·p{self.persistent}" if self.persistent else "") + ("·l2" if self.l2_ahead else "")
         pdl = "pdl" if self.pdl else "nopdl"
         return f"r{self.rows_per_program}·w{self.num_warps}{tail}{persistent}·{pdl}"
 
@@ -684,8 +684,7 @@ def main() -> int:
                 problems.append("no griddepcontrol instructions")
             if not any("ld.global" in line and ".v4." in line for line in ptx.splitlines()):
                 problems.append("no 128-bit global loads")
-            wait = ptx.find("griddepcontrol.wait")
-            if l2_ahead and not 0 <= ptx.find(L2_PREFETCH) < wait:
+            if l2_ahead and not 0 <= ptx.find(L2_PREFETCH) < ptx.find("griddepcontrol.wait"):
                 problems.append("no L2 prefetch ahead of the PDL wait")
             if problems:
                 layout = f" (K head + tail: {k_tail}, persistent: {persistent}, L2 ahead: {l2_ahead})"
