@@ -10,8 +10,11 @@ three fused ops, each defined in ``kernels.reference``:
 * ``norm_linear_gated(h, spec, norm_weight, weight, kind)``: the gate/up projection and the gated
   activation, optionally with the norm before it (``spec=None``: no norm).
 
-``ComposedProjections`` runs each as the ops a forward runs today (the policy's linear,
-``layer_ops.rms_norm``, torch's rounded add, ``layer_ops.gated_activation``): the same bits.
+``ComposedProjections`` runs each as separate ops (the policy's linear, ``layer_ops.rms_norm``,
+torch's rounded add, ``layer_ops.gated_activation``), with one exception: where the policy's linear
+is the ``tuned`` dispatch and its table sends the gate/up weight at this M to the decode GEMV, the
+GEMV's gated epilogue stores ``act(gate) · up`` itself (``SkinnyDispatch.linear_gated``; one launch
+a layer fewer at batch 1-2 on an H100, docs/benchmarks/qwen3.md).
 ``FusedDecodeProjections`` runs each of them, and the plain projection ``projections(x, weight)``
 (the LM head included: the fused kernels' weight offsets are 64-bit), as one fused launch when
 ``fuses(rows, device)`` (steps of at most ``fused_mma.MAX_ROWS`` rows, on CUDA or under the Triton
@@ -34,6 +37,7 @@ import torch
 from kernels import layer_ops, reference
 from kernels.gemm.dispatch import Linear
 from kernels.gemm.names import NumericPolicy, parse_policy
+from kernels.gemm.skinny_dispatch import SkinnyDispatch
 from kernels.reference import GatedActivation, NormSpec, NormWeight
 from kernels.triton.storage import interpreted
 
@@ -77,6 +81,10 @@ class ComposedProjections:
         kind: GatedActivation,
     ) -> torch.Tensor:
         x = h if spec is None else layer_ops.rms_norm(h, spec, norm_weight)
+        if isinstance(self.linear, SkinnyDispatch):
+            fused = self.linear.linear_gated(x, weight, kind)
+            if fused is not None:
+                return fused
         return layer_ops.gated_activation(self.linear(x, weight), kind)
 
 

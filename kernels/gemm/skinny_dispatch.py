@@ -40,6 +40,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from kernels.reference import GatedActivation
 from kernels.triton.fused_gemv import MAX_ROWS as GEMV_MAX_ROWS
 from kernels.triton.fused_gemv import FusedGemvError, Fusion, fused_gemv
 from kernels.triton.fused_mma import MAX_ROWS as MMA_MAX_ROWS
@@ -249,14 +250,17 @@ class SkinnyDispatch:
         self.table = table
         self._logged: set[tuple[int, int, str, str]] = set()
 
-    def _fall_back(
-        self, x: torch.Tensor, weight: torch.Tensor, kind: str, why: str, level: int = logging.WARNING
-    ) -> torch.Tensor:
+    def _log_once(self, weight: torch.Tensor, kind: str, what: str, why: str, level: int) -> None:
         n, k = int(weight.shape[0]), int(weight.shape[-1])
         key = (n, k, dtype_name(weight.dtype), kind)
         if key not in self._logged:
             self._logged.add(key)
-            log.log(level, "skinny GEMM: weight [%d, %d] %s runs F.linear: %s", n, k, key[2], why)
+            log.log(level, "skinny GEMM: weight [%d, %d] %s %s: %s", n, k, key[2], what, why)
+
+    def _fall_back(
+        self, x: torch.Tensor, weight: torch.Tensor, kind: str, why: str, level: int = logging.WARNING
+    ) -> torch.Tensor:
+        self._log_once(weight, kind, "runs F.linear", why, level)
         return F.linear(x, weight)
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -287,3 +291,23 @@ class SkinnyDispatch:
         except (SkinnyShapeError, FusedGemvError, FusedMmaError) as exc:
             return self._fall_back(x, weight, "refused", str(exc))
         return y.reshape(*x.shape[:-1], n)
+
+    def linear_gated(
+        self, x: torch.Tensor, weight: torch.Tensor, kind: GatedActivation
+    ) -> torch.Tensor | None:
+        """``reference.linear_gated(x, weight, kind)`` as one launch of the decode GEMV with its gated
+        epilogue where the table sends this fused ``[2I, K]`` gate/up weight at x's M to the GEMV;
+        None elsewhere (the caller composes the linear and the activation). The GEMV stores the
+        rounded ``act(gate) · up`` itself, so the step skips the activation launch and its link in
+        the PDL chain (docs/kernels.md, "The fused decode GEMV")."""
+        if weight.dim() != 2 or x.dim() != 2:
+            return None
+        choice = self.table.lookup(int(weight.shape[0]), int(weight.shape[1]), weight.dtype)
+        picked = None if choice is None else choice.backend(x.shape[0])
+        if picked is None or picked[1] is not Backend.GEMV:
+            return None
+        try:
+            return fused_gemv(x, weight, Fusion(activation=kind))
+        except FusedGemvError as exc:
+            self._log_once(weight, "gated", "composes its activation", str(exc), logging.WARNING)
+            return None

@@ -166,7 +166,7 @@ class Qwen3Model:
             attn = self._attend(index, layer, self.linear(x, layer.qkv), batch)
             attn_out = self.group.all_reduce(self.linear(attn, layer.o))
             hidden, x = layer_ops.add_rms_norm(hidden, attn_out, self.norm, layer.post_attention_norm)
-            activated = layer_ops.gated_activation(self.linear(x, layer.gate_up), GatedActivation.SILU)
+            activated = self.projections.norm_linear_gated(x, None, None, layer.gate_up, GatedActivation.SILU)
             mlp_out = self.group.all_reduce(self.linear(activated, layer.down))
             # The MLP's add and the norm after it (the next layer's input norm, or the final norm)
             # read the same sum: one step. Norms are per row, so normalising every token and then

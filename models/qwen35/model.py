@@ -271,7 +271,7 @@ class Qwen35Model:
             mixed = self.linear(self._mix(layer.mixer, self.linear(x, into), batch, rows, fused_gdn), out)
             mixed = self.group.all_reduce(mixed)
             hidden, x = layer_ops.add_rms_norm(hidden, mixed, self.norm, layer.post_attention_norm)
-            activated = layer_ops.gated_activation(self.linear(x, layer.gate_up), GatedActivation.SILU)
+            activated = self.projections.norm_linear_gated(x, None, None, layer.gate_up, GatedActivation.SILU)
             mlp_out = self.group.all_reduce(self.linear(activated, layer.down))
             # Norms are per row: the final norm over every token, then the sampled ones, is the
             # same as picking first.

@@ -33,8 +33,9 @@ from linear_bounds import (
     measure_reordering,
 )
 
-from kernels import reference
+from kernels import layer_ops, reference
 from kernels.gemm import skinny_dispatch
+from kernels.gemm.projections import ComposedProjections
 from kernels.gemm.skinny_candidates import candidate_settings
 from kernels.gemm.skinny_dispatch import Backend, ChoiceTable, DispatchTableError, ShapeChoice, SkinnyDispatch
 from kernels.reference import SpecError
@@ -321,6 +322,35 @@ def test_dispatch_routes_a_gemv_bucket_to_the_decode_gemv(monkeypatch: pytest.Mo
     assert calls == [2, 1]
     assert torch.equal(linear(x[:3], w), skinny_gemm(x[:3], w, SETTINGS["whole-s4"]))  # bucket 8
     assert calls == [2, 1]
+
+
+def test_the_gated_activation_rides_the_gemv_where_the_table_sends_the_gate_up_to_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Where the bucket is the GEMV, ``linear_gated`` is the GEMV with its gated epilogue (one launch)
+    and the composed projections take it; elsewhere it declines and they compose; a weight the
+    epilogue refuses (odd N: no gate and up halves) declines by name, once."""
+    linear = SkinnyDispatch(_table(SETTINGS["whole-s4"], ((2, Backend.GEMV), (8, Backend.OURS))))
+    projections = ComposedProjections(linear)
+    silu = reference.GatedActivation.SILU
+    x, w = _operands(8, torch.bfloat16)
+    for rows in (1, 2):
+        fused = fused_gemv(x[:rows], w, Fusion(activation=silu))
+        assert torch.equal(linear.linear_gated(x[:rows], w, silu), fused)
+        assert torch.equal(projections.norm_linear_gated(x[:rows], None, None, w, silu), fused)
+    assert linear.linear_gated(x[:3], w, silu) is None  # bucket 8: the skinny GEMM
+    composed = layer_ops.gated_activation(skinny_gemm(x[:3], w, SETTINGS["whole-s4"]), silu)
+    assert torch.equal(projections.norm_linear_gated(x[:3], None, None, w, silu), composed)
+    assert linear.linear_gated(x[:1, : K - 16], w[:, : K - 16], silu) is None  # no entry for [40, 192]
+
+    odd = SkinnyDispatch(
+        ChoiceTable(shapes=(ShapeChoice(N - 1, K, "bfloat16", SETTINGS["whole-s4"], ((2, Backend.GEMV),)),))
+    )
+    with caplog.at_level(logging.WARNING, logger="infer.gemm"):
+        assert odd.linear_gated(x[:1], w[: N - 1], silu) is None
+        assert odd.linear_gated(x[:2], w[: N - 1], silu) is None
+    refusals = [r.getMessage() for r in caplog.records]
+    assert len(refusals) == 1 and "[39, 208]" in refusals[0] and "odd" in refusals[0], refusals
 
 
 def test_a_gemv_bucket_past_the_gemv_s_rows_is_refused_by_name() -> None:
