@@ -9,10 +9,8 @@ at 83 % of the floor over Qwen3-4B's 144 projections (cuBLAS: 72 %):
 * One program per ``rows_per_program`` output rows of the weight (``GemvSettings``), no split-K.
   Its whole weight slice ``[rows, next_pow2(K)]`` (masked past K) is ONE ``tl.load`` at the top:
   ~8192 elements, 16 KB of bf16, 64 values per thread at 4 warps, held in registers while the
-  program walks its activation rows. Two opt-in layouts (``GemvSettings``, docs/kernels.md): K as a
-  power-of-two head and tail instead of one masked block (``k_tail``), and persistent programs that
-  walk tiles with the next slice in flight (``persistent``, the same bits as one program per tile;
-  two slices requested before the PDL wait, the rest optionally asked for in L2: ``l2_ahead``).
+  program walks its activation rows. K can instead be loaded as a power-of-two head and tail
+  (``GemvSettings.k_tail``; ``gemv_settings`` takes it where that loads fewer lanes than one block).
 * PDL (``launch_pdl=True``): ``gdc_launch_dependents()`` first, then the weight loads (and the norm
   weight: weights are read-only for the whole chain), then ``gdc_wait()``, and only then the
   activation, hidden and residual loads and the stores (the previous kernel writes the first and
@@ -78,7 +76,6 @@ from kernels.triton.storage import (
     POINTER_TYPES,
     STORAGE_TYPES,
     interpreted,
-    multiprocessors,
     next_power_of_2,
     pdl_supported,
 )
@@ -124,23 +121,12 @@ class GemvSettings:
     # K loaded as a power-of-two head and a power-of-two tail (``k_blocks``) instead of one masked
     # power-of-two block: at K = 9728 the one block holds 16384 lanes, 41 % of them masked.
     k_tail: bool = False
-    # 0: one program per tile of rows. n > 0: n programs per SM (at most one per tile), each walking
-    # the tiles P apart (P programs): its first two tiles' slices requested before the PDL wait, and
-    # after each tile's rows the slice two tiles ahead.
-    persistent: int = 0
-    # Persistent only: before the wait, each program also asks for the rest of its tiles' slices in
-    # L2 (``cp.async.bulk.prefetch.L2``, a hint), so after the wait they come from L2, not HBM.
-    l2_ahead: bool = False
 
     def __post_init__(self) -> None:
         if not _is_pow2(self.rows_per_program):
             raise FusedGemvError(f"rows_per_program={self.rows_per_program}: must be a power of two")
         if self.num_warps not in (1, 2, 4, 8, 16):
             raise FusedGemvError(f"num_warps={self.num_warps}: must be 1, 2, 4, 8 or 16")
-        if self.persistent < 0:
-            raise FusedGemvError(f"persistent={self.persistent}: programs per SM must be 0 (off) or more")
-        if self.l2_ahead and not self.persistent:
-            raise FusedGemvError("l2_ahead=True needs persistent programs (persistent > 0)")
 
     def k_blocks(self, k: int) -> tuple[int, int]:
         """The head and tail widths a row of K is loaded in (tail 0: one block).
@@ -158,19 +144,12 @@ class GemvSettings:
     @property
     def label(self) -> str:
         tail = "·tail" if self.k_tail else ""
-        persistent = (f"·p{self.persistent}" if self.persistent else "") + ("·l2" if self.l2_ahead else "")
         pdl = "pdl" if self.pdl else "nopdl"
-        return f"r{self.rows_per_program}·w{self.num_warps}{tail}{persistent}·{pdl}"
+        return f"r{self.rows_per_program}·w{self.num_warps}{tail}·{pdl}"
 
-    def grid(self, n_out: int, device: torch.device) -> int:
-        """Programs for ``n_out`` output rows: one per tile, or ``persistent`` per SM (never more
-        than the tiles). A function of the shape and the device only, never of M."""
-        tiles = ceil_div(n_out, self.rows_per_program)
-        return tiles if not self.persistent else min(tiles, self.persistent * multiprocessors(device))
-
-    def tiles_past_two(self, n_out: int, device: torch.device) -> int:
-        """The most tiles a program walks after its first two (what ``l2_ahead`` prefetches)."""
-        return max(0, ceil_div(ceil_div(n_out, self.rows_per_program), self.grid(n_out, device)) - 2)
+    def grid(self, n_out: int) -> int:
+        """Programs for ``n_out`` output rows: one per tile. A function of the shape only, never of M."""
+        return ceil_div(n_out, self.rows_per_program)
 
 
 @functools.cache  # called at every eager launch; a function of the shape alone
@@ -195,7 +174,7 @@ def _weight_slice(
     w_ptr, tile, N_OUT, K, ROWS: tl.constexpr, HEAD_K: tl.constexpr, TAIL_K: tl.constexpr, GATED: tl.constexpr
 ):
     """Tile ``tile``'s weight rows, K's head and tail, and the up half's same rows when gated, all
-    requested at once (a tile past the last loads nothing). Returns (w, up, w_tail, up_tail); what
+    requested at once (rows past N_OUT load nothing). Returns (w, up, w_tail, up_tail); what
     the constexprs leave out is a stand-in never read."""
     cols = tile * ROWS + tl.arange(0, ROWS)
     col_ok = cols[:, None] < N_OUT
@@ -214,36 +193,6 @@ def _weight_slice(
         if GATED:
             up_tail = tl.load(w_ptr + up_at + ks_tail, mask=col_ok & (ks_tail < K), other=0.0)
     return w, up, w_tail, up_tail
-
-
-@triton.jit
-def _bulk_prefetch_l2(at, nbytes):
-    """One ``cp.async.bulk.prefetch.L2`` of ``nbytes`` (> 0, a multiple of 16) at ``at`` (16-byte
-    aligned), issued by the program's thread 0 ([1]-shaped operands: every thread holds them)."""
-    tl.inline_asm_elementwise(
-        "{ .reg .pred live; .reg .u32 t; mov.u32 t, %tid.x; setp.eq.u32 live, t, 0; "
-        "@live setp.gt.s32 live, $2, 0; @live cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-        "=r,l,r",
-        [at, nbytes],
-        dtype=tl.int32,
-        is_pure=False,  # its only effect is on the memory system: kept though nothing reads it
-        pack=1,
-    )
-
-
-@triton.jit
-def _prefetch_slice_l2(w_ptr, tile, N_OUT, K, ROWS: tl.constexpr, GATED: tl.constexpr):
-    """Ask for tile ``tile``'s weight rows in L2 (and the up half's, gated): one bulk prefetch per
-    contiguous [rows, K] block. A hint that writes nothing; a tile past the last asks for nothing.
-    Every row starts 16-byte aligned (``K_ALIGN``), so every block does."""
-    element_bytes: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
-    one = tl.zeros([1], tl.int64)
-    rows = tl.minimum(N_OUT - tile * ROWS, ROWS)
-    nbytes = (one + rows * K * element_bytes).to(tl.int32)
-    first = (one + tile * ROWS) * K
-    _bulk_prefetch_l2(w_ptr + first, nbytes)
-    if GATED:
-        _bulk_prefetch_l2(w_ptr + first + N_OUT.to(tl.int64) * K, nbytes)
 
 
 @triton.jit
@@ -342,24 +291,14 @@ def _fused_gemv_kernel(
     GATED: tl.constexpr,
     KIND: tl.constexpr,
     STORAGE: tl.constexpr,
-    PERSISTENT: tl.constexpr,
-    L2_AHEAD: tl.constexpr,
     PDL: tl.constexpr,
     LIBDEVICE: tl.constexpr,
 ):
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()  # the next kernel may start its own weight loads
     tile = tl.program_id(0)
-    # The program's (first) weight slice, requested before anything waits; persistent programs
-    # request their second too, and ask for the L2_AHEAD after it in L2.
+    # The program's weight slice, requested before anything waits.
     w, up, w_tail, up_tail = _weight_slice(w_ptr, tile, N_OUT, K, ROWS, HEAD_K, TAIL_K, GATED)
-    if PERSISTENT:
-        step = tl.num_programs(0)
-        next_w, next_up, next_w_tail, next_up_tail = _weight_slice(
-            w_ptr, tile + step, N_OUT, K, ROWS, HEAD_K, TAIL_K, GATED
-        )
-        for ahead in tl.static_range(2, L2_AHEAD + 2):
-            _prefetch_slice_l2(w_ptr, tile + ahead * step, N_OUT, K, ROWS, GATED)
     ks = tl.arange(0, HEAD_K)[None, :]
     norm_w = ks.to(tl.float32)  # stand-ins, unread without a norm weight
     norm_w_tail = norm_w
@@ -370,28 +309,12 @@ def _fused_gemv_kernel(
             norm_w_tail = tl.load(norm_w_ptr + ks_tail, mask=ks_tail < K, other=0.0).to(tl.float32)
     if PDL:
         tl.extra.cuda.gdc_wait()  # x, residual and out belong to the previous kernel until now
-    if PERSISTENT:
-        # Tiles tile, tile + P, tile + 2P, ... (P programs): this tile's slice and the next one's
-        # are in registers; the one after is requested once this tile's rows are done, so two
-        # slices are live at any point and one is always in flight.
-        for t in range(tile, tl.cdiv(N_OUT, ROWS), step):
-            _tile_rows(
-                x_ptr, res_ptr, out_ptr, t, w, up, w_tail, up_tail, norm_w, norm_w_tail,
-                M, N_OUT, K, stride_xm, stride_rm, stride_om, eps,
-                ROWS, HEAD_K, TAIL_K, NORM, WEIGHT_MODE, ROUND_BEFORE_WEIGHT,
-                RESIDUAL, GATED, KIND, STORAGE, LIBDEVICE,
-            )  # fmt: skip
-            w, up, w_tail, up_tail = next_w, next_up, next_w_tail, next_up_tail
-            next_w, next_up, next_w_tail, next_up_tail = _weight_slice(
-                w_ptr, t + 2 * step, N_OUT, K, ROWS, HEAD_K, TAIL_K, GATED
-            )
-    else:
-        _tile_rows(
-            x_ptr, res_ptr, out_ptr, tile, w, up, w_tail, up_tail, norm_w, norm_w_tail,
-            M, N_OUT, K, stride_xm, stride_rm, stride_om, eps,
-            ROWS, HEAD_K, TAIL_K, NORM, WEIGHT_MODE, ROUND_BEFORE_WEIGHT,
-            RESIDUAL, GATED, KIND, STORAGE, LIBDEVICE,
-        )  # fmt: skip
+    _tile_rows(
+        x_ptr, res_ptr, out_ptr, tile, w, up, w_tail, up_tail, norm_w, norm_w_tail,
+        M, N_OUT, K, stride_xm, stride_rm, stride_om, eps,
+        ROWS, HEAD_K, TAIL_K, NORM, WEIGHT_MODE, ROUND_BEFORE_WEIGHT,
+        RESIDUAL, GATED, KIND, STORAGE, LIBDEVICE,
+    )  # fmt: skip
 
 
 # -------------------------------------------------------------------------------------- launcher
@@ -560,7 +483,7 @@ def fused_gemv(
         launch["launch_pdl"] = True
     spec = fusion.norm
     head_k, tail_k = chosen.k_blocks(k)
-    _fused_gemv_launch[(chosen.grid(n_out, x.device),)](
+    _fused_gemv_launch[(chosen.grid(n_out),)](
         x,
         x if norm_weight is None else norm_weight,  # unread without a norm weight
         weight,
@@ -583,9 +506,6 @@ def fused_gemv(
         GATED=gated,
         KIND=_KINDS[fusion.activation or GatedActivation.SILU],
         STORAGE=STORAGE_TYPES[x.dtype],
-        PERSISTENT=chosen.persistent > 0,
-        # The prefetch is PTX: on the GPU with PDL only (a hint, it changes no result).
-        L2_AHEAD=chosen.tiles_past_two(n_out, x.device) if chosen.l2_ahead and pdl else 0,
         PDL=pdl,
         LIBDEVICE=not interpreted(),
         **launch,
@@ -616,10 +536,8 @@ COMPILE_VARIANTS: tuple[tuple[Fusion, int, int], ...] = (
 )
 
 
-# (k_tail, persistent, l2_ahead) builds the compile check makes of every variant.
-LAYOUTS = ((False, False, False), (True, False, False), (True, True, False), (True, True, True))
-# What the compile check looks for ahead of the PDL wait in an l2_ahead build.
-L2_PREFETCH = "cp.async.bulk.prefetch.L2.global"
+# The k_tail builds the compile check makes of every variant: K in one block, and in a head and tail.
+LAYOUTS = (False, True)
 
 
 def compile_variant(
@@ -630,15 +548,12 @@ def compile_variant(
     *,
     arch: int = 90,
     k_tail: bool = False,
-    persistent: bool = False,
-    l2_ahead: bool = False,
 ) -> object:
     """The compiled kernel (cubin and PTX) for one variant, PDL on, on ``sm_{arch}``, without a GPU:
-    the shape's default settings, K in a head and a tail when ``k_tail``, persistent programs when
-    ``persistent``, one later tile asked for in L2 when ``l2_ahead``."""
+    the shape's default settings, K in a head and a tail when ``k_tail``."""
     gated = fusion.activation is not None
     default = gemv_settings(n // 2 if gated else n, k, gated=gated)
-    settings = replace(default, k_tail=k_tail, persistent=int(persistent), l2_ahead=l2_ahead)
+    settings = replace(default, k_tail=k_tail)
     head_k, tail_k = settings.k_blocks(k)
     spec = fusion.norm
     constexprs = {
@@ -652,8 +567,6 @@ def compile_variant(
         "GATED": gated,
         "KIND": _KINDS[fusion.activation or GatedActivation.SILU].value,
         "STORAGE": STORAGE_TYPES[dtype],
-        "PERSISTENT": settings.persistent > 0,
-        "L2_AHEAD": int(settings.l2_ahead),
         "PDL": True,
         "LIBDEVICE": True,
     }
@@ -673,10 +586,8 @@ def compile_variant(
 def main() -> int:
     failures = []
     for fusion, n, k in COMPILE_VARIANTS:
-        for dtype, (k_tail, persistent, l2_ahead) in itertools.product(POINTER_TYPES, LAYOUTS):
-            kernel = compile_variant(
-                fusion, n, k, dtype, k_tail=k_tail, persistent=persistent, l2_ahead=l2_ahead
-            )
+        for dtype, k_tail in itertools.product(POINTER_TYPES, LAYOUTS):
+            kernel = compile_variant(fusion, n, k, dtype, k_tail=k_tail)
             asm = getattr(kernel, "asm", {})
             ptx = str(asm.get("ptx", ""))
             problems = [] if asm.get("cubin") else ["no cubin"]
@@ -684,10 +595,8 @@ def main() -> int:
                 problems.append("no griddepcontrol instructions")
             if not any("ld.global" in line and ".v4." in line for line in ptx.splitlines()):
                 problems.append("no 128-bit global loads")
-            if l2_ahead and not 0 <= ptx.find(L2_PREFETCH) < ptx.find("griddepcontrol.wait"):
-                problems.append("no L2 prefetch ahead of the PDL wait")
             if problems:
-                layout = f" (K head + tail: {k_tail}, persistent: {persistent}, L2 ahead: {l2_ahead})"
+                layout = f" (K head + tail: {k_tail})"
                 failures.append(f"{fusion.name} [{n}, {k}]{layout} {dtype}: {', '.join(problems)}")
         print(f"compiled {fusion.name} [{n}, {k}]")
     for failure in failures:

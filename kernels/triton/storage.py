@@ -61,7 +61,7 @@ def pdl_supported(device: torch.device) -> bool:
     return _capability_has_pdl(index) and _triton_has_pdl()
 
 
-# What the interpreter counts as the device's SMs: few, so a persistent program walks several tiles.
+# What the interpreter counts as the device's SMs (off CUDA there are none to ask).
 INTERPRETED_MULTIPROCESSORS = 2
 
 

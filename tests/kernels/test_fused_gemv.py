@@ -33,7 +33,6 @@ alone against the same row inside a batch of ``MAX_ROWS``; two runs.
 from __future__ import annotations
 
 import itertools
-from dataclasses import replace
 
 import pytest
 import torch
@@ -65,16 +64,13 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # 96 = 64 + 32 and 160 = 128 + 32 (64 stays one block).
 ONE_BLOCK = GemvSettings(rows_per_program=2)
 TAIL = GemvSettings(rows_per_program=2, k_tail=True)
-# One program per interpreted "SM" (2), each walking 10 of the 20 two-row tiles of N = 40.
-PERSISTENT = GemvSettings(rows_per_program=2, k_tail=True, persistent=1)
 SETTINGS = {
     "default": None,
     "r16": GemvSettings(rows_per_program=16),
     "r1": GemvSettings(rows_per_program=1),
     "tail": TAIL,
-    "persistent": PERSISTENT,
 }
-LAYOUTS = {"one-block": ONE_BLOCK, "tail": TAIL, "persistent": PERSISTENT}
+LAYOUTS = {"one-block": ONE_BLOCK, "tail": TAIL}
 QWEN3_NORM = NormSpec(NormWeight.W, eps=1e-6, round_before_weight=True)
 NORMS = (QWEN3_NORM, NormSpec(NormWeight.ONE_PLUS_W), NormSpec(NormWeight.NONE))
 
@@ -322,23 +318,6 @@ def test_a_row_alone_matches_the_row_in_a_batch_of_max_rows(
     assert torch.equal(head, batch[:2])
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=_ids(DTYPES))
-@pytest.mark.parametrize("name", list(FUSIONS))
-def test_a_persistent_program_computes_each_tile_as_its_own_program_does(
-    name: str, dtype: torch.dtype
-) -> None:
-    # The same slices, rows and reductions, only walked by fewer programs: the same bits.
-    fusion = FUSIONS[name]
-    # (Under the interpreter l2_ahead launches no prefetch: it must change nothing on the way there.)
-    for k, per_sm, l2_ahead in itertools.product((96, 112), (1, 3), (False, True)):
-        t = _tensors(MAX_ROWS, k, dtype)
-        kwargs = _plain_kwargs(fusion, t, slice(None))
-        walked = GemvSettings(rows_per_program=2, k_tail=True, persistent=per_sm, l2_ahead=l2_ahead)
-        assert torch.equal(
-            _run(fusion, t, t["x"], walked, **kwargs), _run(fusion, t, t["x"], TAIL, **kwargs)
-        ), f"K={k}, {per_sm} per SM, L2 ahead {l2_ahead}"
-
-
 @pytest.mark.parametrize("name", list(FUSIONS))
 def test_two_runs_are_identical(name: str) -> None:
     fusion = FUSIONS[name]
@@ -371,20 +350,6 @@ def test_settings_follow_the_weight_shape_only() -> None:
     assert gemv_settings(40, 64).rows_per_program == 128
     with pytest.raises(FusedGemvError, match="rows_per_program=3"):
         GemvSettings(rows_per_program=3)
-    with pytest.raises(FusedGemvError, match="l2_ahead=True needs persistent programs"):
-        GemvSettings(rows_per_program=2, l2_ahead=True)
-
-
-def test_l2_ahead_asks_for_every_tile_past_a_programs_first_two(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The O projection [2560, 4096] at 2 rows: 1280 tiles over 3 programs per SM of an H100 (132):
-    # 396 programs walk at most 4 tiles each, the first two in registers, the other two in L2.
-    monkeypatch.setattr("kernels.triton.fused_gemv.multiprocessors", lambda device: 132)
-    cpu = torch.device("cpu")
-    walked = GemvSettings(rows_per_program=2, persistent=3, l2_ahead=True)
-    assert walked.grid(2560, cpu) == 396
-    assert walked.tiles_past_two(2560, cpu) == 2
-    assert walked.tiles_past_two(2 * 396, cpu) == 0  # one tile a program
-    assert replace(walked, persistent=1).tiles_past_two(2560, cpu) == 8  # 10 tiles a program
 
 
 def test_refusals_name_the_shape() -> None:
@@ -456,28 +421,15 @@ SERVING = {
 }
 
 
-# (k_tail, persistent per SM, l2_ahead): the interpreter's layouts, and persistent with the L2
-# prefetch, which is PTX and so launches on the GPU only.
-GPU_LAYOUTS = {
-    "one-block": (False, 0, False),
-    "tail": (True, 0, False),
-    "persistent": (True, 2, False),
-    "persistent-l2": (True, 2, True),
-}
-
-
 def _layout(layout: str, n_out: int, k: int, gated: bool) -> GemvSettings:
-    """The shape's default rows and warps in one of the GPU layouts (persistent: 2 per SM)."""
+    """The shape's default rows and warps in one of the layouts (K in one block, or head + tail)."""
     default = gemv_settings(n_out, k, gated=gated)
-    tail, per_sm, l2_ahead = GPU_LAYOUTS[layout]
-    return GemvSettings(
-        default.rows_per_program, default.num_warps, k_tail=tail, persistent=per_sm, l2_ahead=l2_ahead
-    )
+    return GemvSettings(default.rows_per_program, default.num_warps, k_tail=LAYOUTS[layout].k_tail)
 
 
 @needs_cuda
 @pytest.mark.parametrize("name", list(SERVING))
-@pytest.mark.parametrize("layout", list(GPU_LAYOUTS))
+@pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_gpu_serving_shapes_are_batch_invariant_and_within_the_bound(layout: str, name: str) -> None:
     n, k, fusion = SERVING[name]
     n_out, gated = (n // 2, True) if fusion.activation else (n, False)
@@ -488,19 +440,17 @@ def test_gpu_serving_shapes_are_batch_invariant_and_within_the_bound(layout: str
     nw = (1 + 0.3 * torch.randn(k, device="cuda", generator=g)).to(torch.bfloat16)
     residual = torch.randn(MAX_ROWS, n_out, device="cuda", generator=g).to(torch.bfloat16)
 
-    def run(rows: slice, chosen: GemvSettings = settings) -> torch.Tensor:
+    def run(rows: slice) -> torch.Tensor:
         return fused_gemv(
             x[rows],
             w,
             fusion,
-            chosen,
+            settings,
             norm_weight=nw if fusion.norm else None,
             residual=residual[rows] if fusion.residual else None,
         )
 
     full = run(slice(None))
-    if layout.startswith("persistent"):  # each tile as its own program computes it
-        assert torch.equal(full, run(slice(None), _layout("tail", n_out, k, gated)))
     for m in range(1, MAX_ROWS):
         assert torch.equal(run(slice(0, m)), full[:m]), f"first {m} rows"
     assert torch.equal(run(slice(2, 3))[0], full[2])
@@ -522,7 +472,7 @@ def test_gpu_serving_shapes_are_batch_invariant_and_within_the_bound(layout: str
 
 
 @needs_cuda
-@pytest.mark.parametrize("layout", list(GPU_LAYOUTS))
+@pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_gpu_graph_replay_of_a_pdl_chain_matches_eager(layout: str) -> None:
     from kernels.triton.storage import pdl_supported
 

@@ -1,12 +1,12 @@
 """The decode GEMV's launch settings swept per Qwen3-4B projection at one row, plain and fused (GPU).
 
-Each (projection, fusion, rows per program, warps, K in one block or a head and tail, persistent
-programs per SM) is timed as `infer bench gemm` times a shape: a
-CUDA graph over enough distinct weight copies that nothing is served from L2, median replay over
-the copies; cuBLAS (`F.linear`) beside it in the same run. The fusions are the ones
-`--decode-fusion` launches (norm prologue on QKV and gate/up, SiLU·mul epilogue on gate/up,
-residual epilogue on O and down), so the table says what each fusion costs at each setting against
-the plain GEMV, and which setting a shape should ship with (docs/benchmarks/gemm.md).
+Each (projection, fusion, rows per program, warps, K in one block or a head and tail) is timed as
+`infer bench gemm` times a shape: a CUDA graph over enough distinct weight copies that nothing is
+served from L2, median replay over the copies; cuBLAS (`F.linear`) beside it in the same run. The
+fusions are the ones `--decode-fusion` launches (norm prologue on QKV and gate/up, SiLU·mul
+epilogue on gate/up, residual epilogue on O and down), so the table says what each fusion costs at
+each setting against the plain GEMV, and which setting a shape should ship with
+(docs/benchmarks/gemm.md).
 
     python3 docs/benchmarks/scripts/gemv_sweep.py --save FILE.json [--rows 1]
 """
@@ -42,8 +42,6 @@ FUSED = {
     "down": Fusion(residual=True),
 }
 ROWS_PER_PROGRAM = (1, 2, 4)
-# Persistent programs per SM tried (with K's head + tail where K has one).
-PERSISTENT = (2, 4)
 WARPS = (4, 8)
 
 
@@ -95,11 +93,8 @@ def sweep(
         residual = torch.randn(m, n_out, dtype=dtype, device=device) if fusion.residual else None
         default = gemv_settings(n_out, k, gated=gated)
         tails = (False, True) if k & (k - 1) else (False,)  # a power-of-two K has no tail
-        layouts = [(False, 0)] + [
-            (tails[-1], per_sm) for per_sm in (0, *PERSISTENT) if (tails[-1], per_sm) != (False, 0)
-        ]
-        for per_program, warps, (k_tail, per_sm) in itertools.product(ROWS_PER_PROGRAM, WARPS, layouts):
-            settings = GemvSettings(per_program, warps, k_tail=k_tail, persistent=per_sm)
+        for per_program, warps, k_tail in itertools.product(ROWS_PER_PROGRAM, WARPS, tails):
+            settings = GemvSettings(rows_per_program=per_program, num_warps=warps, k_tail=k_tail)
             if settings.slice_elements(k, gated=gated) > MAX_SLICE_ELEMENTS:
                 continue
             call = partial(

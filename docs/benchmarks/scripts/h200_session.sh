@@ -72,17 +72,13 @@
 #   qwen35-9b-forward is the 9b's full_forward_matches_hf, never run alone on an H200; the prefill-graphs
 #   manifest on gemma4 is what stands between --prefill-graphs and the default.
 # On an H100 (no needs_h200: none of this needs more than 78 GiB), most information per device
-# second first: PIPELINE="o-layout-ab gemv-persistent-tests pdl-preload-probe attn-split-sizes
-# attn-split-size-ab qwen3-latency vllm-qwen3 default-attn-gates" with QWEN35_SELECT=all (~4 + 1 + 2
-# + 2 + 3 + 2 + 3 + 12 min; 2026-12-07's second session got no machine in eleven starts, 1,426 s of
-# its budget): the O projection alone in the persistent layout with two slices before the PDL wait,
-# with and without its later tiles asked for in L2 (8c85e24; docs/kernels.md, "Persistent
-# programs"), in the whole step at batches 1-2, and their GPU tests (set the O shape's layout in
-# gemv_settings where the step gains); what each projection's GEMV adds past a PDL predecessor, per
-# layout; the Triton kernel's split size per batch, one layer alone (attn-split-size-ab derives
-# SPLIT_ROWS and SPLIT_TABLE from it unless set; set SPLIT_TOKENS_BY_ROWS and KERNEL_ROWS where the
-# whole step gains); the target table at HEAD beside vLLM in the same session (six staging calls
-# first); the qwen3 manifest at the default
+# second first: PIPELINE="pdl-preload-probe attn-split-sizes attn-split-size-ab qwen3-latency
+# vllm-qwen3 default-attn-gates" with QWEN35_SELECT=all (~2 + 2 + 3 + 2 + 3 + 12 min; 2026-12-07's
+# second session got no machine in eleven starts, 1,426 s of its budget): what each projection's
+# GEMV adds past a PDL predecessor, per layout; the Triton kernel's split size per batch, one layer
+# alone (attn-split-size-ab derives SPLIT_ROWS and SPLIT_TABLE from it unless set; set
+# SPLIT_TOKENS_BY_ROWS and KERNEL_ROWS where the whole step gains); the target table at HEAD beside
+# vLLM in the same session (six staging calls first); the qwen3 manifest at the default
 # (112a45b's ran with the merge inside the split kernel, since reverted) and the qwen35 manifest's
 # and gemma4's gates that fit. (attn-rows-ab, qwen3-gates-decode-path and gemma4-decode-variants
 # ran at 5847dc3, the merge A/B at 112a45b: docs/benchmarks/qwen3.md.)
@@ -307,28 +303,6 @@ backend.SPLIT_TOKENS_BY_ROWS = ${SPLIT_TABLE:-((4, 64), (16, 128), (64, 256))}" 
       --batch-sizes 1,2,4,8,16,64 --prefill-lens 1024 --save-result $work/qwen3-4b-latency-split-table-$run.json
   done
 }
-o-layout-ab() {  # the whole step with only the O projection's GEMV [2560, 4096] in another layout
-  # (O_LAYOUTS: NAME|FIELD=VALUE[,FIELD=VALUE] words replaced into its shipped settings), against
-  # the shipped step, twice each, interleaved; pdl-preload-probe says which layouts to try
-  synth_q3
-  local run layout name fields
-  for run in 1 2; do
-    infer bench latency --model $q3 --batch-sizes 1,2 --prefill-lens 1024 \
-      --save-result $work/qwen3-4b-latency-o-shipped-$run.json
-    for layout in ${O_LAYOUTS:-persistent3|persistent=3 persistent3-l2|persistent=3,l2_ahead=True}; do
-      IFS='|' read -r name fields <<<"$layout"
-      echo "== O projection: $fields, run $run"
-      infer_patched "import dataclasses
-import kernels.triton.fused_gemv as gemv
-shipped = gemv.gemv_settings
-def settings(n, k, *, gated=False):
-    chosen = shipped(n, k, gated=gated)
-    return dataclasses.replace(chosen, $fields) if (n, k, gated) == (2560, 4096, False) else chosen
-gemv.gemv_settings = settings" bench latency --model $q3 --batch-sizes 1,2 --prefill-lens 1024 \
-        --save-result $work/qwen3-4b-latency-o-$name-$run.json
-    done
-  done
-}
 gate-act-ab() {  # the whole step at batches 1-2 with the gate/up GEMV storing SiLU(gate)·up itself
   # (the fused GEMV's gated epilogue, no norm prologue: the add + norm stays its own launch), i.e.
   # one launch a layer fewer than shipped; twice each, interleaved. --decode-fusion's gate/up also
@@ -362,9 +336,6 @@ def layers(self, hidden, batch):
 qm.Qwen3Model._layers = layers" bench latency --model $q3 --batch-sizes 1,2 --prefill-lens 1024 \
       --save-result $work/qwen3-4b-latency-act-epilogue-$run.json
   done
-}
-gemv-persistent-tests() {  # the persistent GEMV (two slices before the wait, L2 ahead) on the GPU
-  python3 -m pytest -q -s --tb=short tests/kernels/test_fused_gemv.py -k "gpu and persistent"
 }
 pdl-preload-probe() {  # how much of each Qwen3-4B projection's weight stream a PDL predecessor hides,
   # per GEMV layout (the O projection's question in docs/benchmarks/qwen3.md, 2026-12-07), ~2 min
@@ -736,9 +707,9 @@ sys.argv[0] = "infer"
 app()
 PY
 }
-# NAME|K_TAIL|PERSISTENT words: the layouts gemv-layout-ab times the decode GEMV in; NAME|FLAGS words:
-# the projections it times them under (FLAGS ","-separated).
-GEMV_LAYOUTS=${GEMV_LAYOUTS:-"oneblock|False|0 tail|True|0 persistent2|True|2"}
+# NAME|K_TAIL words: the layouts gemv-layout-ab times the decode GEMV in; NAME|FLAGS words: the
+# projections it times them under (FLAGS ","-separated).
+GEMV_LAYOUTS=${GEMV_LAYOUTS:-"oneblock|False tail|True"}
 GEMV_PATHS=${GEMV_PATHS:-"plain| fused|--decode-fusion"}
 gemv-layout-ab() {  # Qwen3-4B's async decode step with the decode GEMV in each layout, plain (every
   # projection at M <= 2 sent to it, whatever the card's table says: the H200's has no GEMV rows) and
@@ -748,14 +719,14 @@ gemv-layout-ab() {  # Qwen3-4B's async decode step with the decode GEMV in each 
   for path in $GEMV_PATHS; do
     IFS='|' read -r pname flags <<<"$path"
     for layout in $GEMV_LAYOUTS; do
-      IFS='|' read -r name tail per_sm <<<"$layout"
-      echo "== $pname $name: k_tail=$tail persistent=$per_sm"
+      IFS='|' read -r name tail <<<"$layout"
+      echo "== $pname $name: k_tail=$tail"
       infer_patched "import dataclasses
 import kernels.gemm.skinny_dispatch as dispatch
 import kernels.triton.fused_gemv as gemv
 shipped = gemv.gemv_settings
 gemv.gemv_settings = lambda n, k, *, gated=False: dataclasses.replace(
-    shipped(n, k, gated=gated), k_tail=$tail, persistent=$per_sm)
+    shipped(n, k, gated=gated), k_tail=$tail)
 table_backend = dispatch.ShapeChoice.backend
 dispatch.ShapeChoice.backend = lambda self, m: (2, dispatch.Backend.GEMV) if m <= 2 else table_backend(self, m)" \
         bench latency --model $q3 --async-scheduling ${flags//,/ } --batch-sizes 1,8 --prefill-lens 1024 \
@@ -1079,7 +1050,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | gemv-layout-ab | attn-split-ab | decode-kernel-ab | invariant-gpu-tests | invariant-tiles-probe | invariant-triton-attn | prefill-host-ab | split-rule-check | gemv-rows-ab | prefill-spread | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | prefill-graphs-gates-qwen35 | prefill-graphs-gates-gemma4 | qwen35-prefill-graphs-latency | attn-layouts | qwen35-9b-forward | mma-rows-ab | attn-chunk-ab | fused-compose-check | default-attn-gates | pdl-preload-probe | attn-split-sizes | attn-split-size-ab | o-layout-ab | gemv-persistent-tests | gate-act-ab)
+  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | gemv-layout-ab | attn-split-ab | decode-kernel-ab | invariant-gpu-tests | invariant-tiles-probe | invariant-triton-attn | prefill-host-ab | split-rule-check | gemv-rows-ab | prefill-spread | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | prefill-graphs-gates-qwen35 | prefill-graphs-gates-gemma4 | qwen35-prefill-graphs-latency | attn-layouts | qwen35-9b-forward | mma-rows-ab | attn-chunk-ab | fused-compose-check | default-attn-gates | pdl-preload-probe | attn-split-sizes | attn-split-size-ab | gate-act-ab)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac

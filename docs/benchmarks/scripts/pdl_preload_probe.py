@@ -53,17 +53,13 @@ def _hold(ns: int, programs: int) -> None:
 
 
 def layouts(n: int, k: int) -> dict[str, GemvSettings]:
-    """The shipped layout, one and twice its rows per program, twice its warps, and 3 persistent
-    programs per SM (as many as stay resident at the O projection's 153 registers, sm_90 build),
-    with and without their later tiles asked for in L2 before the wait."""
+    """The shipped layout, one and twice its rows per program, and twice its warps."""
     shipped = gemv_settings(n, k)
     variants = {
         "shipped": shipped,
         "rows1": replace(shipped, rows_per_program=1),
         "rows x2": replace(shipped, rows_per_program=shipped.rows_per_program * 2),
         "warps x2": replace(shipped, num_warps=shipped.num_warps * 2),
-        "persistent3": replace(shipped, persistent=3),
-        "persistent3 + L2": replace(shipped, persistent=3, l2_ahead=True),
     }
     unique: dict[str, GemvSettings] = {}
     for label, settings in variants.items():
