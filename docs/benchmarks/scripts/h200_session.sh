@@ -337,6 +337,23 @@ qm.Qwen3Model._layers = layers" bench latency --model $q3 --batch-sizes 1,2 --pr
       --save-result $work/qwen3-4b-latency-act-epilogue-$run.json
   done
 }
+gate-act-head-ab() {  # the decode step as shipped (the gate/up GEMV's SiLU·mul epilogue where the table
+  # sends the gate/up to the GEMV, ec7f68b) against the same code with that epilogue declined (the
+  # linear and the activation kernel composed, as before ec7f68b), interleaved; run 1 with the
+  # kernel timeline; then the qwen3 manifest as shipped, then run 2
+  synth_q3
+  local run
+  for run in 1 2; do
+    infer bench latency --model $q3 --batch-sizes 1,2,4,8,16,64 --prefill-lens 1024 \
+      $([ $run == 1 ] && echo --breakdown) --save-result $work/qwen3-4b-latency-gated-$run.json
+    infer_patched "import kernels.gemm.skinny_dispatch as d
+d.SkinnyDispatch.linear_gated = lambda self, x, weight, kind: None" bench latency --model $q3 \
+      --batch-sizes 1,2,4,8,16,64 --prefill-lens 1024 $([ $run == 1 ] && echo --breakdown) \
+      --save-result $work/qwen3-4b-latency-composed-$run.json
+    [ $run == 1 ] && qwen3-gates
+  done
+  python3 -m pytest -q -s --tb=short tests/kernels/test_skinny_gemm.py -k "gated or gemv_bucket"
+}
 pdl-preload-probe() {  # how much of each Qwen3-4B projection's weight stream a PDL predecessor hides,
   # per GEMV layout (the O projection's question in docs/benchmarks/qwen3.md, 2026-12-07), ~2 min
   PYTHONPATH=. python3 docs/benchmarks/scripts/pdl_preload_probe.py --save $work/pdl-preload-probe.json
@@ -1050,7 +1067,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | gemv-layout-ab | attn-split-ab | decode-kernel-ab | invariant-gpu-tests | invariant-tiles-probe | invariant-triton-attn | prefill-host-ab | split-rule-check | gemv-rows-ab | prefill-spread | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | prefill-graphs-gates-qwen35 | prefill-graphs-gates-gemma4 | qwen35-prefill-graphs-latency | attn-layouts | qwen35-9b-forward | mma-rows-ab | attn-chunk-ab | fused-compose-check | default-attn-gates | pdl-preload-probe | attn-split-sizes | attn-split-size-ab | gate-act-ab)
+  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | gemv-layout-ab | attn-split-ab | decode-kernel-ab | invariant-gpu-tests | invariant-tiles-probe | invariant-triton-attn | prefill-host-ab | split-rule-check | gemv-rows-ab | prefill-spread | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | prefill-graphs-gates-qwen35 | prefill-graphs-gates-gemma4 | qwen35-prefill-graphs-latency | attn-layouts | qwen35-9b-forward | mma-rows-ab | attn-chunk-ab | fused-compose-check | default-attn-gates | pdl-preload-probe | attn-split-sizes | attn-split-size-ab | gate-act-ab | gate-act-head-ab)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
