@@ -72,16 +72,14 @@
 #   qwen35-9b-forward is the 9b's full_forward_matches_hf, never run alone on an H200; the prefill-graphs
 #   manifest on gemma4 is what stands between --prefill-graphs and the default.
 # On an H100 (no needs_h200: none of this needs more than 78 GiB), most information per device
-# second first: PIPELINE="pdl-preload-probe attn-split-sizes attn-split-size-ab qwen3-latency
-# vllm-qwen3 default-attn-gates" with QWEN35_SELECT=all (~2 + 2 + 3 + 2 + 3 + 12 min; 2026-12-07's
-# second session got no machine in eleven starts, 1,426 s of its budget): what each projection's
-# GEMV adds past a PDL predecessor, per layout; the Triton kernel's split size per batch, one layer
-# alone (attn-split-size-ab derives SPLIT_ROWS and SPLIT_TABLE from it unless set; set
-# SPLIT_TOKENS_BY_ROWS and KERNEL_ROWS where the whole step gains); the target table at HEAD beside
-# vLLM in the same session (six staging calls first); the qwen3 manifest at the default
-# (112a45b's ran with the merge inside the split kernel, since reverted) and the qwen35 manifest's
-# and gemma4's gates that fit. (attn-rows-ab, qwen3-gates-decode-path and gemma4-decode-variants
-# ran at 5847dc3, the merge A/B at 112a45b: docs/benchmarks/qwen3.md.)
+# second first: PIPELINE="gate-act-lines-ab default-attn-gates pdl-preload-probe" with
+# QWEN35_SELECT=all (~5 + 12 + 2 min): the gate/up GEMV's gated epilogue (ec7f68b, the default
+# wherever the H100 table sends the gate/up to the GEMV) on Gemma 4 12B at batch 1-2 and Qwen3.5-4B
+# at batch 1, whose whole steps have not been timed with it, then the qwen35 manifest and the gemma4
+# gates that fit with it as shipped (the qwen3 manifest passed with it at 6a3578e), then what each
+# projection's GEMV adds past a PDL predecessor. (2026-12-07 evening, 6a48726 and 6a3578e: the
+# persistent O layout, the per-batch split table and the epilogue on Qwen3-4B were timed;
+# docs/benchmarks/qwen3.md.)
 # The rest needs the H200
 # (its figures, gemma4's five gates, the 9b's parity: qwen35-9b-forward). The staging
 # folders are ignored, so a new checkout lacks them: scripts/stage_device.sh stages them all (~1 min)
@@ -337,22 +335,41 @@ qm.Qwen3Model._layers = layers" bench latency --model $q3 --batch-sizes 1,2 --pr
       --save-result $work/qwen3-4b-latency-act-epilogue-$run.json
   done
 }
+# The gate/up GEMV's gated epilogue declined in a process: the linear and the activation kernel
+# composed, as before ec7f68b.
+GATED_DECLINED="import kernels.gemm.skinny_dispatch as d
+d.SkinnyDispatch.linear_gated = lambda self, x, weight, kind: None"
 gate-act-head-ab() {  # the decode step as shipped (the gate/up GEMV's SiLU·mul epilogue where the table
-  # sends the gate/up to the GEMV, ec7f68b) against the same code with that epilogue declined (the
-  # linear and the activation kernel composed, as before ec7f68b), interleaved; run 1 with the
-  # kernel timeline; then the qwen3 manifest as shipped, then run 2
+  # sends the gate/up to the GEMV, ec7f68b) against it declined, interleaved; run 1 with the kernel
+  # timeline; then the qwen3 manifest as shipped, then run 2
   synth_q3
   local run
   for run in 1 2; do
     infer bench latency --model $q3 --batch-sizes 1,2,4,8,16,64 --prefill-lens 1024 \
       $([ $run == 1 ] && echo --breakdown) --save-result $work/qwen3-4b-latency-gated-$run.json
-    infer_patched "import kernels.gemm.skinny_dispatch as d
-d.SkinnyDispatch.linear_gated = lambda self, x, weight, kind: None" bench latency --model $q3 \
+    infer_patched "$GATED_DECLINED" bench latency --model $q3 \
       --batch-sizes 1,2,4,8,16,64 --prefill-lens 1024 $([ $run == 1 ] && echo --breakdown) \
       --save-result $work/qwen3-4b-latency-composed-$run.json
     [ $run == 1 ] && qwen3-gates
   done
   python3 -m pytest -q -s --tb=short tests/kernels/test_skinny_gemm.py -k "gated or gemv_bucket"
+}
+gate-act-lines-ab() {  # the same question on the other lines the H100 table sends to the gated GEMV,
+  # untimed so far: Gemma 4 12B's gate/up at M = 1-2 (GELU-tanh) and Qwen3.5-4B's at M = 1, as
+  # shipped against declined, interleaved, twice each (~5 min)
+  synth_g4
+  synth_q35
+  local run
+  for run in 1 2; do
+    infer bench latency --model $g4 --batch-sizes 1,2 --prefill-lens 1024 \
+      --save-result $work/gemma4-12b-latency-gated-$run.json
+    infer_patched "$GATED_DECLINED" bench latency --model $g4 --batch-sizes 1,2 --prefill-lens 1024 \
+      --save-result $work/gemma4-12b-latency-composed-$run.json
+    infer bench latency --model $q35 --batch-sizes 1 --prefill-lens 1024 \
+      --save-result $work/qwen35-4b-latency-gated-$run.json
+    infer_patched "$GATED_DECLINED" bench latency --model $q35 --batch-sizes 1 --prefill-lens 1024 \
+      --save-result $work/qwen35-4b-latency-composed-$run.json
+  done
 }
 pdl-preload-probe() {  # how much of each Qwen3-4B projection's weight stream a PDL predecessor hides,
   # per GEMV layout (the O projection's question in docs/benchmarks/qwen3.md, 2026-12-07), ~2 min
@@ -1067,7 +1084,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | gemv-layout-ab | attn-split-ab | decode-kernel-ab | invariant-gpu-tests | invariant-tiles-probe | invariant-triton-attn | prefill-host-ab | split-rule-check | gemv-rows-ab | prefill-spread | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | prefill-graphs-gates-qwen35 | prefill-graphs-gates-gemma4 | qwen35-prefill-graphs-latency | attn-layouts | qwen35-9b-forward | mma-rows-ab | attn-chunk-ab | fused-compose-check | default-attn-gates | pdl-preload-probe | attn-split-sizes | attn-split-size-ab | gate-act-ab | gate-act-head-ab)
+  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | gemv-layout-ab | attn-split-ab | decode-kernel-ab | invariant-gpu-tests | invariant-tiles-probe | invariant-triton-attn | prefill-host-ab | split-rule-check | gemv-rows-ab | prefill-spread | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | prefill-graphs-gates-qwen35 | prefill-graphs-gates-gemma4 | qwen35-prefill-graphs-latency | attn-layouts | qwen35-9b-forward | mma-rows-ab | attn-chunk-ab | fused-compose-check | default-attn-gates | pdl-preload-probe | attn-split-sizes | attn-split-size-ab | gate-act-ab | gate-act-head-ab | gate-act-lines-ab)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
