@@ -301,40 +301,6 @@ backend.SPLIT_TOKENS_BY_ROWS = ${SPLIT_TABLE:-((4, 64), (16, 128), (64, 256))}" 
       --batch-sizes 1,2,4,8,16,64 --prefill-lens 1024 --save-result $work/qwen3-4b-latency-split-table-$run.json
   done
 }
-gate-act-ab() {  # the whole step at batches 1-2 with the gate/up GEMV storing SiLU(gate)·up itself
-  # (the fused GEMV's gated epilogue, no norm prologue: the add + norm stays its own launch), i.e.
-  # one launch a layer fewer than shipped; twice each, interleaved. --decode-fusion's gate/up also
-  # folded the norm in, which cost each program a second reduction (qwen3.md, Levers measured)
-  synth_q3
-  local run
-  for run in 1 2; do
-    infer bench latency --model $q3 --batch-sizes 1,2 --prefill-lens 1024 \
-      --save-result $work/qwen3-4b-latency-act-shipped-$run.json
-    echo "== gate/up with the SiLU·mul epilogue, run $run"
-    infer_patched "import models.qwen3.model as qm
-from kernels import layer_ops
-from kernels.reference import GatedActivation
-from kernels.triton import fused_gemv
-silu = fused_gemv.Fusion(activation=GatedActivation.SILU)
-def layers(self, hidden, batch):
-    x = layer_ops.rms_norm(hidden, self.norm, self.layers[0].input_norm)
-    for index, layer in enumerate(self.layers):
-        attn = self._attend(index, layer, self.linear(x, layer.qkv), batch)
-        attn_out = self.group.all_reduce(self.linear(attn, layer.o))
-        hidden, x = layer_ops.add_rms_norm(hidden, attn_out, self.norm, layer.post_attention_norm)
-        if x.shape[0] <= 2:
-            activated = fused_gemv.fused_gemv(x, layer.gate_up, silu)
-        else:
-            activated = layer_ops.gated_activation(self.linear(x, layer.gate_up), GatedActivation.SILU)
-        mlp_out = self.group.all_reduce(self.linear(activated, layer.down))
-        last = index + 1 == len(self.layers)
-        next_norm = self.final_norm if last else self.layers[index + 1].input_norm
-        hidden, x = layer_ops.add_rms_norm(hidden, mlp_out, self.norm, next_norm)
-    return x
-qm.Qwen3Model._layers = layers" bench latency --model $q3 --batch-sizes 1,2 --prefill-lens 1024 \
-      --save-result $work/qwen3-4b-latency-act-epilogue-$run.json
-  done
-}
 # The gate/up GEMV's gated epilogue declined in a process: the linear and the activation kernel
 # composed, as before ec7f68b.
 GATED_DECLINED="import kernels.gemm.skinny_dispatch as d
@@ -1084,7 +1050,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | gemv-layout-ab | attn-split-ab | decode-kernel-ab | invariant-gpu-tests | invariant-tiles-probe | invariant-triton-attn | prefill-host-ab | split-rule-check | gemv-rows-ab | prefill-spread | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | prefill-graphs-gates-qwen35 | prefill-graphs-gates-gemma4 | qwen35-prefill-graphs-latency | attn-layouts | qwen35-9b-forward | mma-rows-ab | attn-chunk-ab | fused-compose-check | default-attn-gates | pdl-preload-probe | attn-split-sizes | attn-split-size-ab | gate-act-ab | gate-act-head-ab | gate-act-lines-ab)
+  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | gemv-layout-ab | attn-split-ab | decode-kernel-ab | invariant-gpu-tests | invariant-tiles-probe | invariant-triton-attn | prefill-host-ab | split-rule-check | gemv-rows-ab | prefill-spread | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | prefill-graphs-gates-qwen35 | prefill-graphs-gates-gemma4 | qwen35-prefill-graphs-latency | attn-layouts | qwen35-9b-forward | mma-rows-ab | attn-chunk-ab | fused-compose-check | default-attn-gates | pdl-preload-probe | attn-split-sizes | attn-split-size-ab | gate-act-head-ab | gate-act-lines-ab)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
