@@ -9,7 +9,7 @@ wheel=$(ls .whl-fi/flashinfer_python-*.whl)
 name=$(basename "$wheel")
 work=$(mktemp -d)
 cp "$wheel" "$work/"
-(cd "$work" && sha256sum "$name" > fi.sha && split -b 52M "$name" fi.chunk-)
+(cd "$work" && sha256sum "$name" > fi.sha && split -b 46M "$name" fi.chunk-)
 [ "$(ls "$work"/fi.chunk-* | wc -l)" -eq 2 ] || { echo "expected two pieces of $name" >&2; exit 1; }
 rm -f .whl-fi/*
 mkdir -p .whl-deps/fi-tail
