@@ -46,7 +46,7 @@
 # second call's install. Calls:
 #  1. carrying .whl-fi: `mkdir -p /tmp/fi && cp .whl-fi/fi.chunk-aa /tmp/fi/`;
 #     (chunk aa is 48.2 MB since 2026-12-07, split at 46 MiB: the tracked tree, 12.0 MB then, may
-#     grow to ~18 MB beside it and beside call 2's 49.4 MB of wheels and .fi-aot; data files still
+#     grow to ~17.5 MB beside it and beside call 2's 49.4 MB of wheels and .fi-aot; data files still
 #     keep a latency run's per-kernel timeline only where a page links it);
 #  2. carrying .whl-deps and .fi-aot: `cp .whl-deps/fi-tail/* /tmp/fi/ && (cd /tmp/fi && cat
 #     fi.chunk-aa fi.chunk-ab > flashinfer_python-0.7.2.post1-py3-none-any.whl && sha256sum -c
