@@ -122,7 +122,14 @@ def _norm_rotate_heads(
 
 @triton.jit
 def _v_values(
-    v_src, head_ok, k_raw, k_inv_rms, k_eps, HEAD_DIM: tl.constexpr, V_SOURCE: tl.constexpr, STORAGE: tl.constexpr
+    v_src,
+    head_ok,
+    k_raw,
+    k_inv_rms,
+    k_eps,
+    HEAD_DIM: tl.constexpr,
+    V_SOURCE: tl.constexpr,
+    STORAGE: tl.constexpr,
 ):
     """The V rows a [heads, HEAD_DIM] tile of KV heads stores: as projected (loaded from ``v_src``,
     the heads' rows, in the storage dtype), normalised (fp32, storage-rounded), or derived from K's
