@@ -267,7 +267,9 @@ def _decode_attention_split_kernel(
         # The row's new token: its position (kv_len - 1) and rotation come from host-written
         # tables too. Its K/V are computed here, after the wait, and never read from the pool.
         position = tl.load(positions_ptr + row).to(tl.int32)
-        _, is_first, is_second, _, freq_index = _rotation_geometry(HEAD_DIM, TURNING_PAIRS, PAIR_OFFSET)
+        _dims, is_first, is_second, _partners, freq_index = _rotation_geometry(
+            HEAD_DIM, TURNING_PAIRS, PAIR_OFFSET
+        )
         turning = is_first | is_second
         rope_row = rope_ptr + position.to(tl.int64) * stride_rope_position + freq_index
         cos = tl.load(rope_row, mask=turning, other=1.0).to(tl.float32)
@@ -296,7 +298,7 @@ def _decode_attention_split_kernel(
         # Rows past the group are zeros: their scores are finite and they are never stored.
         if PREP:
             # The prep's own norm and rotation of the raw q, storage-rounded as the prep stores it.
-            q, _, _ = _norm_rotate_heads(
+            q, _q_raw, _q_inv_rms = _norm_rotate_heads(
                 q_rows,
                 q_weight_ptr,
                 q_eps,
