@@ -25,6 +25,14 @@ Two launches:
   reduction tree, divides (IEEE) and rounds once to the storage dtype (nearest-even on every
   device, `_round_to_storage`).
 
+The PREP variant (opt-in, `decode_attention_with_prep`; the split kernel with `PREP` on) takes the
+QKV projection's raw rows and does the attention prep itself, one launch fewer than
+`attention_prep` then `decode_attention` and bit for bit the same output and pool for a pure decode
+step: every program with a split norms and rotates its group's raw Q with the prep kernel's
+helpers, and the one program of each (row, KV head) holding the new token's split (position
+`kv_len - 1`) computes that KV head's K/V, stores them in the pool and uses them from registers;
+no program reads that position from the pool, so none waits for the store. Gated Q is refused.
+
 Batch-invariant by construction: the split size, the tile, the number of programs and hence the
 assignment of positions to programs (hence of splits to merge slots), the order each program folds
 its tiles and the merge's tree are functions of the row's own `kv_len`, the window and the layer
