@@ -297,3 +297,43 @@ def test_refuses_what_it_cannot_run_naming_the_value() -> None:
         run(PrepOperands(spec, case.q_norm_weight, case.k_norm_weight[:16], case.rope_table, positions))
     with pytest.raises(DecodeAttentionError, match=r"k \(1, 1, 32\) is not \[rows, 2, 32\]"):
         run(case.prep(positions), k=k[:, :1], v=v[:, :1])
+
+
+def test_padding_rows_are_harmless() -> None:
+    """A graph bucket's padding rows (kv_len 1, position 0, every page the padding page) behind live
+    rows: the live rows' outputs and every page but the padding page are those of the live rows
+    alone; the padding rows' outputs are finite. Positions in int64 here."""
+    spec, heads, kv_heads, _ = SPECS["qwen3"]
+    case = Case(spec, heads, kv_heads, (SPLIT + 1, 3 * SPLIT + 7), torch.bfloat16, seed=3)
+    live_pool = case.pool.clone()
+    live = case.fused(live_pool)
+    ops = case.operands()
+    q, k, v, table = ops["q"], ops["k"], ops["v"], ops["page_table"]
+    assert isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)
+    assert isinstance(table, torch.Tensor)
+    padding = 3
+
+    def pad(t: torch.Tensor) -> torch.Tensor:
+        return torch.cat([t, t[:1].expand(padding, *t.shape[1:])])
+
+    padded_table = torch.cat(
+        [table, torch.full((padding, table.shape[1]), PADDING_PAGE, dtype=torch.int32, device=DEVICE)]
+    )
+    lens = torch.tensor([SPLIT + 1, 3 * SPLIT + 7] + [1] * padding, dtype=torch.int32, device=DEVICE)
+    pool = case.pool.clone()
+    out = decode_attention_with_prep(
+        case.prep((lens - 1).long()),  # int64 positions, as PagedRows may hold
+        pad(q),
+        pad(k),
+        pad(v),
+        pool[1],
+        padded_table,
+        lens,
+        case.layer,
+        split_tokens=SPLIT,
+    )
+    assert bit_identical(out[:2], live)
+    assert torch.isfinite(out[2:].float()).all()
+    assert bit_identical(pool[0], live_pool[0])
+    others = torch.arange(pool.shape[1], device=DEVICE) != PADDING_PAGE
+    assert bit_identical(pool[1][others], live_pool[1][others])
