@@ -5,7 +5,8 @@ a runtime `if`, fp32 `tl.dot` shapes), so the interpreter tests alone do not sho
 build. This compiles the split and merge kernels at the serving geometries down to cubins with the
 ptxas that ships with Triton, specialised as the runtime JIT specialises them (pointers and the
 pool strides, multiples of 16, marked divisible by 16), and the split kernel's PREP variant
-(``decode_attention_with_prep``) at the geometries of ``PREP_VARIANTS``; for each split kernel it
+(``decode_attention_with_prep``) at the geometries of ``PREP_VARIANTS``, whose RMS norms must
+reduce in the prep kernel's register layouts (``norm_reduction_layouts``); for each split kernel it
 prints the registers and spills the cubin uses (``cuobjdump``, where Triton ships it). Run
 without ``TRITON_INTERPRET``: ``python -m kernels.triton.decode_attention_aot``.
 """
@@ -26,6 +27,7 @@ import triton
 from kernels.attention.base import AttentionLayerSpec
 from kernels.kv_layout import PAGE_SIZE
 from kernels.reference import PrepSpec, gemma3_prep, gemma4_sliding_prep, qwen3_prep
+from kernels.triton.aot import compile_variant as compile_prep
 from kernels.triton.decode_attention import (
     _NO_PREP,
     NUM_WARPS,
@@ -205,6 +207,24 @@ def resource_usage(kernel: object) -> str:
     return f"registers={registers[1]} stack_bytes={stack[1] if stack else '?'}"
 
 
+def norm_reduction_layouts(kernel: object, head_dim: int) -> set[str]:
+    """The register layouts (TTGIR ``#ttg.blocked<…>``) of a compiled kernel's reductions along the
+    head dim of ``[heads, head_dim]`` fp32 tiles: the RMS norms' sums of squares. Two kernels whose
+    sets agree sum each head's squares in the same order on the GPU."""
+    ttgir = str(getattr(kernel, "asm", {}).get("ttgir", ""))
+    aliases = dict(re.findall(r"^(#\w+) = (#ttg\.blocked<.*>)$", ttgir, re.MULTILINE))
+    found = re.finditer(
+        r'"tt\.reduce"\([^)]*\) <\{axis = 1 : i32\}>.*?\}\) : \(tensor<\d+x(\d+)xf32, (#\w+)>',
+        ttgir,
+        re.DOTALL,
+    )
+    return {
+        aliases[alias]
+        for width, alias in (m.groups() for m in found)
+        if int(width) == head_dim and alias in aliases
+    }
+
+
 def _check(kernels: tuple[object, object], name: str, failures: list[str]) -> bool:
     if not all(kernel.asm.get("cubin") for kernel in kernels):  # type: ignore[attr-defined]
         failures.append(f"{name}: no cubin")
@@ -229,7 +249,14 @@ def main() -> int:
         layer = AttentionLayerSpec(heads, kv_heads, prep.head_dim, prep.head_dim**-0.5, window)
         kernels = compile_variant(layer, dtype, prep=prep)
         name = f"{prep.name} q_heads={heads} kv_heads={kv_heads} head_dim={prep.head_dim} window={window} {dtype}"
-        if _check(kernels, name, failures):
+        # Bit for bit with the prep kernel on the GPU takes its norms' order of summation.
+        ours = norm_reduction_layouts(kernels[0], prep.head_dim)
+        theirs = norm_reduction_layouts(compile_prep(prep, heads, kv_heads, dtype), prep.head_dim)
+        if not ours or ours != theirs:
+            failures.append(
+                f"{name}: norm reductions in layouts {sorted(ours)}, the prep kernel's {sorted(theirs)}"
+            )
+        elif _check(kernels, name, failures):
             print(
                 f"compiled decode attention with prep {name} for sm_90 with PDL (split: {resource_usage(kernels[0])})"
             )
