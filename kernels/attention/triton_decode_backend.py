@@ -35,6 +35,7 @@ along (as with FlashInfer alone).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -44,11 +45,14 @@ import torch
 
 from kernels.attention.base import AttentionBackend, AttentionLayerSpec, GroupBatch, WarmUpStep
 from kernels.kv_layout import PADDING_PAGE, ceil_div
+from kernels.reference import PagedRows, PrepSpec
 from kernels.triton.decode_attention import (
     SPLIT_TOKENS,
     DecodeGeometry,
     DecodeScratch,
+    PrepOperands,
     decode_attention,
+    decode_attention_with_prep,
     supports,
 )
 
@@ -64,6 +68,11 @@ KERNEL_ROWS = 4
 # `decode_attention.SPLIT_TOKENS`. Empty: no measurement has yet preferred another size
 # (docs/benchmarks/scripts/decode_attention_backends.py --triton-splits times them).
 SPLIT_TOKENS_BY_ROWS: tuple[tuple[int, int], ...] = ()
+# Whether a step the kernel serves runs the attention prep inside its split kernel
+# (`decode_attention_with_prep`: QKV projection → split with prep → merge → O, one launch a layer
+# fewer): `INFER_FUSE_PREP=1`, read at import. Off until a whole decode step measures it faster
+# (docs/benchmarks/qwen3.md, "Levers measured"; the session script's `prep-fuse-ab`).
+FUSE_PREP = os.environ.get("INFER_FUSE_PREP", "0") == "1"
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +211,43 @@ class TritonDecodeAttention(AttentionBackend):
             scratch=plan.scratch,
             split_tokens=plan.split_tokens,
         )
+
+    def prep_and_run(
+        self,
+        group: int,
+        layer: AttentionLayerSpec,
+        prep: PrepSpec,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor | None,
+        q_norm_weight: torch.Tensor,
+        k_norm_weight: torch.Tensor,
+        rows: PagedRows,
+        rope_table: torch.Tensor,
+        pool_layer: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """With `FUSE_PREP`, a step the kernel serves runs the prep inside its split kernel
+        (`decode_attention_with_prep`, one launch fewer); a gated-Q prep, and every other step,
+        runs the prep kernel first."""
+        plan = self._active[group]
+        if plan is None or not FUSE_PREP or prep.q_gated:
+            return super().prep_and_run(
+                group, layer, prep, q, k, v, q_norm_weight, k_norm_weight, rows, rope_table, pool_layer
+            )
+        operands = PrepOperands(prep, q_norm_weight, k_norm_weight, rope_table, rows.positions)
+        out = decode_attention_with_prep(
+            operands,
+            q,
+            k,
+            v,
+            pool_layer,
+            plan.page_table,
+            plan.kv_lens,
+            layer,
+            scratch=plan.scratch,
+            split_tokens=plan.split_tokens,
+        )
+        return out, None
 
     def sibling(self) -> TritonDecodeAttention:
         # Its own buffers, scratch and inner backend: a concurrent forward shares no memory with us.

@@ -121,6 +121,32 @@ def _norm_rotate_heads(
 
 
 @triton.jit
+def _v_values(
+    v_src,
+    head_ok,
+    k_raw,
+    k_inv_rms,
+    k_eps,
+    HEAD_DIM: tl.constexpr,
+    V_SOURCE: tl.constexpr,
+    STORAGE: tl.constexpr,
+):
+    """The V rows a [heads, HEAD_DIM] tile of KV heads stores: as projected (loaded from ``v_src``,
+    the heads' rows, in the storage dtype), normalised (fp32, storage-rounded), or derived from K's
+    raw rows and inverse RMS (what ``_norm_rotate_heads`` returned for the same heads)."""
+    dims = tl.arange(0, HEAD_DIM)[None, :]
+    if V_SOURCE == V_PROJECTION:
+        v = tl.load(v_src + dims, mask=head_ok)
+    elif V_SOURCE == V_NORMED_PROJECTION:
+        v_raw = tl.load(v_src + dims, mask=head_ok, other=0.0).to(tl.float32)
+        v = _normalise(v_raw, _inverse_rms(v_raw, k_eps, HEAD_DIM), v_raw, WEIGHT_NONE, False, STORAGE)
+    else:
+        # Gemma 4 global: V is the raw K row under a weightless norm, sharing K's inverse RMS.
+        v = _normalise(k_raw, k_inv_rms, k_raw, WEIGHT_NONE, False, STORAGE)
+    return v
+
+
+@triton.jit
 def _prep_q_block(
     q_ptr,
     q_weight_ptr,
@@ -229,19 +255,17 @@ def _prep_kv_block(
         STORAGE,
     )
     tl.store(k_dst, k_rot.to(STORAGE), mask=head_ok)
-
-    if V_SOURCE == V_PROJECTION:
-        v_src = v_ptr + row * stride_v_row + heads * stride_v_head
-        tl.store(v_dst, tl.load(v_src + dims, mask=head_ok), mask=head_ok)
-    elif V_SOURCE == V_NORMED_PROJECTION:
-        v_src = v_ptr + row * stride_v_row + heads * stride_v_head
-        v_raw = tl.load(v_src + dims, mask=head_ok, other=0.0).to(tl.float32)
-        v = _normalise(v_raw, _inverse_rms(v_raw, k_eps, HEAD_DIM), v_raw, WEIGHT_NONE, False, STORAGE)
-        tl.store(v_dst, v.to(STORAGE), mask=head_ok)
-    else:
-        # Gemma 4 global: V is the raw K row under a weightless norm, sharing K's inverse RMS.
-        v = _normalise(k_raw, k_inv_rms, k_raw, WEIGHT_NONE, False, STORAGE)
-        tl.store(v_dst, v.to(STORAGE), mask=head_ok)
+    v = _v_values(
+        v_ptr + row * stride_v_row + heads * stride_v_head,
+        head_ok,
+        k_raw,
+        k_inv_rms,
+        k_eps,
+        HEAD_DIM,
+        V_SOURCE,
+        STORAGE,
+    )
+    tl.store(v_dst, v.to(STORAGE), mask=head_ok)
 
 
 @triton.jit

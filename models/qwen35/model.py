@@ -60,7 +60,6 @@ from kernels.attention.base import AttentionLayerSpec
 from kernels.gdn import GDNBackend, StateRows, TorchGDN
 from kernels.gemm.dispatch import Linear
 from kernels.gemm.projections import as_projections
-from kernels.prep_dispatch import run_attention_prep
 from kernels.reference import GatedActivation, NormSpec, NormWeight
 from kernels.triton.storage import interpreted
 from models.qwen35.config import FULL, LINEAR, GDNGeometry, Qwen35Config
@@ -431,7 +430,9 @@ class Qwen35Model:
         tokens = projected.shape[0]
         q, k, v = projected.split([2 * q_size, kv_size, kv_size], dim=-1)
         pool_layer = self.kv.layer(0, layer.kv_index)
-        q_rot, gate = run_attention_prep(
+        attn, gate = batch.attention.prep_and_run(
+            0,
+            self.attn_spec,
             self.prep,
             q.reshape(tokens, self.num_heads, 2 * head_dim),
             k.reshape(tokens, self.num_kv_heads, head_dim),
@@ -443,7 +444,6 @@ class Qwen35Model:
             pool_layer,
         )
         assert gate is not None  # the gated-Q prep always returns the gate
-        attn = batch.attention.run(0, self.attn_spec, q_rot, pool_layer)
         gated = attn.reshape(tokens, self.num_heads, head_dim) * torch.sigmoid(gate)
         return gated.reshape(tokens, q_size)
 

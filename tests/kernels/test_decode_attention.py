@@ -28,7 +28,7 @@ from kernels.triton.decode_attention import (
     DecodeScratch,
     decode_attention,
 )
-from kernels.triton.decode_attention_aot import SERVING_VARIANTS
+from kernels.triton.decode_attention_aot import PREP_VARIANTS, SERVING_VARIANTS
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 S = SPLIT_TOKENS
@@ -258,4 +258,5 @@ def test_refuses_what_it_cannot_run_naming_the_value() -> None:
 
 def test_every_variant_compiles_for_sm90() -> None:
     compiled = compiled_variants("kernels.triton.decode_attention_aot")
-    assert len(compiled) == len(SERVING_VARIANTS), compiled
+    # The plain kernels at every serving geometry, then the PREP variant at its own.
+    assert len(compiled) == len(SERVING_VARIANTS) + len(PREP_VARIANTS), compiled

@@ -16,6 +16,7 @@ import torch
 from engine.config import EngineConfig
 from engine.contract import Request, SamplingParams
 from engine.scheduler import BatchScheduler
+from kernels.attention import triton_decode_backend
 from kernels.attention.base import AttentionLayerSpec, GroupBatch
 from kernels.attention.torch_backend import TorchAttention
 from kernels.attention.triton_decode_backend import KERNEL_ROWS, TritonDecodeAttention
@@ -226,6 +227,28 @@ def test_tiny_qwen3_decodes_the_torch_backends_tokens(tiny_qwen3: Path) -> None:
     assert isinstance(attention, TritonDecodeAttention)
     assert attention.decode_plans > 0 and attention.inner_plans > 0  # both paths ran
     assert got == want and all(len(t) == 12 for t in want.values())
+
+
+@pytest.mark.parametrize("line", ["tiny_qwen3", "tiny_gemma4", "tiny_qwen35"])
+def test_the_prep_inside_the_split_kernel_decodes_the_same_tokens(
+    line: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`FUSE_PREP`: the kernel's steps run the prep inside the split kernel (Qwen3, Gemma 4's sliding
+    layers), Qwen3.5's gated-Q prep keeps the prep kernel; the tokens are the unfused run's."""
+    checkpoint: Path = request.getfixturevalue(line)
+    want, _ = _greedy_tokens(checkpoint, "triton")
+    fused_launches: list[int] = []
+    real = triton_decode_backend.decode_attention_with_prep
+
+    def spied(*args: object, **kwargs: object) -> torch.Tensor:
+        fused_launches.append(1)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(triton_decode_backend, "FUSE_PREP", True)
+    monkeypatch.setattr(triton_decode_backend, "decode_attention_with_prep", spied)
+    got, _ = _greedy_tokens(checkpoint, "triton")
+    assert got == want and all(len(t) == 12 for t in want.values())
+    assert (len(fused_launches) > 0) == (line != "tiny_qwen35"), len(fused_launches)
 
 
 def test_pick_attention_builds_it_and_refuses_a_cpu_without_the_interpreter(

@@ -73,8 +73,10 @@
 #   qwen35-9b-forward is the 9b's full_forward_matches_hf, never run alone on an H200; the prefill-graphs
 #   manifest on gemma4 is what stands between --prefill-graphs and the default.
 # On an H100 (no needs_h200: none of this needs more than 78 GiB), most information per device
-# second first: PIPELINE="gate-act-lines-ab default-attn-gates pdl-preload-probe" with
-# QWEN35_SELECT=all (~5 + 12 + 2 min): the gate/up GEMV's gated epilogue (ec7f68b, the default
+# second first: PIPELINE="prep-fuse-ab gate-act-lines-ab default-attn-gates pdl-preload-probe" with
+# QWEN35_SELECT=all (~7 + 5 + 12 + 2 min): the attention prep inside the Triton split kernel
+# (INFER_FUSE_PREP=1, one launch a layer fewer at batches 1-4; turn it on by default where the
+# step gains and the gates pass); the gate/up GEMV's gated epilogue (ec7f68b, the default
 # wherever the H100 table sends the gate/up to the GEMV) on Gemma 4 12B at batch 1-2 and Qwen3.5-4B
 # at batch 1, whose whole steps have not been timed with it, then the qwen35 manifest and the gemma4
 # gates that fit with it as shipped (the qwen3 manifest passed with it at 6a3578e), then what each
@@ -320,6 +322,23 @@ gate-act-head-ab() {  # the decode step as shipped (the gate/up GEMV's SiLU·mul
     [ $run == 1 ] && qwen3-gates
   done
   python3 -m pytest -q -s --tb=short tests/kernels/test_skinny_gemm.py -k "gated or gemv_bucket"
+}
+prep-fuse-ab() {  # the attention prep inside the Triton split kernel (INFER_FUSE_PREP=1: one launch a
+  # layer fewer at the batches the kernel serves, 1-4) against the prep kernel, Qwen3-4B at batches
+  # 1-4, interleaved, twice each, run 1 with the kernel timeline; then its GPU tests and the qwen3
+  # manifest with it (~7 min)
+  synth_q3
+  local run
+  for run in 1 2; do
+    infer bench latency --model $q3 --batch-sizes 1,2,4 --prefill-lens 1024 \
+      $([ $run == 1 ] && echo --breakdown) --save-result $work/qwen3-4b-latency-prep-pair-$run.json
+    INFER_FUSE_PREP=1 infer bench latency --model $q3 --batch-sizes 1,2,4 --prefill-lens 1024 \
+      $([ $run == 1 ] && echo --breakdown) --save-result $work/qwen3-4b-latency-prep-fused-$run.json
+  done
+  python3 -m pytest -q -s --tb=short tests/kernels/test_decode_attention_prep.py \
+    tests/kernels/test_triton_decode_backend.py
+  INFER_FUSE_PREP=1 infer gates --manifest qwen3 --shared-process --checkpoint $q3 $(gate_args qwen3) \
+    --json $work/qwen3-gates-prep-fused.json
 }
 gate-act-lines-ab() {  # the same question on the other lines the H100 table sends to the gated GEMV,
   # untimed so far: Gemma 4 12B's gate/up at M = 1-2 (GELU-tanh) and Qwen3.5-4B's at M = 1, as
@@ -1051,7 +1070,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | gemv-layout-ab | attn-split-ab | decode-kernel-ab | invariant-gpu-tests | invariant-tiles-probe | invariant-triton-attn | prefill-host-ab | split-rule-check | gemv-rows-ab | prefill-spread | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | prefill-graphs-gates-qwen35 | prefill-graphs-gates-gemma4 | qwen35-prefill-graphs-latency | attn-layouts | qwen35-9b-forward | mma-rows-ab | attn-chunk-ab | fused-compose-check | default-attn-gates | pdl-preload-probe | attn-split-sizes | attn-split-size-ab | gate-act-head-ab | gate-act-lines-ab)
+  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | gemv-layout-ab | attn-split-ab | decode-kernel-ab | invariant-gpu-tests | invariant-tiles-probe | invariant-triton-attn | prefill-host-ab | split-rule-check | gemv-rows-ab | prefill-spread | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | prefill-graphs-gates-qwen35 | prefill-graphs-gates-gemma4 | qwen35-prefill-graphs-latency | attn-layouts | qwen35-9b-forward | mma-rows-ab | attn-chunk-ab | fused-compose-check | default-attn-gates | pdl-preload-probe | attn-split-sizes | attn-split-size-ab | gate-act-head-ab | gate-act-lines-ab | prep-fuse-ab)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
