@@ -87,7 +87,7 @@ from kernels.kv_layout import PAGE_SIZE, check_pool_layer
 from kernels.reference import PrepSpec, SpecError, check_prep_inputs
 from kernels.triton.attention_prep import prep_constexprs
 from kernels.triton.launch import FastLaunch
-from kernels.triton.prep_kernel import _norm_rotate_heads, _rotation_geometry, _round_to_storage, _v_values
+from kernels.triton.prep_kernel import _kv_values, _norm_rotate_heads, _rotation_geometry, _round_to_storage
 from kernels.triton.storage import STORAGE_TYPES, interpreted, next_power_of_2, pdl_supported
 
 # Tokens per split, at absolute positions, by default. Never derived from the batch inside the kernel:
@@ -445,8 +445,9 @@ def _new_token_kv(
     head_ok = (heads < KV_HEADS)[:, None]
     heads = heads[:, None].to(tl.int64)
     row = row.to(tl.int64)
-    k_rot, k_raw, k_inv_rms = _norm_rotate_heads(
+    k_rot, v = _kv_values(
         k_ptr + row * stride_k_row + heads * stride_k_head,
+        v_ptr + row * stride_v_row + heads * stride_v_head,
         k_weight_ptr,
         k_eps,
         head_ok,
@@ -457,15 +458,6 @@ def _new_token_kv(
         PAIR_OFFSET,
         WEIGHT_MODE,
         ROUND_BEFORE_WEIGHT,
-        STORAGE,
-    )
-    v = _v_values(
-        v_ptr + row * stride_v_row + heads * stride_v_head,
-        head_ok,
-        k_raw,
-        k_inv_rms,
-        k_eps,
-        HEAD_DIM,
         V_SOURCE,
         STORAGE,
     )

@@ -121,19 +121,39 @@ def _norm_rotate_heads(
 
 
 @triton.jit
-def _v_values(
+def _kv_values(
+    k_src,
     v_src,
-    head_ok,
-    k_raw,
-    k_inv_rms,
+    k_weight_ptr,
     k_eps,
+    head_ok,
+    cos,
+    sin,
     HEAD_DIM: tl.constexpr,
+    TURNING_PAIRS: tl.constexpr,
+    PAIR_OFFSET: tl.constexpr,
+    WEIGHT_MODE: tl.constexpr,
+    ROUND_BEFORE_WEIGHT: tl.constexpr,
     V_SOURCE: tl.constexpr,
     STORAGE: tl.constexpr,
 ):
-    """The V rows a [heads, HEAD_DIM] tile of KV heads stores: as projected (loaded from ``v_src``,
-    the heads' rows, in the storage dtype), normalised (fp32, storage-rounded), or derived from K's
-    raw rows and inverse RMS (what ``_norm_rotate_heads`` returned for the same heads)."""
+    """The K and V rows a [heads, HEAD_DIM] tile of KV heads stores (``k_src``, ``v_src``: the heads'
+    rows of the projection): K normed and rotated (fp32, storage-rounded); V as projected (in the
+    storage dtype), normalised (fp32, storage-rounded), or derived from K's raw rows and inverse RMS."""
+    k_rot, k_raw, k_inv_rms = _norm_rotate_heads(
+        k_src,
+        k_weight_ptr,
+        k_eps,
+        head_ok,
+        cos,
+        sin,
+        HEAD_DIM,
+        TURNING_PAIRS,
+        PAIR_OFFSET,
+        WEIGHT_MODE,
+        ROUND_BEFORE_WEIGHT,
+        STORAGE,
+    )
     dims = tl.arange(0, HEAD_DIM)[None, :]
     if V_SOURCE == V_PROJECTION:
         v = tl.load(v_src + dims, mask=head_ok)
@@ -143,7 +163,7 @@ def _v_values(
     else:
         # Gemma 4 global: V is the raw K row under a weightless norm, sharing K's inverse RMS.
         v = _normalise(k_raw, k_inv_rms, k_raw, WEIGHT_NONE, False, STORAGE)
-    return v
+    return k_rot, v
 
 
 @triton.jit
@@ -239,9 +259,9 @@ def _prep_kv_block(
     k_dst = pool_ptr + page * stride_pool_page + token * stride_pool_token + heads * stride_pool_head + dims
     v_dst = k_dst + stride_pool_kv
 
-    src = k_ptr + row * stride_k_row + heads * stride_k_head
-    k_rot, k_raw, k_inv_rms = _norm_rotate_heads(
-        src,
+    k_rot, v = _kv_values(
+        k_ptr + row * stride_k_row + heads * stride_k_head,
+        v_ptr + row * stride_v_row + heads * stride_v_head,
         k_weight_ptr,
         k_eps,
         head_ok,
@@ -252,19 +272,10 @@ def _prep_kv_block(
         PAIR_OFFSET,
         WEIGHT_MODE,
         ROUND_BEFORE_WEIGHT,
-        STORAGE,
-    )
-    tl.store(k_dst, k_rot.to(STORAGE), mask=head_ok)
-    v = _v_values(
-        v_ptr + row * stride_v_row + heads * stride_v_head,
-        head_ok,
-        k_raw,
-        k_inv_rms,
-        k_eps,
-        HEAD_DIM,
         V_SOURCE,
         STORAGE,
     )
+    tl.store(k_dst, k_rot.to(STORAGE), mask=head_ok)
     tl.store(v_dst, v.to(STORAGE), mask=head_ok)
 
 
