@@ -113,6 +113,19 @@ def _check_rows_buffer(name: str, t: torch.Tensor, needed_rows: int) -> None:
         raise PrepLaunchError(f"{name} must be dense in its last dim, got strides {t.stride()}")
 
 
+def check_rope_table(spec: PrepSpec, rope_table: torch.Tensor, dtype: torch.dtype) -> None:
+    """Raise ``PrepLaunchError`` unless ``rope_table`` is ``[positions, 2, turning_pairs]`` in the
+    storage dtype, dense in its last dim (what the kernels index)."""
+    turning = spec.rope.turning_pairs
+    if rope_table.dim() != 3 or tuple(rope_table.shape[1:]) != (2, turning) or rope_table.dtype != dtype:
+        raise PrepLaunchError(
+            f"rope table must be [positions, 2, {turning}] {dtype}, got "
+            f"{tuple(rope_table.shape)} {rope_table.dtype}"
+        )
+    if rope_table.stride(2) != 1:
+        raise PrepLaunchError(f"rope table must be dense in its last dim, got strides {rope_table.stride()}")
+
+
 def _check_launch(
     spec: PrepSpec,
     q: torch.Tensor,
@@ -152,14 +165,7 @@ def _check_launch(
         raise PrepLaunchError(
             f"{spec.name}: gate_out is {'missing' if spec.q_gated else 'given but Q has no gate'}"
         )
-    turning = spec.rope.turning_pairs
-    if rope_table.dim() != 3 or tuple(rope_table.shape[1:]) != (2, turning) or rope_table.dtype != q.dtype:
-        raise PrepLaunchError(
-            f"rope table must be [positions, 2, {turning}] {q.dtype}, got "
-            f"{tuple(rope_table.shape)} {rope_table.dtype}"
-        )
-    if rope_table.stride(2) != 1:
-        raise PrepLaunchError(f"rope table must be dense in its last dim, got strides {rope_table.stride()}")
+    check_rope_table(spec, rope_table, q.dtype)
     if kv_pool_layer.dtype != q.dtype:
         raise PrepLaunchError(f"pool dtype {kv_pool_layer.dtype} differs from q {q.dtype}")
     devices = {

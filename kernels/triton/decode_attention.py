@@ -85,7 +85,7 @@ import triton.language as tl
 from kernels.attention.base import AttentionLayerSpec
 from kernels.kv_layout import PAGE_SIZE, check_pool_layer
 from kernels.reference import PrepSpec, SpecError, check_prep_inputs
-from kernels.triton.attention_prep import prep_constexprs
+from kernels.triton.attention_prep import PrepLaunchError, check_rope_table, prep_constexprs
 from kernels.triton.launch import FastLaunch
 from kernels.triton.prep_kernel import _kv_values, _norm_rotate_heads, _rotation_geometry, _round_to_storage
 from kernels.triton.storage import STORAGE_TYPES, interpreted, next_power_of_2, pdl_supported
@@ -700,15 +700,11 @@ def check_prep_operands(
         )
     if positions.stride(0) != 1:
         raise DecodeAttentionError(f"decode attention with prep: positions strides {positions.stride()}")
-    table, turning = prep.rope_table, spec.rope.turning_pairs
-    if table.dim() != 3 or tuple(table.shape[1:]) != (2, turning) or table.dtype != q.dtype:
-        raise DecodeAttentionError(
-            f"decode attention with prep: rope table {tuple(table.shape)} {table.dtype} is not "
-            f"[positions, 2, {turning}] {q.dtype}"
-        )
-    if table.stride(2) != 1:
-        raise DecodeAttentionError(f"decode attention with prep: rope table strides {table.stride()}")
-    tensors = (k, v, prep.q_norm_weight, prep.k_norm_weight, table, positions)
+    try:
+        check_rope_table(spec, prep.rope_table, q.dtype)
+    except PrepLaunchError as exc:
+        raise DecodeAttentionError(f"decode attention with prep: {exc}") from exc
+    tensors = (k, v, prep.q_norm_weight, prep.k_norm_weight, prep.rope_table, positions)
     devices = {t.device for t in tensors if t is not None} | {q.device}
     if len(devices) != 1:
         raise DecodeAttentionError(f"decode attention with prep: operands on {sorted(map(str, devices))}")
