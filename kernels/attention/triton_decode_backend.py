@@ -73,6 +73,10 @@ SPLIT_TOKENS_BY_ROWS: tuple[tuple[int, int], ...] = ()
 # fewer): `INFER_FUSE_PREP=1`, read at import. Off until a whole decode step measures it faster
 # (docs/benchmarks/qwen3.md, "Levers measured"; the session script's `prep-fuse-ab`).
 FUSE_PREP = os.environ.get("INFER_FUSE_PREP", "0") == "1"
+# Whether the kernel's P·V dot takes P rounded to the storage dtype (`pv_storage`: FlashInfer's
+# numerics, half the split kernel's registers): `INFER_ATTN_PV_STORAGE=1`, read at import. Off until
+# a whole decode step measures it faster (the session script's `attn-pv-storage-ab`).
+PV_STORAGE = os.environ.get("INFER_ATTN_PV_STORAGE", "0") == "1"
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,6 +214,7 @@ class TritonDecodeAttention(AttentionBackend):
             layer,
             scratch=plan.scratch,
             split_tokens=plan.split_tokens,
+            pv_storage=PV_STORAGE,
         )
 
     def prep_and_run(
@@ -246,6 +251,7 @@ class TritonDecodeAttention(AttentionBackend):
             layer,
             scratch=plan.scratch,
             split_tokens=plan.split_tokens,
+            pv_storage=PV_STORAGE,
         )
         return out, None
 
@@ -287,6 +293,6 @@ class TritonDecodeAttention(AttentionBackend):
         # Every split size a kernel step may take (each is its own compiled kernel), before any capture.
         splits = {self.split_tokens(rows) for rows in range(1, (self.kernel_rows or 1) + 1)}
         for split in sorted(splits):
-            decode_attention(q, pool, table, kv_lens, spec, split_tokens=split)
+            decode_attention(q, pool, table, kv_lens, spec, split_tokens=split, pv_storage=PV_STORAGE)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

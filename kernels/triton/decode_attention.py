@@ -63,7 +63,12 @@ writes only its own output row.
 The two dots (`TENSOR_CORES`, bf16 and fp16 storage on the GPU): QKᵀ on the tensor cores straight
 from the storage dtype (the products are exact, the sums fp32), and P·V in three-pass TF32
 (`input_precision="tf32x3"`: P split into two TF32 parts, V exact in TF32, so fp32-class accuracy
-with no rounding of P to 16 bits, which FlashInfer does). fp32 storage, and every dtype under
+with no rounding of P to 16 bits, which FlashInfer does). `pv_storage` (opt-in, untimed) takes
+FlashInfer's numerics instead: P rounded to the storage dtype and one 16-bit dot. That adds at most
+u·max|v| to the error, u the storage dtype's unit roundoff (each p ≤ 1 moves by at most u·p, and the
+sum of the fp32 p is the softmax's denominator; a p in fp16's subnormal range moves by at most
+2⁻²⁵), and halves the registers (Qwen3-4B's split kernel 119 against 224 in the sm_90 build, so 4
+programs fit an SM where 2 do). fp32 storage, and every dtype under
 `TRITON_INTERPRET=1` (whose bf16 dot is wrong), take fp32 IEEE dots on the CUDA cores, with which a
 64-row Qwen3-4B step took 22.3 ms against FlashInfer's 6.4 on an H100 (docs/benchmarks/qwen3.md). PDL on sm_90+
 (kernels/triton/storage.py): both kernels let the next one launch at once and wait for the one
@@ -242,6 +247,8 @@ def _decode_attention_split_kernel(
     HAS_WINDOW: tl.constexpr,
     TENSOR_CORES: tl.constexpr,
     PDL: tl.constexpr,
+    # P rounded to the storage dtype for the P·V dot (module doc, "The dots"); tensor cores only.
+    PV_STORAGE: tl.constexpr = False,
     # The PREP variant's compile-time parameters: the prep kernel's (kernels/triton/attention_prep.py,
     # `prep_constexprs`) under the same names.
     PREP: tl.constexpr = False,
@@ -374,7 +381,7 @@ def _decode_attention_split_kernel(
             newest0 = (ok0 & (pos0 == kv_len - 1))[:, None]
             k0 = tl.load(slot0[:, None] + d[None, :], mask=newest0, other=k0)
             v0 = tl.load(slot0[:, None] + stride_kv + d[None, :], mask=newest0, other=v0)
-        m_i, l_i, acc = _fold_tile(q, k0, v0, ok0, m_i, l_i, acc, scale, TENSOR_CORES)
+        m_i, l_i, acc = _fold_tile(q, k0, v0, ok0, m_i, l_i, acc, scale, TENSOR_CORES, PV_STORAGE)
         for s in range(s0, n_splits, PROGRAMS):
             lo = tl.maximum(s * SPLIT, start)
             hi = tl.minimum(s * SPLIT + SPLIT, kv_len)
@@ -395,7 +402,7 @@ def _decode_attention_split_kernel(
                 else:
                     k = tl.load(slot[:, None] + d[None, :], mask=ok[:, None], other=0.0)
                     v = tl.load(slot[:, None] + stride_kv + d[None, :], mask=ok[:, None], other=0.0)
-                m_i, l_i, acc = _fold_tile(q, k, v, ok, m_i, l_i, acc, scale, TENSOR_CORES)
+                m_i, l_i, acc = _fold_tile(q, k, v, ok, m_i, l_i, acc, scale, TENSOR_CORES, PV_STORAGE)
         part = (row.to(tl.int64) * KV_HEADS + kvh) * PROGRAMS + prog
         tl.store(acc_ptr + (part * GROUP + g)[:, None] * HEAD_DIM + d[None, :], acc, mask=g_ok[:, None])
         tl.store(ml_ptr + part * 2 * GROUP + g, m_i, mask=g_ok)
@@ -479,8 +486,9 @@ def _token_slots(table_row, head, pos, ok, stride_page, stride_token, PAGE: tl.c
 
 
 @triton.jit
-def _fold_tile(q, k, v, ok, m_i, l_i, acc, scale, TENSOR_CORES: tl.constexpr):
-    """One tile of K/V folded into the running max, sum and accumulator (online softmax)."""
+def _fold_tile(q, k, v, ok, m_i, l_i, acc, scale, TENSOR_CORES: tl.constexpr, PV_STORAGE: tl.constexpr):
+    """One tile of K/V folded into the running max, sum and accumulator (online softmax). The sum
+    takes the fp32 P; with ``PV_STORAGE`` the P·V dot takes P rounded to V's storage dtype."""
     if TENSOR_CORES:
         scores = tl.dot(q, tl.trans(k)) * scale
     else:
@@ -490,7 +498,9 @@ def _fold_tile(q, k, v, ok, m_i, l_i, acc, scale, TENSOR_CORES: tl.constexpr):
     alpha = tl.exp(m_i - m_new)
     p = tl.exp(scores - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    if TENSOR_CORES:
+    if TENSOR_CORES and PV_STORAGE:
+        pv = tl.dot(p.to(v.dtype), v)
+    elif TENSOR_CORES:
         pv = tl.dot(p, v.to(tl.float32), input_precision="tf32x3")
     else:
         pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
@@ -628,6 +638,7 @@ def decode_attention(
     scratch: DecodeScratch | None = None,
     out: torch.Tensor | None = None,
     split_tokens: int = SPLIT_TOKENS,
+    pv_storage: bool = False,
 ) -> torch.Tensor:
     """Attention of q `[rows, num_heads, head_dim]` (row i: one query at position `kv_lens[i] - 1`)
     over the row's `kv_lens[i]` positions on pages `page_table[i]` of `pool_layer`. Returns
@@ -635,10 +646,14 @@ def decode_attention(
 
     `page_table` int32 `[≥ rows, pages]` and `kv_lens` int32 `[≥ rows]` live on q's device; only
     their first `rows` rows are read. `split_tokens` sets the split (module doc); a row's bits
-    depend on it, never on the batch. Host work is metadata only: no synchronisation, and with
-    `scratch` and `out` given no allocation (CUDA-graph safe)."""
+    depend on it, never on the batch. `pv_storage` rounds P to the storage dtype for the P·V dot of
+    the tensor-core program (module doc, "The dots"; the fp32 program has nothing to round). Host
+    work is metadata only: no synchronisation, and with `scratch` and `out` given no allocation
+    (CUDA-graph safe)."""
     check_decode(q, pool_layer, page_table, kv_lens, layer, scratch, split_tokens)
-    return _launch(q, pool_layer, page_table, kv_lens, layer, scratch, out, split_tokens, _NO_PREP, {})
+    return _launch(
+        q, pool_layer, page_table, kv_lens, layer, scratch, out, split_tokens, pv_storage, _NO_PREP, {}
+    )
 
 
 # The plain launch's PREP operands: None, which Triton specialises away.
@@ -743,10 +758,12 @@ def decode_attention_with_prep(
     scratch: DecodeScratch | None = None,
     out: torch.Tensor | None = None,
     split_tokens: int = SPLIT_TOKENS,
+    pv_storage: bool = False,
 ) -> torch.Tensor:
     """A pure decode step's attention prep and attention in two launches (the PREP split kernel,
     then the merge): what `attention_prep(prep.spec, q, k, v, …)` followed by `decode_attention`
-    on its rotated q returns and leaves in the pool, bit for bit, when row i's position
+    (with the same `split_tokens` and `pv_storage`) on its rotated q returns and leaves in the
+    pool, bit for bit, when row i's position
     (`prep.positions[i]`) is `kv_lens[i] - 1` and its page-table row is `page_table[i]`.
 
     `q`, `k`, `v` are the projection's raw rows (`[rows, heads, head_dim]`, views of a fused
@@ -774,7 +791,17 @@ def decode_attention_with_prep(
     )
     constexprs = prep_variant_constexprs(prep.spec, layer, q.dtype)
     return _launch(
-        q, pool_layer, page_table, kv_lens, layer, scratch, out, split_tokens, operands, constexprs
+        q,
+        pool_layer,
+        page_table,
+        kv_lens,
+        layer,
+        scratch,
+        out,
+        split_tokens,
+        pv_storage,
+        operands,
+        constexprs,
     )
 
 
@@ -787,6 +814,7 @@ def _launch(
     scratch: DecodeScratch | None,
     out: torch.Tensor | None,
     split_tokens: int,
+    pv_storage: bool,
     prep_operands: tuple[object, ...],
     prep_constexprs: dict[str, object],
 ) -> torch.Tensor:
@@ -838,6 +866,7 @@ def _launch(
         BLOCK_N=geometry.block_n(split_tokens),
         PAGE=PAGE_SIZE,
         TENSOR_CORES=uses_tensor_cores(q.dtype),
+        PV_STORAGE=pv_storage and uses_tensor_cores(q.dtype),
         **shared,
         **prep_constexprs,
         **launch,

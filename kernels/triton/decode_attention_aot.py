@@ -4,9 +4,10 @@ The interpreter accepts programs the GPU compiler rejects (a dynamic loop whose 
 a runtime `if`, fp32 `tl.dot` shapes), so the interpreter tests alone do not show the two kernels
 build. This compiles the split and merge kernels at the serving geometries down to cubins with the
 ptxas that ships with Triton, specialised as the runtime JIT specialises them (pointers and the
-pool strides, multiples of 16, marked divisible by 16), and the split kernel's PREP variant
+pool strides, multiples of 16, marked divisible by 16), the split kernel's PREP variant
 (``decode_attention_with_prep``) at the geometries of ``PREP_VARIANTS``, whose RMS norms must
-reduce in the prep kernel's register layouts (``norm_reduction_layouts``); for each split kernel it
+reduce in the prep kernel's register layouts (``norm_reduction_layouts``), and the split kernel
+with P·V in bf16 (``pv_storage``) at ``PV_STORAGE_VARIANTS``; for each split kernel it
 prints the registers and spills the cubin uses (``cuobjdump``, where Triton ships it). Run
 without ``TRITON_INTERPRET``: ``python -m kernels.triton.decode_attention_aot``.
 """
@@ -61,6 +62,15 @@ PREP_VARIANTS: tuple[tuple[PrepSpec, int, int, int | None, torch.dtype], ...] = 
     (qwen3_prep(), 32, 8, None, torch.float32),
     (gemma4_sliding_prep(), 16, 8, 1024, torch.bfloat16),
     (gemma3_prep(), 4, 1, 512, torch.bfloat16),
+)
+
+# (q heads, kv heads, head dim, window, with prep): the split kernel with P·V in the storage dtype
+# (`pv_storage`), bf16, at the tensor-core geometries of SERVING_VARIANTS and Qwen3-4B's PREP variant.
+PV_STORAGE_VARIANTS: tuple[tuple[int, int, int, int | None, PrepSpec | None], ...] = (
+    (32, 8, 128, None, None),
+    (16, 4, 256, None, None),
+    (16, 8, 256, 1024, None),
+    (32, 8, 128, None, qwen3_prep()),
 )
 
 # The split kernel's PREP operands, in its argument order (None in the plain build).
@@ -120,10 +130,11 @@ def compile_variant(
     arch: int = 90,
     pdl: bool = True,
     prep: PrepSpec | None = None,
+    pv_storage: bool = False,
 ) -> tuple[object, object]:
     """The compiled (split, merge) kernels for one layer geometry and storage dtype on ``sm_{arch}``,
     PDL on as a GPU of that arch launches them (or off); with ``prep``, the split kernel's PREP
-    variant for that prep."""
+    variant for that prep; with ``pv_storage``, its P·V dot in the storage dtype."""
     if interpreted():
         raise RuntimeError("ahead-of-time compilation needs TRITON_INTERPRET unset")
     geometry = DecodeGeometry.of(layer)
@@ -167,6 +178,7 @@ def compile_variant(
             "PAGE": PAGE_SIZE,
             "TENSOR_CORES": uses_tensor_cores(dtype),
             **variant,
+            "PV_STORAGE": pv_storage and uses_tensor_cores(dtype),
         },
         dtype,
         pool_strides,
@@ -259,6 +271,16 @@ def main() -> int:
         elif _check(kernels, name, failures):
             print(
                 f"compiled decode attention with prep {name} for sm_90 with PDL (split: {resource_usage(kernels[0])})"
+            )
+    for heads, kv_heads, head_dim, window, with_prep in PV_STORAGE_VARIANTS:
+        layer = AttentionLayerSpec(heads, kv_heads, head_dim, head_dim**-0.5, window)
+        kernels = compile_variant(layer, torch.bfloat16, prep=with_prep, pv_storage=True)
+        prep_name = with_prep.name if with_prep else None
+        name = f"q_heads={heads} kv_heads={kv_heads} head_dim={head_dim} window={window} prep={prep_name}"
+        if _check(kernels, name, failures):
+            print(
+                f"compiled decode attention, P·V in bf16, {name} for sm_90 with PDL "
+                f"(split: {resource_usage(kernels[0])})"
             )
     for failure in failures:
         print(f"FAILED {failure}", file=sys.stderr)

@@ -28,7 +28,7 @@ from kernels.triton.decode_attention import (
     DecodeScratch,
     decode_attention,
 )
-from kernels.triton.decode_attention_aot import PREP_VARIANTS, SERVING_VARIANTS
+from kernels.triton.decode_attention_aot import PREP_VARIANTS, PV_STORAGE_VARIANTS, SERVING_VARIANTS
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 S = SPLIT_TOKENS
@@ -87,11 +87,18 @@ class Case:
         rows = list(range(len(self.kv_lens))) if rows is None else rows
         return torch.tensor([self.kv_lens[r] for r in rows], dtype=torch.int32, device=DEVICE)
 
-    def kernel(self, rows: list[int] | None = None, pool: torch.Tensor | None = None) -> torch.Tensor:
+    def kernel(
+        self, rows: list[int] | None = None, pool: torch.Tensor | None = None, *, pv_storage: bool = False
+    ) -> torch.Tensor:
         rows = list(range(len(self.kv_lens))) if rows is None else rows
         q = self.q[rows]
         return decode_attention(
-            q, self.pool if pool is None else pool, self.table(rows), self.lens(rows), self.layer
+            q,
+            self.pool if pool is None else pool,
+            self.table(rows),
+            self.lens(rows),
+            self.layer,
+            pv_storage=pv_storage,
         )
 
     def spec(self) -> torch.Tensor:
@@ -154,6 +161,41 @@ def test_the_tensor_core_program_matches_the_spec_within_its_own_error(
         kernel, spec = _errors(case)
         assert kernel <= SPEC_ERROR_RATIO[torch.float16] * spec, (geometry, kernel, spec, kernel / spec)
         assert torch.equal(case.kernel(pool=case.sentinel_pool()), case.kernel())
+
+
+# `pv_storage` rounds each p (≤ 1) to the storage dtype for the P·V dot: the output moves by at most
+# u·max|v| past the tensor-core program's error, u the unit roundoff, plus 2⁻²⁵·max|v| a position
+# where an fp16 p is subnormal (kernels/triton/decode_attention.py, "The dots"). Measured in fp16 on
+# the CPU interpreter: 1.26 and 1.33 times the spec's error (the tf32x3 program's: 1.00), against
+# bounds 7.2 and 10.3 times it; the worst case needs every p rounded the same way at the largest v.
+UNIT_ROUNDOFF = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
+SUBNORMAL_STEP = {torch.float16: 2.0**-25, torch.bfloat16: 0.0}
+# The interpreter's 16-bit dot is right in fp16 only: bf16 runs where a GPU does.
+PV_STORAGE_DTYPES = [torch.float16, *([torch.bfloat16] if DEVICE.type == "cuda" else [])]
+
+
+@pytest.mark.parametrize("dtype", PV_STORAGE_DTYPES)
+def test_p_in_the_storage_dtype_stays_within_the_rounding_of_p(
+    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype
+) -> None:
+    """The spec's bound widened by exactly what rounding P can move, and the kernel's invariances
+    (a row alone, sentinels) unchanged."""
+    import kernels.triton.decode_attention as module
+
+    monkeypatch.setattr(module, "uses_tensor_cores", lambda dtype: dtype != torch.float32)
+    for geometry in ((8, 2, 128), (4, 1, 64)):
+        lens = KV_LENS if geometry[2] == 128 else (1, 17, S + 1, 3 * S + 5)
+        case = Case(_layer(*geometry), lens, dtype, seed=3)
+        exact = case.exact().cpu()
+        spec = (case.spec().double() - exact).abs().max().item()
+        rounded = case.kernel(pv_storage=True)
+        kernel = (rounded.double().cpu() - exact).abs().max().item()
+        v_max = case.pool[:, 1].abs().max().item()  # every V in the pool: at least the visible ones'
+        p_rounding = (UNIT_ROUNDOFF[dtype] + max(lens) * SUBNORMAL_STEP[dtype]) * v_max
+        assert kernel <= SPEC_ERROR_RATIO[dtype] * spec + p_rounding, (geometry, kernel, spec, p_rounding)
+        assert not torch.equal(rounded, case.kernel()), "pv_storage changed nothing"
+        assert torch.equal(case.kernel([2], pv_storage=True), rounded[2:3])
+        assert torch.equal(case.kernel(pool=case.sentinel_pool(), pv_storage=True), rounded)
 
 
 @pytest.mark.parametrize("window", [1, 20, S, S + 30])
@@ -258,5 +300,8 @@ def test_refuses_what_it_cannot_run_naming_the_value() -> None:
 
 def test_every_variant_compiles_for_sm90() -> None:
     compiled = compiled_variants("kernels.triton.decode_attention_aot")
-    # The plain kernels at every serving geometry, then the PREP variant at its own.
-    assert len(compiled) == len(SERVING_VARIANTS) + len(PREP_VARIANTS), compiled
+    # The plain kernels at every serving geometry, the PREP variant at its own, then P·V in bf16.
+    assert len(compiled) == len(SERVING_VARIANTS) + len(PREP_VARIANTS) + len(PV_STORAGE_VARIANTS), compiled
+    assert all(
+        "registers=" not in line or "stack_bytes=0" in line for line in compiled[-len(PV_STORAGE_VARIANTS) :]
+    )

@@ -61,10 +61,11 @@ class Case:
         *,
         window: int | None = None,
         seed: int = 0,
+        pv_storage: bool = False,
     ):
         g = torch.Generator().manual_seed(seed)
         d = spec.head_dim
-        self.spec, self.kv_lens, self.dtype = spec, kv_lens, dtype
+        self.spec, self.kv_lens, self.dtype, self.pv_storage = spec, kv_lens, dtype, pv_storage
         self.layer = AttentionLayerSpec(heads, kv_heads, d, d**-0.5, window)
         rows = len(kv_lens)
         pages = 1 + sum(pages_for(n) for n in kv_lens) + 3  # the padding page and three spare ones
@@ -130,7 +131,9 @@ class Case:
             pool[1],
             q_rot,
         )
-        return decode_attention(q_rot, pool[1], table, lens, self.layer, split_tokens=SPLIT)
+        return decode_attention(
+            q_rot, pool[1], table, lens, self.layer, split_tokens=SPLIT, pv_storage=self.pv_storage
+        )
 
     def fused(self, pool: torch.Tensor, rows: list[int] | None = None) -> torch.Tensor:
         ops = self.operands(rows)
@@ -140,7 +143,16 @@ class Case:
         assert v is None or isinstance(v, torch.Tensor)
         assert isinstance(positions, torch.Tensor) and isinstance(lens, torch.Tensor)
         return decode_attention_with_prep(
-            self.prep(positions), q, k, v, pool[1], table, lens, self.layer, split_tokens=SPLIT
+            self.prep(positions),
+            q,
+            k,
+            v,
+            pool[1],
+            table,
+            lens,
+            self.layer,
+            split_tokens=SPLIT,
+            pv_storage=self.pv_storage,
         )
 
     def sentinel_pool(self) -> torch.Tensor:
@@ -208,6 +220,18 @@ def test_the_tensor_core_program_equals_prep_then_attention(monkeypatch: pytest.
     assert_same_as_the_pair(Case(spec, heads, kv_heads, KV_LENS, torch.float16, seed=5))
     spec, heads, kv_heads, window = SPECS["gemma4_sliding"]
     assert_same_as_the_pair(Case(spec, heads, kv_heads, KV_LENS, torch.float16, window=window, seed=6))
+
+
+def test_p_in_the_storage_dtype_equals_prep_then_attention(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`pv_storage` (P rounded for the P·V dot) in the fused launch and the pair alike, in fp16."""
+    import kernels.triton.decode_attention as module
+
+    monkeypatch.setattr(module, "uses_tensor_cores", lambda dtype: dtype != torch.float32)
+    spec, heads, kv_heads, _ = SPECS["qwen3"]
+    case = Case(spec, heads, kv_heads, KV_LENS, torch.float16, seed=5, pv_storage=True)
+    rounded = assert_same_as_the_pair(case)
+    case.pv_storage = False
+    assert not bit_identical(rounded, case.fused(case.pool.clone())), "pv_storage changed nothing"
 
 
 @pytest.mark.parametrize("window", [1, SPLIT, SPLIT + 5])

@@ -64,25 +64,28 @@
 #     (2026-12-06: ~35 s of local tests between two calls cost a warm H100 and its running step).
 # STAGE=NAME copies every JSON of /tmp/runs into $OUT: past 8 files the rest (runs.tgz too) do not
 # come back, so fetch through a wait call's runs.tgz instead.
-# The pipeline, in priority order, with needs_h200 (an H100 cannot hold these):
-#   "qwen3-table qwen35-9b-forward vllm-qwen3 invariance numerics gemma4-gates qwen35-gates
-#   prefill-graphs-gates-gemma4".
-#   qwen3-table: the H200's dispatch table has no GEMV rows (copy skinny_dispatch_h200.json back from
-#   runs.tgz); vllm-qwen3 beside it for the same-session ratio; gemma4-gates is the whole manifest
-#   under the async default, its five gates that need the H200's memory included;
-#   qwen35-9b-forward is the 9b's full_forward_matches_hf, never run alone on an H200; the prefill-graphs
-#   manifest on gemma4 is what stands between --prefill-graphs and the default.
-# On an H100 (no needs_h200: none of this needs more than 78 GiB), most information per device
-# second first: PIPELINE="prep-fuse-ab gate-act-lines-ab default-attn-gates pdl-preload-probe" with
-# QWEN35_SELECT=all (~7 + 5 + 12 + 2 min): the attention prep inside the Triton split kernel
-# (INFER_FUSE_PREP=1, one launch a layer fewer at batches 1-4; turn it on by default where the
-# step gains and the gates pass); the gate/up GEMV's gated epilogue (ec7f68b, the default
-# wherever the H100 table sends the gate/up to the GEMV) on Gemma 4 12B at batch 1-2 and Qwen3.5-4B
-# at batch 1, whose whole steps have not been timed with it, then the qwen35 manifest and the gemma4
-# gates that fit with it as shipped (the qwen3 manifest passed with it at 6a3578e), then what each
-# projection's GEMV adds past a PDL predecessor. (2026-12-07 evening, 6a48726 and 6a3578e: the
-# persistent O layout, the per-batch split table and the epilogue on Qwen3-4B were timed;
-# docs/benchmarks/qwen3.md.)
+# The next stretch's call 2 picks its pipeline by the card that came (a plain call may get either):
+#   if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+#     P="qwen3-table qwen35-9b-forward+qwen35-gates vllm-qwen3 attn-pv-storage-ab prep-fuse-ab"; else
+#     P="attn-pv-storage-ab prep-fuse-ab gate-act-lines-ab default-attn-gates pdl-preload-probe"; fi;
+#   PIPELINE="$P" QWEN35_SELECT=all SYNTH_AHEAD=0 WAIT_S=5 STAGE=all bash docs/benchmarks/scripts/h200_session.sh ...
+# On an H200 (~3 + 15 + 4 + 10 + 7 min): qwen3-table (the H200's dispatch table has no GEMV rows:
+# copy skinny_dispatch_h200.json back from runs.tgz) and the H200's first decode step since f348b1c;
+# the 9b's full_forward_matches_hf (never run alone on an H200) beside the whole qwen35 manifest at
+# HEAD (neither sizes a KV pool from free memory; issue 19's last two GPU points); vllm-qwen3 for the
+# same-session ratio (its six staging calls while the lanes run, `last` before vllm-qwen3 starts);
+# then the two attention levers. Later H200 steps: invariance, numerics, gemma4-gates (its five
+# gates that need the H200's memory), prefill-graphs-gates-gemma4 (what stands between
+# --prefill-graphs and the default).
+# On an H100 (~10 + 7 + 5 + 12 + 2 min): the split kernel with P rounded to bf16 for P·V
+# (INFER_ATTN_PV_STORAGE=1; 119 registers against 224, so twice the programs an SM) up to 4 and 16
+# rows (FlashInfer serves 8 and 16 now: its 13.8 + 2.8 µs a layer at batch 8 read 16 MB of KV,
+# 5.4 µs at the stream rate; 6a3578e timeline); the attention prep inside the split kernel
+# (INFER_FUSE_PREP=1, one launch a layer fewer at batches 1-4); turn each on by default where the
+# step gains and the gates pass; the gate/up GEMV's gated epilogue (ec7f68b) on Gemma 4 12B at
+# batch 1-2 and Qwen3.5-4B at batch 1; the qwen35 manifest and the gemma4 gates that fit with them
+# as shipped; what each projection's GEMV adds past a PDL predecessor. (2026-12-07 late: no machine
+# came in seven calls, then loans paused: nothing of this ran.)
 # The rest needs the H200
 # (its figures, gemma4's five gates, the 9b's parity: qwen35-9b-forward). The staging
 # folders are ignored, so a new checkout lacks them: scripts/stage_device.sh stages them all (~1 min)
@@ -339,6 +342,30 @@ prep-fuse-ab() {  # the attention prep inside the Triton split kernel (INFER_FUS
     tests/kernels/test_triton_decode_backend.py
   INFER_FUSE_PREP=1 infer gates --manifest qwen3 --shared-process --checkpoint $q3 $(gate_args qwen3) \
     --json $work/qwen3-gates-prep-fused.json
+}
+attn-pv-storage-ab() {  # the Triton split kernel with P rounded to bf16 for its P·V dot
+  # (INFER_ATTN_PV_STORAGE=1: 119 registers against 224, so 4 programs an SM where 2 fit) against the
+  # shipped tf32x3 dot, up to KERNEL_ROWS = 4 rows as shipped and up to 16 (FlashInfer's rows at 8
+  # and 16 until now), Qwen3-4B at batches 1-16, interleaved, twice each, run 1 with the kernel
+  # timeline; then the kernel's GPU tests and the qwen3 manifest with it up to 16 rows (~10 min)
+  synth_q3
+  local run rows16="import kernels.attention.triton_decode_backend as backend
+backend.KERNEL_ROWS = 16"
+  for run in 1 2; do
+    local timeline=$([ $run == 1 ] && echo --breakdown)
+    infer bench latency --model $q3 --batch-sizes 1,2,4,8,16 --prefill-lens 1024 $timeline \
+      --save-result $work/qwen3-4b-latency-pv-shipped-$run.json
+    INFER_ATTN_PV_STORAGE=1 infer bench latency --model $q3 --batch-sizes 1,2,4,8,16 --prefill-lens 1024 \
+      $timeline --save-result $work/qwen3-4b-latency-pv-storage-$run.json
+    infer_patched "$rows16" bench latency --model $q3 --batch-sizes 8,16 --prefill-lens 1024 $timeline \
+      --save-result $work/qwen3-4b-latency-pv-rows16-tf32x3-$run.json
+    INFER_ATTN_PV_STORAGE=1 infer_patched "$rows16" bench latency --model $q3 --batch-sizes 8,16 \
+      --prefill-lens 1024 $timeline --save-result $work/qwen3-4b-latency-pv-rows16-storage-$run.json
+  done
+  python3 -m pytest -q -s --tb=short tests/kernels/test_decode_attention.py \
+    tests/kernels/test_decode_attention_prep.py
+  INFER_ATTN_PV_STORAGE=1 infer_patched "$rows16" gates --manifest qwen3 --shared-process --checkpoint $q3 \
+    $(gate_args qwen3) --json $work/qwen3-gates-pv-rows16.json
 }
 gate-act-lines-ab() {  # the same question on the other lines the H100 table sends to the gated GEMV,
   # untimed so far: Gemma 4 12B's gate/up at M = 1-2 (GELU-tanh) and Qwen3.5-4B's at M = 1, as
@@ -1070,7 +1097,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | gemv-layout-ab | attn-split-ab | decode-kernel-ab | invariant-gpu-tests | invariant-tiles-probe | invariant-triton-attn | prefill-host-ab | split-rule-check | gemv-rows-ab | prefill-spread | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | prefill-graphs-gates-qwen35 | prefill-graphs-gates-gemma4 | qwen35-prefill-graphs-latency | attn-layouts | qwen35-9b-forward | mma-rows-ab | attn-chunk-ab | fused-compose-check | default-attn-gates | pdl-preload-probe | attn-split-sizes | attn-split-size-ab | gate-act-head-ab | gate-act-lines-ab | prep-fuse-ab)
+  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | gemv-layout-ab | attn-split-ab | decode-kernel-ab | invariant-gpu-tests | invariant-tiles-probe | invariant-triton-attn | prefill-host-ab | split-rule-check | gemv-rows-ab | prefill-spread | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | prefill-graphs-gates-qwen35 | prefill-graphs-gates-gemma4 | qwen35-prefill-graphs-latency | attn-layouts | qwen35-9b-forward | mma-rows-ab | attn-chunk-ab | fused-compose-check | default-attn-gates | pdl-preload-probe | attn-split-sizes | attn-split-size-ab | gate-act-head-ab | gate-act-lines-ab | prep-fuse-ab | attn-pv-storage-ab)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
