@@ -78,9 +78,9 @@
 # gates that need the H200's memory), prefill-graphs-gates-gemma4 (what stands between
 # --prefill-graphs and the default).
 # On an H100 (~10 + 7 + 5 + 12 + 2 min): the split kernel with P rounded to bf16 for P·V
-# (INFER_ATTN_PV_STORAGE=1; 119 registers against 224, so twice the programs an SM) up to 4 and 16
-# rows (FlashInfer serves 8 and 16 now: its 13.8 + 2.8 µs a layer at batch 8 read 16 MB of KV,
-# 5.4 µs at the stream rate; 6a3578e timeline); the attention prep inside the split kernel
+# (INFER_ATTN_PV_STORAGE=1; 119 registers against 224, so twice the programs an SM) up to 4 and 64
+# rows (FlashInfer serves 8-64 now: its 13.7 + 2.9 µs a layer at batch 8 read 16.8 MB of KV,
+# 5.7 µs at the stream rate; 6a3578e timeline); the attention prep inside the split kernel
 # (INFER_FUSE_PREP=1, one launch a layer fewer at batches 1-4); turn each on by default where the
 # step gains and the gates pass; the gate/up GEMV's gated epilogue (ec7f68b) on Gemma 4 12B at
 # batch 1-2 and Qwen3.5-4B at batch 1; the qwen35 manifest and the gemma4 gates that fit with them
@@ -345,27 +345,28 @@ prep-fuse-ab() {  # the attention prep inside the Triton split kernel (INFER_FUS
 }
 attn-pv-storage-ab() {  # the Triton split kernel with P rounded to bf16 for its P·V dot
   # (INFER_ATTN_PV_STORAGE=1: 119 registers against 224, so 4 programs an SM where 2 fit) against the
-  # shipped tf32x3 dot, up to KERNEL_ROWS = 4 rows as shipped and up to 16 (FlashInfer's rows at 8
-  # and 16 until now), Qwen3-4B at batches 1-16, interleaved, twice each, run 1 with the kernel
-  # timeline; then the kernel's GPU tests and the qwen3 manifest with it up to 16 rows (~10 min)
+  # shipped tf32x3 dot: up to KERNEL_ROWS = 4 rows as shipped at batches 1-4, and up to 64 rows
+  # (FlashInfer's rows until now) at 8, 16 and 64, against FlashInfer there; Qwen3-4B, interleaved,
+  # twice each, run 1 with the kernel timeline; then the kernel's GPU tests and the qwen3 manifest
+  # with it up to 64 rows (~12 min)
   synth_q3
-  local run rows16="import kernels.attention.triton_decode_backend as backend
-backend.KERNEL_ROWS = 16"
+  local run rows64="import kernels.attention.triton_decode_backend as backend
+backend.KERNEL_ROWS = 64"
   for run in 1 2; do
     local timeline=$([ $run == 1 ] && echo --breakdown)
-    infer bench latency --model $q3 --batch-sizes 1,2,4,8,16 --prefill-lens 1024 $timeline \
+    infer bench latency --model $q3 --batch-sizes 1,2,4,8,16,64 --prefill-lens 1024 $timeline \
       --save-result $work/qwen3-4b-latency-pv-shipped-$run.json
-    INFER_ATTN_PV_STORAGE=1 infer bench latency --model $q3 --batch-sizes 1,2,4,8,16 --prefill-lens 1024 \
+    INFER_ATTN_PV_STORAGE=1 infer bench latency --model $q3 --batch-sizes 1,2,4 --prefill-lens 1024 \
       $timeline --save-result $work/qwen3-4b-latency-pv-storage-$run.json
-    infer_patched "$rows16" bench latency --model $q3 --batch-sizes 8,16 --prefill-lens 1024 $timeline \
-      --save-result $work/qwen3-4b-latency-pv-rows16-tf32x3-$run.json
-    INFER_ATTN_PV_STORAGE=1 infer_patched "$rows16" bench latency --model $q3 --batch-sizes 8,16 \
-      --prefill-lens 1024 $timeline --save-result $work/qwen3-4b-latency-pv-rows16-storage-$run.json
+    infer_patched "$rows64" bench latency --model $q3 --batch-sizes 8,16,64 --prefill-lens 1024 $timeline \
+      --save-result $work/qwen3-4b-latency-pv-rows64-tf32x3-$run.json
+    INFER_ATTN_PV_STORAGE=1 infer_patched "$rows64" bench latency --model $q3 --batch-sizes 8,16,64 \
+      --prefill-lens 1024 $timeline --save-result $work/qwen3-4b-latency-pv-rows64-storage-$run.json
   done
   python3 -m pytest -q -s --tb=short tests/kernels/test_decode_attention.py \
     tests/kernels/test_decode_attention_prep.py
-  INFER_ATTN_PV_STORAGE=1 infer_patched "$rows16" gates --manifest qwen3 --shared-process --checkpoint $q3 \
-    $(gate_args qwen3) --json $work/qwen3-gates-pv-rows16.json
+  INFER_ATTN_PV_STORAGE=1 infer_patched "$rows64" gates --manifest qwen3 --shared-process --checkpoint $q3 \
+    $(gate_args qwen3) --json $work/qwen3-gates-pv-rows64.json
 }
 gate-act-lines-ab() {  # the same question on the other lines the H100 table sends to the gated GEMV,
   # untimed so far: Gemma 4 12B's gate/up at M = 1-2 (GELU-tanh) and Qwen3.5-4B's at M = 1, as
