@@ -66,22 +66,23 @@
 # come back, so fetch through a wait call's runs.tgz instead.
 # The next stretch's call 2 picks its pipeline by the card that came (a plain call may get either):
 #   if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
-#     P="qwen3-table qwen35-9b-forward+qwen35-gates vllm-qwen3 attn-pv-storage-ab prep-fuse-ab"; else
-#     P="attn-pv-storage-ab prep-fuse-ab gate-act-lines-ab default-attn-gates pdl-preload-probe"; fi;
+#     P="qwen3-table qwen35-9b-forward+qwen35-gates vllm-qwen3 attn-pv-storage-ab prep-fuse-ab skinny-early-ab"; else
+#     P="attn-pv-storage-ab prep-fuse-ab skinny-early-ab gate-act-lines-ab default-attn-gates pdl-preload-probe"; fi;
 #   PIPELINE="$P" QWEN35_SELECT=all SYNTH_AHEAD=0 WAIT_S=5 STAGE=all bash docs/benchmarks/scripts/h200_session.sh ...
-# On an H200 (~3 + 15 + 4 + 10 + 7 min): qwen3-table (the H200's dispatch table has no GEMV rows:
+# On an H200 (~3 + 15 + 4 + 12 + 7 + 4 min): qwen3-table (the H200's dispatch table has no GEMV rows:
 # copy skinny_dispatch_h200.json back from runs.tgz) and the H200's first decode step since f348b1c;
 # the 9b's full_forward_matches_hf (never run alone on an H200) beside the whole qwen35 manifest at
 # HEAD (neither sizes a KV pool from free memory; issue 19's last two GPU points); vllm-qwen3 for the
 # same-session ratio (its six staging calls while the lanes run, `last` before vllm-qwen3 starts);
-# then the two attention levers. Later H200 steps: invariance, numerics, gemma4-gates (its five
+# then the three levers below. Later H200 steps: invariance, numerics, gemma4-gates (its five
 # gates that need the H200's memory), prefill-graphs-gates-gemma4 (what stands between
 # --prefill-graphs and the default).
-# On an H100 (~10 + 7 + 5 + 12 + 2 min): the split kernel with P rounded to bf16 for P·V
+# On an H100 (~12 + 7 + 4 + 5 + 12 + 2 min): the split kernel with P rounded to bf16 for P·V
 # (INFER_ATTN_PV_STORAGE=1; 119 registers against 224, so twice the programs an SM) up to 4 and 64
 # rows (FlashInfer serves 8-64 now: its 13.7 + 2.9 µs a layer at batch 8 read 16.8 MB of KV,
 # 5.7 µs at the stream rate; 6a3578e timeline); the attention prep inside the split kernel
-# (INFER_FUSE_PREP=1, one launch a layer fewer at batches 1-4); turn each on by default where the
+# (INFER_FUSE_PREP=1, one launch a layer fewer at batches 1-4); the skinny GEMM's first tile before
+# the PDL wait (FIRST_TILE_BEFORE_WAIT, same bits; batches 2-16); turn each on by default where the
 # step gains and the gates pass; the gate/up GEMV's gated epilogue (ec7f68b) on Gemma 4 12B at
 # batch 1-2 and Qwen3.5-4B at batch 1; the qwen35 manifest and the gemma4 gates that fit with them
 # as shipped; what each projection's GEMV adds past a PDL predecessor. (2026-12-07 late: no machine
@@ -367,6 +368,22 @@ backend.KERNEL_ROWS = 64"
     tests/kernels/test_decode_attention_prep.py
   INFER_ATTN_PV_STORAGE=1 infer_patched "$rows64" gates --manifest qwen3 --shared-process --checkpoint $q3 \
     $(gate_args qwen3) --json $work/qwen3-gates-pv-rows64.json
+}
+skinny-early-ab() {  # the skinny GEMM's K loop with each split's first weight tile requested before
+  # the PDL wait (FIRST_TILE_BEFORE_WAIT: the same bits) against as shipped, Qwen3-4B at the batches
+  # whose table rows take the skinny GEMM (gate/up at 2-16, O at 4-16, the LM head at 2-4),
+  # interleaved, twice each, run 1 with the kernel timeline; then its GPU bit test (~4 min)
+  synth_q3
+  local run early="import kernels.triton.skinny_gemm as skinny
+skinny.FIRST_TILE_BEFORE_WAIT = True"
+  for run in 1 2; do
+    local timeline=$([ $run == 1 ] && echo --breakdown)
+    infer bench latency --model $q3 --batch-sizes 2,4,8,16 --prefill-lens 1024 $timeline \
+      --save-result $work/qwen3-4b-latency-skinny-shipped-$run.json
+    infer_patched "$early" bench latency --model $q3 --batch-sizes 2,4,8,16 --prefill-lens 1024 $timeline \
+      --save-result $work/qwen3-4b-latency-skinny-early-$run.json
+  done
+  python3 -m pytest -q -s --tb=short tests/kernels/test_skinny_gemm.py -k "first_tile"
 }
 gate-act-lines-ab() {  # the same question on the other lines the H100 table sends to the gated GEMV,
   # untimed so far: Gemma 4 12B's gate/up at M = 1-2 (GELU-tanh) and Qwen3.5-4B's at M = 1, as
@@ -1098,7 +1115,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | gemv-layout-ab | attn-split-ab | decode-kernel-ab | invariant-gpu-tests | invariant-tiles-probe | invariant-triton-attn | prefill-host-ab | split-rule-check | gemv-rows-ab | prefill-spread | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | prefill-graphs-gates-qwen35 | prefill-graphs-gates-gemma4 | qwen35-prefill-graphs-latency | attn-layouts | qwen35-9b-forward | mma-rows-ab | attn-chunk-ab | fused-compose-check | default-attn-gates | pdl-preload-probe | attn-split-sizes | attn-split-size-ab | gate-act-head-ab | gate-act-lines-ab | prep-fuse-ab | attn-pv-storage-ab)
+  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | gemv-layout-ab | attn-split-ab | decode-kernel-ab | invariant-gpu-tests | invariant-tiles-probe | invariant-triton-attn | prefill-host-ab | split-rule-check | gemv-rows-ab | prefill-spread | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | prefill-graphs-gates-qwen35 | prefill-graphs-gates-gemma4 | qwen35-prefill-graphs-latency | attn-layouts | qwen35-9b-forward | mma-rows-ab | attn-chunk-ab | fused-compose-check | default-attn-gates | pdl-preload-probe | attn-split-sizes | attn-split-size-ab | gate-act-head-ab | gate-act-lines-ab | prep-fuse-ab | attn-pv-storage-ab | skinny-early-ab)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
