@@ -113,6 +113,17 @@ def _check_rows_buffer(name: str, t: torch.Tensor, needed_rows: int) -> None:
         raise PrepLaunchError(f"{name} must be dense in its last dim, got strides {t.stride()}")
 
 
+def check_index_vector(name: str, t: torch.Tensor, rows: int) -> None:
+    """Raise `PrepLaunchError` naming `name` unless `t` is a dense int32 or int64 vector of at least
+    `rows` entries (each row's position or sequence index)."""
+    if t.dim() != 1 or t.shape[0] < rows:
+        raise PrepLaunchError(f"{name} must be 1-D with at least {rows} rows, got {tuple(t.shape)}")
+    if t.dtype not in (torch.int32, torch.int64):
+        raise PrepLaunchError(f"{name} must be int32 or int64, got {t.dtype}")
+    if t.stride(0) != 1:
+        raise PrepLaunchError(f"{name} must be contiguous, got stride {t.stride()}")
+
+
 def check_rope_table(spec: PrepSpec, rope_table: torch.Tensor, dtype: torch.dtype) -> None:
     """Raise ``PrepLaunchError`` unless ``rope_table`` is ``[positions, 2, turning_pairs]`` in the
     storage dtype, dense in its last dim (what the kernels index)."""
@@ -145,13 +156,8 @@ def _check_launch(
     for name, t in (("q", q), ("k", k), ("v", v), ("q_out", q_out), ("gate_out", gate_out)):
         if t is not None:
             _check_rows_buffer(name, t, end_row)
-    for name, t in (("positions", rows.positions), ("seq_index", rows.seq_index)):
-        if t.dim() != 1 or t.shape[0] < end_row:
-            raise PrepLaunchError(f"{name} must be 1-D with at least {end_row} rows, got {tuple(t.shape)}")
-        if t.dtype not in (torch.int32, torch.int64):
-            raise PrepLaunchError(f"{name} must be int32 or int64, got {t.dtype}")
-        if t.stride(0) != 1:
-            raise PrepLaunchError(f"{name} must be contiguous, got stride {t.stride()}")
+    check_index_vector("positions", rows.positions, end_row)
+    check_index_vector("seq_index", rows.seq_index, end_row)
     if rows.page_table.dim() != 2 or rows.page_table.stride(1) != 1:
         raise PrepLaunchError(f"page_table must be 2-D, dense per row, got {tuple(rows.page_table.shape)}")
     expected_out = (q.shape[1], spec.head_dim)

@@ -90,7 +90,12 @@ import triton.language as tl
 from kernels.attention.base import AttentionLayerSpec
 from kernels.kv_layout import PAGE_SIZE, check_pool_layer
 from kernels.reference import PrepSpec, SpecError, check_prep_inputs
-from kernels.triton.attention_prep import PrepLaunchError, check_rope_table, prep_constexprs
+from kernels.triton.attention_prep import (
+    PrepLaunchError,
+    check_index_vector,
+    check_rope_table,
+    prep_constexprs,
+)
 from kernels.triton.launch import FastLaunch
 from kernels.triton.prep_kernel import _kv_values, _norm_rotate_heads, _rotation_geometry, _round_to_storage
 from kernels.triton.storage import STORAGE_TYPES, interpreted, next_power_of_2, pdl_supported
@@ -707,19 +712,12 @@ def check_prep_operands(
             raise DecodeAttentionError(
                 f"decode attention with prep: {name}'s head_dim must be dense, strides {t.stride()}"
             )
-    rows, positions = q.shape[0], prep.positions
-    if positions.dim() != 1 or positions.shape[0] < rows or positions.dtype not in (torch.int32, torch.int64):
-        raise DecodeAttentionError(
-            f"decode attention with prep: positions {tuple(positions.shape)} {positions.dtype} is not "
-            f"int32 or int64 [≥ {rows}]"
-        )
-    if positions.stride(0) != 1:
-        raise DecodeAttentionError(f"decode attention with prep: positions strides {positions.stride()}")
     try:
+        check_index_vector("positions", prep.positions, q.shape[0])
         check_rope_table(spec, prep.rope_table, q.dtype)
     except PrepLaunchError as exc:
         raise DecodeAttentionError(f"decode attention with prep: {exc}") from exc
-    tensors = (k, v, prep.q_norm_weight, prep.k_norm_weight, prep.rope_table, positions)
+    tensors = (k, v, prep.q_norm_weight, prep.k_norm_weight, prep.rope_table, prep.positions)
     devices = {t.device for t in tensors if t is not None} | {q.device}
     if len(devices) != 1:
         raise DecodeAttentionError(f"decode attention with prep: operands on {sorted(map(str, devices))}")
