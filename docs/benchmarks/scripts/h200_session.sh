@@ -346,7 +346,8 @@ prep-fuse-ab() {  # the attention prep inside the Triton split kernel (INFER_FUS
 }
 attn-pv-storage-ab() {  # the Triton split kernel with P rounded to bf16 for its P·V dot
   # (INFER_ATTN_PV_STORAGE=1: 119 registers against 224, so 4 programs an SM where 2 fit) against the
-  # shipped tf32x3 dot: up to KERNEL_ROWS = 4 rows as shipped at batches 1-4, and up to 64 rows
+  # shipped tf32x3 dot: up to KERNEL_ROWS = 4 rows as shipped at batches 1-4 (and with the prep
+  # inside the split kernel too, INFER_FUSE_PREP=1, which prep-fuse-ab times alone), and up to 64 rows
   # (FlashInfer's rows until now) at 8, 16 and 64, against FlashInfer there; Qwen3-4B, interleaved,
   # twice each, run 1 with the kernel timeline; then the kernel's GPU tests and the qwen3 manifest
   # with it up to 64 rows (~12 min)
@@ -359,6 +360,8 @@ backend.KERNEL_ROWS = 64"
       --save-result $work/qwen3-4b-latency-pv-shipped-$run.json
     INFER_ATTN_PV_STORAGE=1 infer bench latency --model $q3 --batch-sizes 1,2,4 --prefill-lens 1024 \
       $timeline --save-result $work/qwen3-4b-latency-pv-storage-$run.json
+    INFER_ATTN_PV_STORAGE=1 INFER_FUSE_PREP=1 infer bench latency --model $q3 --batch-sizes 1,2,4 \
+      --prefill-lens 1024 $timeline --save-result $work/qwen3-4b-latency-pv-storage-prep-$run.json
     infer_patched "$rows64" bench latency --model $q3 --batch-sizes 8,16,64 --prefill-lens 1024 $timeline \
       --save-result $work/qwen3-4b-latency-pv-rows64-tf32x3-$run.json
     INFER_ATTN_PV_STORAGE=1 infer_patched "$rows64" bench latency --model $q3 --batch-sizes 8,16,64 \
