@@ -69,7 +69,7 @@
 #     P="qwen3-table qwen35-9b-forward+qwen35-gates vllm-qwen3 attn-pv-storage-ab prep-fuse-ab skinny-early-ab"; else
 #     P="attn-pv-storage-ab prep-fuse-ab skinny-early-ab gate-act-lines-ab default-attn-gates pdl-preload-probe"; fi;
 #   PIPELINE="$P" QWEN35_SELECT=all SYNTH_AHEAD=0 WAIT_S=5 STAGE=all bash docs/benchmarks/scripts/h200_session.sh ...
-# On an H200 (~3 + 15 + 4 + 12 + 7 + 4 min): qwen3-table (the H200's dispatch table has no GEMV rows:
+# On an H200 (~3 + 15 + 4 + 14 + 7 + 4 min): qwen3-table (the H200's dispatch table has no GEMV rows:
 # copy skinny_dispatch_h200.json back from runs.tgz) and the H200's first decode step since f348b1c;
 # the 9b's full_forward_matches_hf (never run alone on an H200) beside the whole qwen35 manifest at
 # HEAD (neither sizes a KV pool from free memory; issue 19's last two GPU points); vllm-qwen3 for the
@@ -77,7 +77,7 @@
 # then the three levers below. Later H200 steps: invariance, numerics, gemma4-gates (its five
 # gates that need the H200's memory), prefill-graphs-gates-gemma4 (what stands between
 # --prefill-graphs and the default).
-# On an H100 (~12 + 7 + 4 + 5 + 12 + 2 min): the split kernel with P rounded to bf16 for P·V
+# On an H100 (~14 + 7 + 4 + 5 + 12 + 2 min): the split kernel with P rounded to bf16 for P·V
 # (INFER_ATTN_PV_STORAGE=1; 119 registers against 224, so twice the programs an SM) up to 4 and 64
 # rows (FlashInfer serves 8-64 now: its 13.7 + 2.9 µs a layer at batch 8 read 16.8 MB of KV,
 # 5.7 µs at the stream rate; 6a3578e timeline); the attention prep inside the split kernel
@@ -348,7 +348,8 @@ attn-pv-storage-ab() {  # the Triton split kernel with P rounded to bf16 for its
   # (INFER_ATTN_PV_STORAGE=1: 119 registers against 224, so 4 programs an SM where 2 fit) against the
   # shipped tf32x3 dot: up to KERNEL_ROWS = 4 rows as shipped at batches 1-4 (and with the prep
   # inside the split kernel too, INFER_FUSE_PREP=1, which prep-fuse-ab times alone), and up to 64 rows
-  # (FlashInfer's rows until now) at 8, 16 and 64, against FlashInfer there; Qwen3-4B, interleaved,
+  # (FlashInfer's rows until now) at 8, 16 and 64, against FlashInfer there, with and without the prep
+  # inside (the prep kernel's link is 4.6 µs a layer at batch 64, 6a3578e); Qwen3-4B, interleaved,
   # twice each, run 1 with the kernel timeline; then the kernel's GPU tests and the qwen3 manifest
   # with it up to 64 rows (~12 min)
   synth_q3
@@ -366,6 +367,9 @@ backend.KERNEL_ROWS = 64"
       --save-result $work/qwen3-4b-latency-pv-rows64-tf32x3-$run.json
     INFER_ATTN_PV_STORAGE=1 infer_patched "$rows64" bench latency --model $q3 --batch-sizes 8,16,64 \
       --prefill-lens 1024 $timeline --save-result $work/qwen3-4b-latency-pv-rows64-storage-$run.json
+    INFER_ATTN_PV_STORAGE=1 INFER_FUSE_PREP=1 infer_patched "$rows64" bench latency --model $q3 \
+      --batch-sizes 8,16,64 --prefill-lens 1024 $timeline \
+      --save-result $work/qwen3-4b-latency-pv-rows64-storage-prep-$run.json
   done
   python3 -m pytest -q -s --tb=short tests/kernels/test_decode_attention.py \
     tests/kernels/test_decode_attention_prep.py
