@@ -830,6 +830,7 @@ def _launch(
         scratch = DecodeScratch.allocate(geometry, rows, q.device)
     window = 0 if layer.window is None else layer.window
     pdl = pdl_supported(q.device)
+    tensor_cores = uses_tensor_cores(q.dtype)
     shared = dict(
         KV_HEADS=layer.num_kv_heads,
         GROUP=geometry.group,
@@ -863,8 +864,8 @@ def _launch(
         GROUP_PAD=geometry.group_pad,
         BLOCK_N=geometry.block_n(split_tokens),
         PAGE=PAGE_SIZE,
-        TENSOR_CORES=uses_tensor_cores(q.dtype),
-        PV_STORAGE=pv_storage and uses_tensor_cores(q.dtype),
+        TENSOR_CORES=tensor_cores,
+        PV_STORAGE=pv_storage and tensor_cores,
         **shared,
         **prep_constexprs,
         **launch,

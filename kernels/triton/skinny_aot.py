@@ -46,9 +46,14 @@ SERVING_SHAPES: tuple[tuple[int, int], ...] = (
 )
 
 
-# K -> N: the Qwen3-4B shapes whose K-loop candidates are also built with the first tile before the
-# PDL wait (`skinny_gemm.FIRST_TILE_BEFORE_WAIT`).
-EARLY_TILE_SHAPES: dict[int, tuple[int, ...]] = {2560: (6144, 19456), 4096: (2560,), 9728: (2560,)}
+# Qwen3-4B's projections [N, K], whose K-loop candidates with PDL are also built with the first tile
+# before the PDL wait (`skinny_gemm.FIRST_TILE_BEFORE_WAIT`).
+EARLY_TILE_SHAPES: tuple[tuple[int, int], ...] = ((6144, 2560), (2560, 4096), (19456, 2560), (2560, 9728))
+
+
+def builds_early_tile(n: int, k: int, settings: SkinnySettings) -> bool:
+    """Whether the compile check also builds this candidate with the first tile before the wait."""
+    return (n, k) in EARLY_TILE_SHAPES and not settings.whole_slice and settings.pdl
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +175,7 @@ def main() -> int:
             if problems:
                 failures.append(f"[{n}, {k}] {settings.label}: {', '.join(problems)}")
             print(f"compiled [{n}, {k}] {settings.label}: {variant.vector_loads} vector loads")
-            if n in EARLY_TILE_SHAPES.get(k, ()) and not settings.whole_slice and settings.pdl:
+            if builds_early_tile(n, k, settings):
                 early = compile_gemm(n, k, settings, first_tile_early=True)
                 if not (early.has_cubin and early.waits and early.loads_before_wait):
                     failures.append(

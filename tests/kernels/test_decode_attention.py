@@ -178,8 +178,8 @@ PV_STORAGE_DTYPES = [torch.float16, *([torch.bfloat16] if DEVICE.type == "cuda" 
 def test_p_in_the_storage_dtype_stays_within_the_rounding_of_p(
     monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype
 ) -> None:
-    """The spec's bound widened by exactly what rounding P can move, and the kernel's invariances
-    (a row alone, sentinels) unchanged."""
+    """The spec's bound plus what rounding P can move (a bound of its own for this program, derived
+    above), and the kernel's invariances (a row alone, sentinels) unchanged."""
     import kernels.triton.decode_attention as module
 
     monkeypatch.setattr(module, "uses_tensor_cores", lambda dtype: dtype != torch.float32)

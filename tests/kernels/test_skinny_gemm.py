@@ -42,7 +42,7 @@ from kernels.reference import SpecError
 from kernels.triton import skinny_gemm as skinny_module
 from kernels.triton.fused_gemv import Fusion, fused_gemv
 from kernels.triton.fused_mma import MmaSettings, fused_mma
-from kernels.triton.skinny_aot import EARLY_TILE_SHAPES, SERVING_SHAPES
+from kernels.triton.skinny_aot import EARLY_TILE_SHAPES, SERVING_SHAPES, builds_early_tile
 from kernels.triton.skinny_gemm import MAX_ROWS, SkinnySettings, SkinnyShapeError, skinny_gemm
 from kernels.triton.storage import pdl_supported
 
@@ -503,9 +503,8 @@ def test_every_candidate_compiles_for_sm90_with_pdl_and_16_byte_loads() -> None:
     early = [
         settings
         for n, k in SERVING_SHAPES
-        if n in EARLY_TILE_SHAPES.get(k, ())
         for settings in candidate_settings(n, k)
-        if not settings.whole_slice and settings.pdl
+        if builds_early_tile(n, k, settings)
     ]
     assert early, "no K-loop candidate with PDL at the early-tile shapes"
     every = sum(len(candidate_settings(n, k)) for n, k in SERVING_SHAPES)
@@ -542,7 +541,7 @@ def test_gpu_the_first_tile_before_the_wait_gives_the_same_bits(monkeypatch: pyt
     """`FIRST_TILE_BEFORE_WAIT` at Qwen3-4B's shapes, every K-loop candidate, PDL as served."""
     g = torch.Generator(device="cuda").manual_seed(6)
     cases = []
-    for n, k in ((6144, 2560), (2560, 4096), (19456, 2560), (2560, 9728)):
+    for n, k in EARLY_TILE_SHAPES:
         x = torch.randn(8, k, device="cuda", generator=g, dtype=torch.bfloat16)
         w = (torch.randn(n, k, device="cuda", generator=g) / k**0.5).to(torch.bfloat16)
         for settings in candidate_settings(n, k):
