@@ -46,16 +46,6 @@ SERVING_SHAPES: tuple[tuple[int, int], ...] = (
 )
 
 
-# Qwen3-4B's projections [N, K], whose K-loop candidates with PDL are also built with the first tile
-# before the PDL wait (`skinny_gemm.FIRST_TILE_BEFORE_WAIT`).
-EARLY_TILE_SHAPES: tuple[tuple[int, int], ...] = ((6144, 2560), (2560, 4096), (19456, 2560), (2560, 9728))
-
-
-def builds_early_tile(n: int, k: int, settings: SkinnySettings) -> bool:
-    """Whether the compile check also builds this candidate with the first tile before the wait."""
-    return (n, k) in EARLY_TILE_SHAPES and not settings.whole_slice and settings.pdl
-
-
 @dataclass(frozen=True, slots=True)
 class CompiledVariant:
     n: int
@@ -74,12 +64,6 @@ class CompiledVariant:
     def waits(self) -> bool:
         return "griddepcontrol.wait" in self.ptx and "griddepcontrol.launch_dependents" in self.ptx
 
-    @property
-    def loads_before_wait(self) -> int:
-        """16-byte global loads into registers ahead of ``griddepcontrol.wait`` in the PTX."""
-        head = self.ptx.split("griddepcontrol.wait", 1)[0]
-        return sum(1 for line in head.splitlines() if "ld.global" in line and _is_16_byte_load(line))
-
 
 def _is_16_byte_load(line: str) -> bool:
     if "ld.global" in line:
@@ -94,16 +78,9 @@ def _aligned(fn: triton.JITFunction, values: dict[str, int]) -> set[str]:
 
 
 def compile_gemm(
-    n: int,
-    k: int,
-    settings: SkinnySettings,
-    dtype: torch.dtype = torch.bfloat16,
-    *,
-    arch: int = 90,
-    first_tile_early: bool = False,
+    n: int, k: int, settings: SkinnySettings, dtype: torch.dtype = torch.bfloat16, *, arch: int = 90
 ) -> CompiledVariant:
-    """The GEMM kernel for an [n, k] weight under ``settings``, PDL on, compiled for ``sm_{arch}``
-    (K-loop mode with ``first_tile_early``: ``FIRST_TILE_BEFORE_WAIT``'s build)."""
+    """The GEMM kernel for an [n, k] weight under ``settings``, PDL on, compiled for ``sm_{arch}``."""
     part = settings.partition(k)
     split = part.split_k > 1
     split_k_n = part.split_k * n
@@ -116,7 +93,6 @@ def compile_gemm(
         "STORAGE": tl.float32 if split else STORAGE_TYPES[dtype],
         "PDL": settings.pdl,
         "DOT_FP32": False,
-        "FIRST_TILE_EARLY": first_tile_early,
         "IEEE": dtype == torch.float32,
     }
     out_type = "*fp32" if split else POINTER_TYPES[dtype]
@@ -175,16 +151,6 @@ def main() -> int:
             if problems:
                 failures.append(f"[{n}, {k}] {settings.label}: {', '.join(problems)}")
             print(f"compiled [{n}, {k}] {settings.label}: {variant.vector_loads} vector loads")
-            if builds_early_tile(n, k, settings):
-                early = compile_gemm(n, k, settings, first_tile_early=True)
-                if not (early.has_cubin and early.waits and early.loads_before_wait):
-                    failures.append(
-                        f"[{n}, {k}] {settings.label} first tile early: no weight load before the wait"
-                    )
-                print(
-                    f"compiled [{n}, {k}] {settings.label} first tile early: "
-                    f"{early.loads_before_wait} vector loads before the wait"
-                )
             if settings.split_k > 1:
                 ptx = compile_reduce(n, settings.split_k)
                 if "griddepcontrol.wait" not in ptx:

@@ -19,8 +19,7 @@ keep weight bytes in flight from its first instruction to its last:
   where a K loop without them reached 74 % (perf-notes section 7).
 * K-loop mode (``block_k`` set): the split is walked ``block_k`` columns at a time and Triton's
   software pipeline keeps ``num_stages - 1`` tiles per program in flight through shared memory;
-  cheaper in registers, but its loads start after ``gdc_wait`` (with ``FIRST_TILE_BEFORE_WAIT``,
-  opt-in, all but the first tile's).
+  cheaper in registers, but its loads start after ``gdc_wait``.
 * PDL (``pdl=True``, launched with ``launch_pdl=True``): ``gdc_launch_dependents()`` first, so the
   next kernel can start its own weight loads while this one runs; ``gdc_wait()`` after the weight
   loads and before the first activation load or store. Weights are read-only for the whole chain,
@@ -73,12 +72,6 @@ MAX_TILE_ELEMENTS = 16384
 K_ALIGN = 16
 # Columns per reduce program: N = 2560 at M = 1 still spreads over 10 programs.
 REDUCE_BLOCK = 256
-# K-loop mode: request each split's first weight tile before the PDL wait and dot it ahead of the
-# loop, as the fused MMA does (the same bits). Off until a whole decode step measures it faster (the
-# session script's `skinny-early-ab`). Occupancy does not move at the table's [32, 256] × 4-stage
-# tiles: 73,728 B of shared memory a program caps an SM at 3 either way, while the sm_90 build's
-# registers grow from 56-80 to 96-138 at Qwen3-4B's shapes.
-FIRST_TILE_BEFORE_WAIT = False
 
 
 class SkinnyShapeError(ValueError):
@@ -259,7 +252,6 @@ def _skinny_gemm_kernel(
     PDL: tl.constexpr,
     DOT_FP32: tl.constexpr,
     IEEE: tl.constexpr,
-    FIRST_TILE_EARLY: tl.constexpr = False,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -283,19 +275,9 @@ def _skinny_gemm_kernel(
         a = tl.load(x_tile, mask=row_ok[:, None] & (ks < K)[None, :], other=0.0)
         acc = _accumulate(acc, a, w, DOT_FP32, IEEE)
     else:
-        if FIRST_TILE_EARLY:
-            # The split's first weight tile, requested before the wait (as the fused MMA does), and
-            # dotted as the loop would dot it.
-            w = tl.load(w_tile, mask=col_ok[:, None] & (ks < K)[None, :], other=0.0)
-            if PDL:
-                tl.extra.cuda.gdc_wait()
-            a = tl.load(x_tile, mask=row_ok[:, None] & (ks < K)[None, :], other=0.0)
-            acc = _accumulate(acc, a, w, DOT_FP32, IEEE)
-        elif PDL:
+        if PDL:
             tl.extra.cuda.gdc_wait()
-        for t in range(
-            1 if FIRST_TILE_EARLY else 0, K_TILES
-        ):  # the split's tiles in one fixed order, pipelined by Triton
+        for t in range(K_TILES):  # the split's tiles in one fixed order, pipelined by Triton
             k_ok = (ks + t * BLOCK_K) < K
             w = tl.load(w_tile + t * BLOCK_K, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
             a = tl.load(x_tile + t * BLOCK_K, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
@@ -436,7 +418,6 @@ def skinny_gemm(
         PDL=pdl,
         DOT_FP32=interpreted(),
         IEEE=x.dtype == torch.float32,
-        FIRST_TILE_EARLY=FIRST_TILE_BEFORE_WAIT and not settings.whole_slice,
         **launch,
     )
     if split:

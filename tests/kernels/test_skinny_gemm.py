@@ -39,10 +39,9 @@ from kernels.gemm.projections import ComposedProjections
 from kernels.gemm.skinny_candidates import candidate_settings
 from kernels.gemm.skinny_dispatch import Backend, ChoiceTable, DispatchTableError, ShapeChoice, SkinnyDispatch
 from kernels.reference import SpecError
-from kernels.triton import skinny_gemm as skinny_module
 from kernels.triton.fused_gemv import Fusion, fused_gemv
 from kernels.triton.fused_mma import MmaSettings, fused_mma
-from kernels.triton.skinny_aot import EARLY_TILE_SHAPES, SERVING_SHAPES, builds_early_tile
+from kernels.triton.skinny_aot import SERVING_SHAPES
 from kernels.triton.skinny_gemm import MAX_ROWS, SkinnySettings, SkinnyShapeError, skinny_gemm
 from kernels.triton.storage import pdl_supported
 
@@ -199,22 +198,6 @@ def test_two_runs_are_identical(name: str) -> None:
         x, w = _operands(17, dtype)
         first = skinny_gemm(x, w, SETTINGS[name])
         assert torch.equal(skinny_gemm(x, w, SETTINGS[name]), first), dtype
-
-
-def test_the_first_tile_before_the_wait_gives_the_k_loop_s_bits(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`FIRST_TILE_BEFORE_WAIT`: the split's first tile dotted ahead of the loop, every K-loop
-    partition (one split, three with a one-tile last, 32-row blocks), a row alone and in 64."""
-    loops = [name for name, settings in SETTINGS.items() if not settings.whole_slice]
-    expected = {}
-    for dtype in DTYPES:
-        x, w = _operands(64, dtype)
-        for name in loops:
-            expected[dtype, name] = skinny_gemm(x, w, SETTINGS[name])
-    monkeypatch.setattr(skinny_module, "FIRST_TILE_BEFORE_WAIT", True)
-    for (dtype, name), want in expected.items():
-        x, w = _operands(64, dtype)
-        assert torch.equal(skinny_gemm(x, w, SETTINGS[name]), want), (dtype, name)
-        assert torch.equal(skinny_gemm(x[5:6], w, SETTINGS[name]), want[5:6]), (dtype, name)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=_ids(DTYPES))
@@ -500,15 +483,7 @@ def test_every_candidate_compiles_for_sm90_with_pdl_and_16_byte_loads() -> None:
     )
     assert result.returncode == 0, result.stderr[-4000:]
     compiled = [line for line in result.stdout.splitlines() if line.startswith("compiled ")]
-    early = [
-        settings
-        for n, k in SERVING_SHAPES
-        for settings in candidate_settings(n, k)
-        if builds_early_tile(n, k, settings)
-    ]
-    assert early, "no K-loop candidate with PDL at the early-tile shapes"
-    every = sum(len(candidate_settings(n, k)) for n, k in SERVING_SHAPES)
-    assert len(compiled) == every + len(early), result.stdout
+    assert len(compiled) == sum(len(candidate_settings(n, k)) for n, k in SERVING_SHAPES), result.stdout
 
 
 # ------------------------------------------------------ GPU only: serving shapes, graphs and PDL
@@ -534,22 +509,6 @@ def test_gpu_serving_shapes_are_batch_invariant_and_within_the_bound(n: int, k: 
         # share of bf16 flips is reported, not held to the interpreter-measured figure.
         assert verdict.worst_excess <= 1.0, f"{settings.label}: {verdict}"
         print(f"[{n}, {k}] {settings.label}: {verdict}")
-
-
-@needs_cuda
-def test_gpu_the_first_tile_before_the_wait_gives_the_same_bits(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`FIRST_TILE_BEFORE_WAIT` at Qwen3-4B's shapes, every K-loop candidate, PDL as served."""
-    g = torch.Generator(device="cuda").manual_seed(6)
-    cases = []
-    for n, k in EARLY_TILE_SHAPES:
-        x = torch.randn(8, k, device="cuda", generator=g, dtype=torch.bfloat16)
-        w = (torch.randn(n, k, device="cuda", generator=g) / k**0.5).to(torch.bfloat16)
-        for settings in candidate_settings(n, k):
-            if not settings.whole_slice:
-                cases.append((x, w, settings, skinny_gemm(x, w, settings)))
-    monkeypatch.setattr(skinny_module, "FIRST_TILE_BEFORE_WAIT", True)
-    for x, w, settings, want in cases:
-        assert torch.equal(skinny_gemm(x, w, settings), want), (tuple(w.shape), settings.label)
 
 
 @needs_cuda
