@@ -4,8 +4,7 @@ A backend reads K and V straight from a layer's slice of its group's paged pool 
 kernels/kv_layout.py), so the prep kernel's writes are what attention sees. Queries of one sequence
 are contiguous rows; sequence i's queries sit at the last `q_lens[i]` positions of its `kv_lens[i]`
 tokens, and each attends causally (and, on a sliding layer, to the last `window` positions only,
-its own included). A model line calls `prep_and_run` per layer: the attention prep, then `run`,
-which a backend may fuse.
+its own included).
 """
 
 from __future__ import annotations
@@ -13,12 +12,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NoReturn
+from typing import NoReturn
 
 import torch
-
-if TYPE_CHECKING:  # kernels.reference imports this module
-    from kernels.reference import PagedRows, PrepSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,31 +92,6 @@ class AttentionBackend(ABC):
     ) -> torch.Tensor:
         """q: [tokens, num_heads, head_dim]; pool_layer: [pages, 2, page_size, kv_heads, head_dim].
         Returns [tokens, num_heads, head_dim] in q's dtype."""
-
-    def prep_and_run(
-        self,
-        group: int,
-        layer: AttentionLayerSpec,
-        prep: PrepSpec,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor | None,
-        q_norm_weight: torch.Tensor,
-        k_norm_weight: torch.Tensor,
-        rows: PagedRows,
-        rope_table: torch.Tensor,
-        pool_layer: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The layer's attention prep (`kernels.prep_dispatch.run_attention_prep`: Q/K norm, rotary,
-        the new K/V written to `pool_layer`) over the projection's raw `q`, `k`, `v`, then `run`;
-        returns (attention output, the gated-Q gate or None). A backend may do both in fewer
-        launches where its plan allows, with the same result."""
-        from kernels.prep_dispatch import run_attention_prep  # it imports kernels.reference, which imports us
-
-        q_rot, gate = run_attention_prep(
-            prep, q, k, v, q_norm_weight, k_norm_weight, rows, rope_table, pool_layer
-        )
-        return self.run(group, layer, q_rot, pool_layer), gate
 
     def sibling(self) -> AttentionBackend:
         """A new backend of the same kind and settings with its own plan state and scratch memory,

@@ -3,8 +3,9 @@ through an inner backend.
 
 A step whose every sequence has one query token, on a layer geometry the kernel takes (head dims
 64/128/256, kernels/triton/decode_attention.py), of at most `kernel_rows` rows, runs
-`decode_attention`, at the split size `SPLIT_TOKENS_BY_ROWS` names for its rows where `kernel_rows`
-is set (the kernel's default otherwise, and for every step under the invariant policies). Any step
+`decode_attention` with P·V in the storage dtype (`PV_STORAGE`), at the split size
+`SPLIT_TOKENS_BY_ROWS` names for its rows where `kernel_rows` is set (the kernel's default
+otherwise, and for every step under the invariant policies). Any step
 holding a prefill chunk, any larger decode step, and any geometry the kernel refuses (Gemma 4's
 head-dim-512 global layers), is planned and run by the inner backend: FlashInfer on CUDA, the torch
 reference backend where FlashInfer is absent (so CPU tests drive this backend under the Triton
@@ -21,7 +22,7 @@ the new step. Steps the inner backend serves in a bucket use its own graph buffe
 Scratch: the kernel's fp32 partials, `DecodeGeometry.scratch_bytes_per_row` per row (266,240 B for
 Qwen3-4B), one buffer per geometry for the most rows the kernel serves: `max_rows` (the engine's
 `max_num_seqs`: 68 MB for Qwen3-4B at 256) where `kernel_rows` is None, else the smaller of
-`max_rows` and `kernel_rows` (1 MB for Qwen3-4B at 4). It is allocated at the geometry's first
+`max_rows` and `kernel_rows` (4.3 MB for Qwen3-4B at 16). It is allocated at the geometry's first
 plan and never moved. Every layer, group, bucket and eager step of this instance shares it: they
 run one after another on one stream, and a scratch is dead between a merge launch and the next
 split launch. An eager kernel step past it gets a scratch of its own for that step; a graph bucket
@@ -35,7 +36,6 @@ along (as with FlashInfer alone).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -45,38 +45,31 @@ import torch
 
 from kernels.attention.base import AttentionBackend, AttentionLayerSpec, GroupBatch, WarmUpStep
 from kernels.kv_layout import PADDING_PAGE, ceil_div
-from kernels.reference import PagedRows, PrepSpec
 from kernels.triton.decode_attention import (
     SPLIT_TOKENS,
     DecodeGeometry,
     DecodeScratch,
-    PrepOperands,
     decode_attention,
-    decode_attention_with_prep,
     supports,
 )
 
 # Decode steps up to this many rows run the kernel where the policy lets the kernel follow the
-# batch: on an H100 (2026-12-07, 5847dc3, Qwen3-4B at 512-token contexts, two runs each;
-# docs/benchmarks/qwen3.md) the decode step took, FlashInfer against the kernel, 3.576 / 3.575 ms
-# against 3.480 / 3.482 at batch 1, 3.928 / 3.930 against 3.790 / 3.789 at batch 2, 4.058 / 4.040
-# against 4.016 / 4.019 at batch 4, and 4.157 / 4.146 against 4.228 / 4.249 at batch 8 (FlashInfer
-# faster).
-KERNEL_ROWS = 4
+# batch: on an H100 (2026-12-07, 38b9790, Qwen3-4B at 512-token contexts, two runs each,
+# docs/benchmarks/qwen3.md) with P·V in bf16 the decode step took 4.130 / 4.134 ms against
+# FlashInfer's 4.168 / 4.153 at batch 8 and 4.435 / 4.444 against 4.491 / 4.476 at batch 16, but
+# 6.420 / 6.405 against 6.181 / 6.183 at batch 64 (FlashInfer faster).
+KERNEL_ROWS = 16
 # Where the policy lets the kernel follow the batch: (most rows, tokens per split), ascending; a step
 # of more rows than every entry names, or any step under an end-to-end invariant policy, splits at
 # `decode_attention.SPLIT_TOKENS`. Empty: no measurement has yet preferred another size
 # (docs/benchmarks/scripts/decode_attention_backends.py --triton-splits times them).
 SPLIT_TOKENS_BY_ROWS: tuple[tuple[int, int], ...] = ()
-# Whether a step the kernel serves runs the attention prep inside its split kernel
-# (`decode_attention_with_prep`: QKV projection → split with prep → merge → O, one launch a layer
-# fewer): `INFER_FUSE_PREP=1`, read at import. Off until a whole decode step measures it faster
-# (docs/benchmarks/qwen3.md, "Levers measured"; the session script's `prep-fuse-ab`).
-FUSE_PREP = os.environ.get("INFER_FUSE_PREP", "0") == "1"
-# Whether the kernel's P·V dot takes P rounded to the storage dtype (`pv_storage`: FlashInfer's
-# numerics, half the split kernel's registers): `INFER_ATTN_PV_STORAGE=1`, read at import. Off until
-# a whole decode step measures it faster (the session script's `attn-pv-storage-ab`).
-PV_STORAGE = os.environ.get("INFER_ATTN_PV_STORAGE", "0") == "1"
+# The kernel's P·V dot takes P rounded to the storage dtype (`pv_storage`: FlashInfer's numerics,
+# about half the split kernel's registers). On an H100 (2026-12-07, 38b9790, same runs) the decode
+# step took 3.375 / 3.376 ms against 3.409 / 3.409 with the tf32x3 dot at batch 1, 3.786 / 3.777
+# against 3.806 / 3.794 at 2 and 3.950 / 3.960 against 4.027 / 4.025 at 4; with the tf32x3 dot the
+# kernel lost to FlashInfer at 8 and 16 (4.199 / 4.229 and 4.576 / 4.564 ms).
+PV_STORAGE = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,44 +209,6 @@ class TritonDecodeAttention(AttentionBackend):
             split_tokens=plan.split_tokens,
             pv_storage=PV_STORAGE,
         )
-
-    def prep_and_run(
-        self,
-        group: int,
-        layer: AttentionLayerSpec,
-        prep: PrepSpec,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor | None,
-        q_norm_weight: torch.Tensor,
-        k_norm_weight: torch.Tensor,
-        rows: PagedRows,
-        rope_table: torch.Tensor,
-        pool_layer: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """With `FUSE_PREP`, a step the kernel serves runs the prep inside its split kernel
-        (`decode_attention_with_prep`, one launch fewer); a gated-Q prep, and every other step,
-        runs the prep kernel first."""
-        plan = self._active[group]
-        if plan is None or not FUSE_PREP or prep.q_gated:
-            return super().prep_and_run(
-                group, layer, prep, q, k, v, q_norm_weight, k_norm_weight, rows, rope_table, pool_layer
-            )
-        operands = PrepOperands(prep, q_norm_weight, k_norm_weight, rope_table, rows.positions)
-        out = decode_attention_with_prep(
-            operands,
-            q,
-            k,
-            v,
-            pool_layer,
-            plan.page_table,
-            plan.kv_lens,
-            layer,
-            scratch=plan.scratch,
-            split_tokens=plan.split_tokens,
-            pv_storage=PV_STORAGE,
-        )
-        return out, None
 
     def sibling(self) -> TritonDecodeAttention:
         # Its own buffers, scratch and inner backend: a concurrent forward shares no memory with us.

@@ -59,6 +59,14 @@ MEASURED_TABLES = {
 }
 
 
+# The gated epilogue serves GEMV calls of at most this many rows; wider ones compose the plain GEMV
+# and the activation kernel. On an H100 (2026-12-07, 38b9790, docs/benchmarks/gemma4.md) Gemma 4
+# 12B's gate/up at M = 2 took the whole decode step to 9.929 / 9.926 ms with the epilogue against
+# 9.677 / 9.687 composed, while at M = 1 it gained there (8.922 / 8.922 against 9.019 / 9.008 ms)
+# and on Qwen3.5-4B (3.590 / 3.586 against 3.617 / 3.613 ms) and Qwen3-4B (docs/benchmarks/qwen3.md).
+GATED_MAX_ROWS = 1
+
+
 class DispatchTableError(ValueError):
     """A dispatch table that cannot be read; the message names the file or the entry."""
 
@@ -296,11 +304,12 @@ class SkinnyDispatch:
         self, x: torch.Tensor, weight: torch.Tensor, kind: GatedActivation
     ) -> torch.Tensor | None:
         """``reference.linear_gated(x, weight, kind)`` as one launch of the decode GEMV with its gated
-        epilogue where the table sends this fused ``[2I, K]`` gate/up weight at x's M to the GEMV;
-        None elsewhere (the caller composes the linear and the activation). The GEMV stores the
+        epilogue where the table sends this fused ``[2I, K]`` gate/up weight at x's M to the GEMV
+        and M is at most ``GATED_MAX_ROWS``; None elsewhere (the caller composes the linear and the
+        activation). The GEMV stores the
         rounded ``act(gate) · up`` itself, so the step skips the activation launch and its link in
         the PDL chain (docs/kernels.md, "The fused decode GEMV")."""
-        if weight.dim() != 2 or x.dim() != 2:
+        if weight.dim() != 2 or x.dim() != 2 or x.shape[0] > GATED_MAX_ROWS:
             return None
         choice = self.table.lookup(int(weight.shape[0]), int(weight.shape[1]), weight.dtype)
         picked = None if choice is None else choice.backend(x.shape[0])

@@ -25,14 +25,6 @@ Two launches:
   reduction tree, divides (IEEE) and rounds once to the storage dtype (nearest-even on every
   device, `_round_to_storage`).
 
-The PREP variant (opt-in, `decode_attention_with_prep`; the split kernel with `PREP` on) takes the
-QKV projection's raw rows and does the attention prep itself, one launch fewer than
-`attention_prep` then `decode_attention` and bit for bit the same output and pool for a pure decode
-step: every program with a split norms and rotates its group's raw Q with the prep kernel's
-helpers, and the one program of each (row, KV head) holding the new token's split (position
-`kv_len - 1`) computes that KV head's K/V, stores them in the pool and uses them from registers;
-no program reads that position from the pool, so none waits for the store. Gated Q is refused.
-
 Batch-invariant by construction: the split size, the tile, the number of programs and hence the
 assignment of positions to programs (hence of splits to merge slots), the order each program folds
 its tiles and the merge's tree are functions of the row's own `kv_len`, the window and the layer
@@ -63,12 +55,13 @@ writes only its own output row.
 The two dots (`TENSOR_CORES`, bf16 and fp16 storage on the GPU): QKᵀ on the tensor cores straight
 from the storage dtype (the products are exact, the sums fp32), and P·V in three-pass TF32
 (`input_precision="tf32x3"`: P split into two TF32 parts, V exact in TF32, so fp32-class accuracy
-with no rounding of P to 16 bits, which FlashInfer does). `pv_storage` (opt-in, untimed) takes
-FlashInfer's numerics instead: P rounded to the storage dtype and one 16-bit dot. That adds at most
-u·max|v| to the error, u the storage dtype's unit roundoff (each p ≤ 1 moves by at most u·p, and the
-sum of the fp32 p is the softmax's denominator; a p in fp16's subnormal range moves by at most
-2⁻²⁵), and halves the registers (Qwen3-4B's split kernel 119 against 224 in the sm_90 build, so 4
-programs fit an SM where 2 do). fp32 storage, and every dtype under
+with no rounding of P to 16 bits, which FlashInfer does). `pv_storage` takes FlashInfer's numerics
+instead, and the serving backend asks for it (kernels/attention/triton_decode_backend.py,
+`PV_STORAGE`, with the H100 figures): P rounded to the storage dtype and one 16-bit dot. That adds at
+most u·max|v| to the error, u the storage dtype's unit roundoff (each p ≤ 1 moves by at most u·p,
+and the sum of the fp32 p is the softmax's denominator; a p in fp16's subnormal range moves by at
+most 2⁻²⁵), and halves the registers (Qwen3-4B's split kernel 119 against 224 in the sm_90 build,
+so 4 programs fit an SM where 2 do). fp32 storage, and every dtype under
 `TRITON_INTERPRET=1` (whose bf16 dot is wrong), take fp32 IEEE dots on the CUDA cores, with which a
 64-row Qwen3-4B step took 22.3 ms against FlashInfer's 6.4 on an H100 (docs/benchmarks/qwen3.md). PDL on sm_90+
 (kernels/triton/storage.py): both kernels let the next one launch at once and wait for the one
@@ -89,15 +82,8 @@ import triton.language as tl
 
 from kernels.attention.base import AttentionLayerSpec
 from kernels.kv_layout import PAGE_SIZE, check_pool_layer
-from kernels.reference import PrepSpec, SpecError, check_prep_inputs
-from kernels.triton.attention_prep import (
-    PrepLaunchError,
-    check_index_vector,
-    check_rope_table,
-    prep_constexprs,
-)
 from kernels.triton.launch import FastLaunch
-from kernels.triton.prep_kernel import _kv_values, _norm_rotate_heads, _rotation_geometry, _round_to_storage
+from kernels.triton.prep_kernel import _round_to_storage
 from kernels.triton.storage import STORAGE_TYPES, interpreted, next_power_of_2, pdl_supported
 
 # Tokens per split, at absolute positions, by default. Never derived from the batch inside the kernel:
@@ -226,21 +212,6 @@ def _decode_attention_split_kernel(
     stride_token,
     stride_head,
     stride_table,
-    # The PREP variant's operands (module doc); None in the plain launch, so its build is untouched.
-    k_ptr,
-    v_ptr,
-    q_weight_ptr,
-    k_weight_ptr,
-    rope_ptr,
-    positions_ptr,
-    q_eps,
-    k_eps,
-    stride_k_row,
-    stride_k_head,
-    stride_v_row,
-    stride_v_head,
-    stride_rope_position,
-    stride_rope_kind,
     KV_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
@@ -254,18 +225,6 @@ def _decode_attention_split_kernel(
     PDL: tl.constexpr,
     # P rounded to the storage dtype for the P·V dot (module doc, "The dots"); tensor cores only.
     PV_STORAGE: tl.constexpr = False,
-    # The PREP variant's compile-time parameters: the prep kernel's (kernels/triton/attention_prep.py,
-    # `prep_constexprs`) under the same names.
-    PREP: tl.constexpr = False,
-    KV_BLOCK_HEADS: tl.constexpr = 1,
-    Q_WEIGHT_MODE: tl.constexpr = 0,
-    Q_ROUND_BEFORE_WEIGHT: tl.constexpr = False,
-    K_WEIGHT_MODE: tl.constexpr = 0,
-    K_ROUND_BEFORE_WEIGHT: tl.constexpr = False,
-    V_SOURCE: tl.constexpr = 0,
-    TURNING_PAIRS: tl.constexpr = 0,
-    PAIR_OFFSET: tl.constexpr = 0,
-    STORAGE: tl.constexpr = None,
 ):
     row = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -283,109 +242,33 @@ def _decode_attention_split_kernel(
     n = tl.arange(0, BLOCK_N)
     table_row = table_ptr + row.to(tl.int64) * stride_table
     head = pool_ptr + kvh * stride_head
-    if PREP:
-        # The row's new token: its position (kv_len - 1) and rotation come from host-written
-        # tables too. Its K/V are computed here, after the wait, and never read from the pool.
-        position = tl.load(positions_ptr + row).to(tl.int32)
-        _dims, is_first, is_second, _partners, freq_index = _rotation_geometry(
-            HEAD_DIM, TURNING_PAIRS, PAIR_OFFSET
-        )
-        turning = is_first | is_second
-        rope_row = rope_ptr + position.to(tl.int64) * stride_rope_position + freq_index
-        cos = tl.load(rope_row, mask=turning, other=1.0).to(tl.float32)
-        sin = tl.load(rope_row + stride_rope_kind, mask=turning, other=0.0).to(tl.float32)
     # The program's first tile, requested before the wait (nothing when it has no split), so its
-    # K/V are on their way while the prep kernel (PREP: the QKV projection) still runs.
+    # K/V are on their way while the prep kernel still runs.
     lo0 = tl.maximum(s0 * SPLIT, start)
     hi0 = tl.minimum(s0 * SPLIT + SPLIT, kv_len)
     t0 = lo0 // BLOCK_N
     pos0 = t0 * BLOCK_N + n
     ok0 = (pos0 >= lo0) & (pos0 < hi0)
-    if PREP:  # noqa: SIM108 (constexpr branch)
-        older0 = ok0 & (pos0 != position)
-    else:
-        older0 = ok0 & (pos0 < kv_len - 1)
+    older0 = ok0 & (pos0 < kv_len - 1)
     slot0 = _token_slots(table_row, head, pos0, ok0, stride_page, stride_token, PAGE)
     k0 = tl.load(slot0[:, None] + d[None, :], mask=older0[:, None], other=0.0)
     v0 = tl.load(slot0[:, None] + stride_kv + d[None, :], mask=older0[:, None], other=0.0)
     if PDL:
-        # q and the newest K/V are the prep kernel's output (PREP: q, k and v the projection's).
-        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_wait()  # q and the newest K/V are the prep kernel's output
     if s0 < n_splits:
         g = tl.arange(0, GROUP_PAD)
         g_ok = g < GROUP
         q_rows = q_ptr + row.to(tl.int64) * stride_q_row + (kvh * GROUP + g)[:, None] * stride_q_head
         # Rows past the group are zeros: their scores are finite and they are never stored.
-        if PREP:
-            # The prep's own norm and rotation of the raw q, storage-rounded as the prep stores it.
-            q, _q_raw, _q_inv_rms = _norm_rotate_heads(
-                q_rows,
-                q_weight_ptr,
-                q_eps,
-                g_ok[:, None],
-                cos,
-                sin,
-                HEAD_DIM,
-                TURNING_PAIRS,
-                PAIR_OFFSET,
-                Q_WEIGHT_MODE,
-                Q_ROUND_BEFORE_WEIGHT,
-                STORAGE,
-            )
-            if TENSOR_CORES:
-                q = q.to(STORAGE)  # exact: the values are storage-rounded
-        else:
-            q = tl.load(q_rows + d[None, :], mask=g_ok[:, None], other=0.0)
-            if not TENSOR_CORES:
-                q = q.to(tl.float32)
+        q = tl.load(q_rows + d[None, :], mask=g_ok[:, None], other=0.0)
+        if not TENSOR_CORES:
+            q = q.to(tl.float32)
         m_i = tl.full((GROUP_PAD,), float("-inf"), dtype=tl.float32)
         l_i = tl.zeros((GROUP_PAD,), dtype=tl.float32)
         acc = tl.zeros((GROUP_PAD, HEAD_DIM), dtype=tl.float32)
-        if PREP:
-            # The program holding the new token's split (one per row and KV head) computes and
-            # stores its K/V; no other program reads that position, so none waits for the store.
-            if prog == (position // SPLIT) % PROGRAMS:
-                k_new, v_new = _new_token_kv(
-                    k_ptr,
-                    v_ptr,
-                    k_weight_ptr,
-                    pool_ptr,
-                    table_row,
-                    row,
-                    kvh,
-                    position,
-                    k_eps,
-                    cos,
-                    sin,
-                    stride_k_row,
-                    stride_k_head,
-                    stride_v_row,
-                    stride_v_head,
-                    stride_page,
-                    stride_kv,
-                    stride_token,
-                    stride_head,
-                    KV_HEADS,
-                    HEAD_DIM,
-                    KV_BLOCK_HEADS,
-                    K_WEIGHT_MODE,
-                    K_ROUND_BEFORE_WEIGHT,
-                    V_SOURCE,
-                    TURNING_PAIRS,
-                    PAIR_OFFSET,
-                    PAGE,
-                    STORAGE,
-                )
-            else:
-                k_new = tl.zeros((HEAD_DIM,), dtype=STORAGE)
-                v_new = tl.zeros((HEAD_DIM,), dtype=STORAGE)
-            new0 = (ok0 & (pos0 == position))[:, None]
-            k0 = tl.where(new0, k_new[None, :], k0)
-            v0 = tl.where(new0, v_new[None, :], v0)
-        else:
-            newest0 = (ok0 & (pos0 == kv_len - 1))[:, None]
-            k0 = tl.load(slot0[:, None] + d[None, :], mask=newest0, other=k0)
-            v0 = tl.load(slot0[:, None] + stride_kv + d[None, :], mask=newest0, other=v0)
+        newest0 = (ok0 & (pos0 == kv_len - 1))[:, None]
+        k0 = tl.load(slot0[:, None] + d[None, :], mask=newest0, other=k0)
+        v0 = tl.load(slot0[:, None] + stride_kv + d[None, :], mask=newest0, other=v0)
         m_i, l_i, acc = _fold_tile(q, k0, v0, ok0, m_i, l_i, acc, scale, TENSOR_CORES, PV_STORAGE)
         for s in range(s0, n_splits, PROGRAMS):
             lo = tl.maximum(s * SPLIT, start)
@@ -397,89 +280,13 @@ def _decode_attention_split_kernel(
                 pos = t * BLOCK_N + n
                 ok = (pos >= lo) & (pos < hi)
                 slot = _token_slots(table_row, head, pos, ok, stride_page, stride_token, PAGE)
-                if PREP:
-                    new = (ok & (pos == position))[:, None]
-                    stored = ok[:, None] & ~new
-                    k = tl.load(slot[:, None] + d[None, :], mask=stored, other=0.0)
-                    v = tl.load(slot[:, None] + stride_kv + d[None, :], mask=stored, other=0.0)
-                    k = tl.where(new, k_new[None, :], k)
-                    v = tl.where(new, v_new[None, :], v)
-                else:
-                    k = tl.load(slot[:, None] + d[None, :], mask=ok[:, None], other=0.0)
-                    v = tl.load(slot[:, None] + stride_kv + d[None, :], mask=ok[:, None], other=0.0)
+                k = tl.load(slot[:, None] + d[None, :], mask=ok[:, None], other=0.0)
+                v = tl.load(slot[:, None] + stride_kv + d[None, :], mask=ok[:, None], other=0.0)
                 m_i, l_i, acc = _fold_tile(q, k, v, ok, m_i, l_i, acc, scale, TENSOR_CORES, PV_STORAGE)
         part = (row.to(tl.int64) * KV_HEADS + kvh) * PROGRAMS + prog
         tl.store(acc_ptr + (part * GROUP + g)[:, None] * HEAD_DIM + d[None, :], acc, mask=g_ok[:, None])
         tl.store(ml_ptr + part * 2 * GROUP + g, m_i, mask=g_ok)
         tl.store(ml_ptr + part * 2 * GROUP + GROUP + g, l_i, mask=g_ok)
-
-
-@triton.jit
-def _new_token_kv(
-    k_ptr,
-    v_ptr,
-    k_weight_ptr,
-    pool_ptr,
-    table_row,
-    row,
-    kvh,
-    position,
-    k_eps,
-    cos,
-    sin,
-    stride_k_row,
-    stride_k_head,
-    stride_v_row,
-    stride_v_head,
-    stride_page,
-    stride_kv,
-    stride_token,
-    stride_head,
-    KV_HEADS: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    KV_BLOCK_HEADS: tl.constexpr,
-    WEIGHT_MODE: tl.constexpr,
-    ROUND_BEFORE_WEIGHT: tl.constexpr,
-    V_SOURCE: tl.constexpr,
-    TURNING_PAIRS: tl.constexpr,
-    PAIR_OFFSET: tl.constexpr,
-    PAGE: tl.constexpr,
-    STORAGE: tl.constexpr,
-):
-    """KV head ``kvh``'s new K (norm, rotary) and V of one row, stored at the position's slot of
-    the pool and returned as two ``[HEAD_DIM]`` rows in the storage dtype: the prep kernel's
-    helpers on the prep kernel's own tile of KV heads (``KV_BLOCK_HEADS``, the one holding
-    ``kvh``), so a GPU sums each head's squares in the same layout and order as the prep kernel;
-    ``kvh``'s row is then picked out exactly (a sum with ``-0.0``, the identity of addition)."""
-    d = tl.arange(0, HEAD_DIM)
-    heads = (kvh // KV_BLOCK_HEADS) * KV_BLOCK_HEADS + tl.arange(0, KV_BLOCK_HEADS)
-    mine = (heads == kvh)[:, None]
-    head_ok = (heads < KV_HEADS)[:, None]
-    heads = heads[:, None].to(tl.int64)
-    row = row.to(tl.int64)
-    k_rot, v = _kv_values(
-        k_ptr + row * stride_k_row + heads * stride_k_head,
-        v_ptr + row * stride_v_row + heads * stride_v_head,
-        k_weight_ptr,
-        k_eps,
-        head_ok,
-        cos,
-        sin,
-        HEAD_DIM,
-        TURNING_PAIRS,
-        PAIR_OFFSET,
-        WEIGHT_MODE,
-        ROUND_BEFORE_WEIGHT,
-        V_SOURCE,
-        STORAGE,
-    )
-    k_new = tl.sum(tl.where(mine, k_rot, -0.0), axis=0).to(STORAGE)
-    v_new = tl.sum(tl.where(mine, v.to(tl.float32), -0.0), axis=0).to(STORAGE)
-    page = tl.load(table_row + position // PAGE).to(tl.int64)
-    k_dst = pool_ptr + page * stride_page + (position % PAGE) * stride_token + kvh * stride_head + d
-    tl.store(k_dst, k_new)
-    tl.store(k_dst + stride_kv, v_new)
-    return k_new, v_new
 
 
 @triton.jit
@@ -656,151 +463,7 @@ def decode_attention(
     work is metadata only: no synchronisation, and with `scratch` and `out` given no allocation
     (CUDA-graph safe)."""
     check_decode(q, pool_layer, page_table, kv_lens, layer, scratch, split_tokens)
-    return _launch(
-        q, pool_layer, page_table, kv_lens, layer, scratch, out, split_tokens, pv_storage, _NO_PREP, {}
-    )
-
-
-# The plain launch's PREP operands: None, which Triton specialises away.
-_NO_PREP: tuple[None, ...] = (None,) * 14
-
-
-@dataclass(frozen=True, slots=True)
-class PrepOperands:
-    """What `decode_attention_with_prep` needs besides the attention's own operands: the layer's
-    prep (`kernels.reference.PrepSpec`), its Q and K norm weights `[head_dim]`, the model's rope
-    table `[positions, 2, turning_pairs]` (`kernels.reference.rope_table`, in the storage dtype)
-    and each row's position `[≥ rows]` (int32 or int64, contiguous; row i's is `kv_lens[i] - 1`)."""
-
-    spec: PrepSpec
-    q_norm_weight: torch.Tensor
-    k_norm_weight: torch.Tensor
-    rope_table: torch.Tensor
-    positions: torch.Tensor
-
-
-def check_prep_operands(
-    prep: PrepOperands,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor | None,
-    layer: AttentionLayerSpec,
-) -> None:
-    """Raise `DecodeAttentionError` naming the value if the PREP variant cannot take these operands
-    (beyond `check_decode`'s checks of the attention's own)."""
-    spec = prep.spec
-    if spec.q_gated:
-        raise DecodeAttentionError(
-            f"decode attention with prep: {spec.name} has a gated Q (q_gated=True); its gate needs the "
-            "prep kernel's copy, so run attention_prep and decode_attention"
-        )
-    if spec.head_dim != layer.head_dim:
-        raise DecodeAttentionError(
-            f"decode attention with prep: {spec.name} head_dim={spec.head_dim} differs from the layer's "
-            f"head_dim={layer.head_dim}"
-        )
-    try:
-        check_prep_inputs(spec, q, k, v, prep.q_norm_weight, prep.k_norm_weight)
-    except SpecError as exc:
-        raise DecodeAttentionError(f"decode attention with prep: {exc}") from exc
-    if k.shape[1] != layer.num_kv_heads:
-        raise DecodeAttentionError(
-            f"decode attention with prep: k {tuple(k.shape)} is not [rows, {layer.num_kv_heads}, {layer.head_dim}]"
-        )
-    for name, t in (("k", k), ("v", v)):
-        if t is not None and t.stride(-1) != 1:
-            raise DecodeAttentionError(
-                f"decode attention with prep: {name}'s head_dim must be dense, strides {t.stride()}"
-            )
-    try:
-        check_index_vector("positions", prep.positions, q.shape[0])
-        check_rope_table(spec, prep.rope_table, q.dtype)
-    except PrepLaunchError as exc:
-        raise DecodeAttentionError(f"decode attention with prep: {exc}") from exc
-    tensors = (k, v, prep.q_norm_weight, prep.k_norm_weight, prep.rope_table, prep.positions)
-    devices = {t.device for t in tensors if t is not None} | {q.device}
-    if len(devices) != 1:
-        raise DecodeAttentionError(f"decode attention with prep: operands on {sorted(map(str, devices))}")
-
-
-def prep_variant_constexprs(
-    spec: PrepSpec, layer: AttentionLayerSpec, dtype: torch.dtype
-) -> dict[str, object]:
-    """The split kernel's PREP compile-time parameters: the prep kernel's own (same codes, and its
-    tile of KV heads), with `PREP` on."""
-    prep = prep_constexprs(spec, layer.num_heads, layer.num_kv_heads, dtype)
-    names = (
-        "KV_BLOCK_HEADS",
-        "Q_WEIGHT_MODE",
-        "Q_ROUND_BEFORE_WEIGHT",
-        "K_WEIGHT_MODE",
-        "K_ROUND_BEFORE_WEIGHT",
-        "V_SOURCE",
-        "TURNING_PAIRS",
-        "PAIR_OFFSET",
-        "STORAGE",
-    )
-    return {"PREP": True, **{name: prep[name] for name in names}}
-
-
-def decode_attention_with_prep(
-    prep: PrepOperands,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor | None,
-    pool_layer: torch.Tensor,
-    page_table: torch.Tensor,
-    kv_lens: torch.Tensor,
-    layer: AttentionLayerSpec,
-    *,
-    scratch: DecodeScratch | None = None,
-    out: torch.Tensor | None = None,
-    split_tokens: int = SPLIT_TOKENS,
-    pv_storage: bool = False,
-) -> torch.Tensor:
-    """A pure decode step's attention prep and attention in two launches (the PREP split kernel,
-    then the merge): what `attention_prep(prep.spec, q, k, v, …)` followed by `decode_attention`
-    (with the same `split_tokens` and `pv_storage`) on its rotated q returns and leaves in the
-    pool, bit for bit, when row i's position
-    (`prep.positions[i]`) is `kv_lens[i] - 1` and its page-table row is `page_table[i]`.
-
-    `q`, `k`, `v` are the projection's raw rows (`[rows, heads, head_dim]`, views of a fused
-    projection allowed, each head dense; `v` None where the spec derives V from K). Each row's new
-    K/V are written to the pool at its position. Positions and page tables are trusted, as in
-    `attention_prep`. Gated Q (Qwen3.5) is refused: its gate needs the prep kernel's copy."""
-    check_decode(q, pool_layer, page_table, kv_lens, layer, scratch, split_tokens)
-    check_prep_operands(prep, q, k, v, layer)
-    v_arg = v if v is not None else k  # never read when V comes from K
-    operands = (
-        k,
-        v_arg,
-        prep.q_norm_weight,
-        prep.k_norm_weight,
-        prep.rope_table,
-        prep.positions,
-        prep.spec.q_norm.eps,
-        prep.spec.k_norm.eps,
-        k.stride(0),
-        k.stride(1),
-        v_arg.stride(0),
-        v_arg.stride(1),
-        prep.rope_table.stride(0),
-        prep.rope_table.stride(1),
-    )
-    constexprs = prep_variant_constexprs(prep.spec, layer, q.dtype)
-    return _launch(
-        q,
-        pool_layer,
-        page_table,
-        kv_lens,
-        layer,
-        scratch,
-        out,
-        split_tokens,
-        pv_storage,
-        operands,
-        constexprs,
-    )
+    return _launch(q, pool_layer, page_table, kv_lens, layer, scratch, out, split_tokens, pv_storage)
 
 
 def _launch(
@@ -813,8 +476,6 @@ def _launch(
     out: torch.Tensor | None,
     split_tokens: int,
     pv_storage: bool,
-    prep_operands: tuple[object, ...],
-    prep_constexprs: dict[str, object],
 ) -> torch.Tensor:
     geometry = DecodeGeometry.of(layer)
     rows = q.shape[0]
@@ -860,14 +521,12 @@ def _launch(
         pool_layer.stride(2),
         pool_layer.stride(3),
         page_table.stride(0),
-        *prep_operands,
         GROUP_PAD=geometry.group_pad,
         BLOCK_N=geometry.block_n(split_tokens),
         PAGE=PAGE_SIZE,
         TENSOR_CORES=tensor_cores,
         PV_STORAGE=pv_storage and tensor_cores,
         **shared,
-        **prep_constexprs,
         **launch,
     )
     _decode_attention_merge_launch[(rows, layer.num_heads)](

@@ -4,17 +4,14 @@ The interpreter accepts programs the GPU compiler rejects (a dynamic loop whose 
 a runtime `if`, fp32 `tl.dot` shapes), so the interpreter tests alone do not show the two kernels
 build. This compiles the split and merge kernels at the serving geometries down to cubins with the
 ptxas that ships with Triton, specialised as the runtime JIT specialises them (pointers and the
-pool strides, multiples of 16, marked divisible by 16), the split kernel's PREP variant
-(``decode_attention_with_prep``) at the geometries of ``PREP_VARIANTS``, whose RMS norms must
-reduce in the prep kernel's register layouts (``norm_reduction_layouts``), and the split kernel
-with P·V in bf16 (``pv_storage``) at ``PV_STORAGE_VARIANTS``; for each split kernel it
+pool strides, multiples of 16, marked divisible by 16), and the split kernel with P·V in bf16
+(``pv_storage``, what the serving backend runs) at ``PV_STORAGE_VARIANTS``; for each split kernel it
 prints the registers and spills the cubin uses (``cuobjdump``, where Triton ships it). Run
 without ``TRITON_INTERPRET``: ``python -m kernels.triton.decode_attention_aot``.
 """
 
 from __future__ import annotations
 
-import inspect
 import os
 import re
 import subprocess
@@ -27,17 +24,13 @@ import triton
 
 from kernels.attention.base import AttentionLayerSpec
 from kernels.kv_layout import PAGE_SIZE
-from kernels.reference import PrepSpec, gemma3_prep, gemma4_sliding_prep, qwen3_prep
-from kernels.triton.aot import compile_variant as compile_prep
 from kernels.triton.decode_attention import (
-    _NO_PREP,
     NUM_WARPS,
     PROGRAMS_PER_HEAD,
     SPLIT_TOKENS,
     DecodeGeometry,
     _decode_attention_merge_kernel,
     _decode_attention_split_kernel,
-    prep_variant_constexprs,
     uses_tensor_cores,
 )
 from kernels.triton.offline import compile_offline, has_pdl_instructions, ptx_of, run_compile_check
@@ -55,43 +48,14 @@ SERVING_VARIANTS: tuple[tuple[int, int, int, int | None, torch.dtype], ...] = (
     (8, 8, 64, None, torch.bfloat16),
 )
 
-# (prep, q heads, kv heads, window, dtype): the PREP variant at Qwen3-4B's layers (and in fp32, the
-# CUDA-core program) and at the sliding layers of Gemma 4 12B and Gemma 3.
-PREP_VARIANTS: tuple[tuple[PrepSpec, int, int, int | None, torch.dtype], ...] = (
-    (qwen3_prep(), 32, 8, None, torch.bfloat16),
-    (qwen3_prep(), 32, 8, None, torch.float32),
-    (gemma4_sliding_prep(), 16, 8, 1024, torch.bfloat16),
-    (gemma3_prep(), 4, 1, 512, torch.bfloat16),
+# (q heads, kv heads, head dim, window): the split kernel with P·V in the storage dtype
+# (`pv_storage`), bf16, at the tensor-core geometries of SERVING_VARIANTS.
+PV_STORAGE_VARIANTS: tuple[tuple[int, int, int, int | None], ...] = (
+    (32, 8, 128, None),
+    (16, 4, 256, None),
+    (16, 8, 256, 1024),
 )
-
-# (q heads, kv heads, head dim, window, with prep): the split kernel with P·V in the storage dtype
-# (`pv_storage`), bf16, at the tensor-core geometries of SERVING_VARIANTS and Qwen3-4B's PREP variant.
-PV_STORAGE_VARIANTS: tuple[tuple[int, int, int, int | None, PrepSpec | None], ...] = (
-    (32, 8, 128, None, None),
-    (16, 4, 256, None, None),
-    (16, 8, 256, 1024, None),
-    (32, 8, 128, None, qwen3_prep()),
-)
-
-# The split kernel's PREP operands, in its argument order (None in the plain build).
-_PREP_ARGS = (
-    "k_ptr",
-    "v_ptr",
-    "q_weight_ptr",
-    "k_weight_ptr",
-    "rope_ptr",
-    "positions_ptr",
-    "q_eps",
-    "k_eps",
-    "stride_k_row",
-    "stride_k_head",
-    "stride_v_row",
-    "stride_v_head",
-    "stride_rope_position",
-    "stride_rope_kind",
-)
-assert len(_PREP_ARGS) == len(_NO_PREP)
-_INT_POINTERS = ("table_ptr", "kv_len_ptr", "positions_ptr")
+_INT_POINTERS = ("table_ptr", "kv_len_ptr")
 _FP32_POINTERS = ("acc_ptr", "ml_ptr")
 
 
@@ -108,7 +72,7 @@ def _compile(
             return "*fp32"
         if name.endswith("_ptr"):
             return POINTER_TYPES[dtype]
-        return "fp32" if name in ("scale", "q_eps", "k_eps") else "i32"
+        return "fp32" if name == "scale" else "i32"
 
     pointers = {name for name in fn.arg_names if name.endswith("_ptr")}
     return compile_offline(
@@ -129,12 +93,11 @@ def compile_variant(
     *,
     arch: int = 90,
     pdl: bool = True,
-    prep: PrepSpec | None = None,
     pv_storage: bool = False,
 ) -> tuple[object, object]:
     """The compiled (split, merge) kernels for one layer geometry and storage dtype on ``sm_{arch}``,
-    PDL on as a GPU of that arch launches them (or off); with ``prep``, the split kernel's PREP
-    variant for that prep; with ``pv_storage``, its P·V dot in the storage dtype."""
+    PDL on as a GPU of that arch launches them (or off); with ``pv_storage``, the split kernel's
+    P·V dot in the storage dtype."""
     if interpreted():
         raise RuntimeError("ahead-of-time compilation needs TRITON_INTERPRET unset")
     geometry = DecodeGeometry.of(layer)
@@ -157,18 +120,6 @@ def compile_variant(
         "stride_q_row",
         "stride_q_head",
     }
-    # The PREP constexprs' defaults (the plain kernel), as the runtime JIT fills them in.
-    variant: dict[str, object] = {
-        param.name: param.default
-        for param in _decode_attention_split_kernel.params
-        if param.is_constexpr and param.default is not inspect.Parameter.empty
-    }
-    if prep is None:
-        variant |= dict.fromkeys(_PREP_ARGS)
-    else:
-        # The projection's rows, heads and the rope table's rows are multiples of 16 elements too.
-        variant |= prep_variant_constexprs(prep, layer, dtype)
-        pool_strides |= {name for name in _PREP_ARGS if name.startswith("stride_")}
     split = _compile(
         _decode_attention_split_kernel,
         {
@@ -177,7 +128,6 @@ def compile_variant(
             "BLOCK_N": geometry.block_n(),
             "PAGE": PAGE_SIZE,
             "TENSOR_CORES": uses_tensor_cores(dtype),
-            **variant,
             "PV_STORAGE": pv_storage and uses_tensor_cores(dtype),
         },
         dtype,
@@ -219,24 +169,6 @@ def resource_usage(kernel: object) -> str:
     return f"registers={registers[1]} stack_bytes={stack[1] if stack else '?'}"
 
 
-def norm_reduction_layouts(kernel: object, head_dim: int) -> set[str]:
-    """The register layouts (TTGIR ``#ttg.blocked<…>``) of a compiled kernel's reductions along the
-    head dim of ``[heads, head_dim]`` fp32 tiles: the RMS norms' sums of squares. Two kernels whose
-    sets agree sum each head's squares in the same order on the GPU."""
-    ttgir = str(getattr(kernel, "asm", {}).get("ttgir", ""))
-    aliases = dict(re.findall(r"^(#\w+) = (#ttg\.blocked<.*>)$", ttgir, re.MULTILINE))
-    found = re.finditer(
-        r'"tt\.reduce"\([^)]*\) <\{axis = 1 : i32\}>.*?\}\) : \(tensor<\d+x(\d+)xf32, (#\w+)>',
-        ttgir,
-        re.DOTALL,
-    )
-    return {
-        aliases[alias]
-        for width, alias in (m.groups() for m in found)
-        if int(width) == head_dim and alias in aliases
-    }
-
-
 def _check(kernels: tuple[object, object], name: str, failures: list[str]) -> bool:
     if not all(kernel.asm.get("cubin") for kernel in kernels):  # type: ignore[attr-defined]
         failures.append(f"{name}: no cubin")
@@ -257,26 +189,10 @@ def main() -> int:
             print(
                 f"compiled decode attention {name} for sm_90 with PDL (split: {resource_usage(kernels[0])})"
             )
-    for prep, heads, kv_heads, window, dtype in PREP_VARIANTS:
-        layer = AttentionLayerSpec(heads, kv_heads, prep.head_dim, prep.head_dim**-0.5, window)
-        kernels = compile_variant(layer, dtype, prep=prep)
-        name = f"{prep.name} q_heads={heads} kv_heads={kv_heads} head_dim={prep.head_dim} window={window} {dtype}"
-        # Bit for bit with the prep kernel on the GPU takes its norms' order of summation.
-        ours = norm_reduction_layouts(kernels[0], prep.head_dim)
-        theirs = norm_reduction_layouts(compile_prep(prep, heads, kv_heads, dtype), prep.head_dim)
-        if not ours or ours != theirs:
-            failures.append(
-                f"{name}: norm reductions in layouts {sorted(ours)}, the prep kernel's {sorted(theirs)}"
-            )
-        elif _check(kernels, name, failures):
-            print(
-                f"compiled decode attention with prep {name} for sm_90 with PDL (split: {resource_usage(kernels[0])})"
-            )
-    for heads, kv_heads, head_dim, window, with_prep in PV_STORAGE_VARIANTS:
+    for heads, kv_heads, head_dim, window in PV_STORAGE_VARIANTS:
         layer = AttentionLayerSpec(heads, kv_heads, head_dim, head_dim**-0.5, window)
-        kernels = compile_variant(layer, torch.bfloat16, prep=with_prep, pv_storage=True)
-        prep_name = with_prep.name if with_prep else None
-        name = f"q_heads={heads} kv_heads={kv_heads} head_dim={head_dim} window={window} prep={prep_name}"
+        kernels = compile_variant(layer, torch.bfloat16, pv_storage=True)
+        name = f"q_heads={heads} kv_heads={kv_heads} head_dim={head_dim} window={window}"
         if _check(kernels, name, failures):
             print(
                 f"compiled decode attention, P·V in bf16, {name} for sm_90 with PDL "

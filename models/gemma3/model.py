@@ -46,6 +46,7 @@ from kernels import layer_ops, reference
 from kernels.attention.base import AttentionLayerSpec
 from kernels.gemm.dispatch import Linear
 from kernels.gemm.projections import as_projections
+from kernels.prep_dispatch import run_attention_prep
 from kernels.reference import NormSpec, NormWeight, PrepSpec
 from models.gemma3.config import LAYER_TYPES, SLIDING, Gemma3Config
 from models.gemma3.sharding import shard_plan
@@ -210,9 +211,7 @@ class Gemma3Model:
         head_dim, tokens = self.config.head_dim, projected.shape[0]
         q, k, v = projected.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         pool_layer = self.kv.layer(layer.group, layer.slot)
-        out, _ = batch.attention.prep_and_run(
-            layer.group,
-            self.kv.attention_specs[layer.group],
+        q_rot, _ = run_attention_prep(
             self.preps[layer.kind],
             q.reshape(tokens, self.num_heads, head_dim),
             k.reshape(tokens, self.num_kv_heads, head_dim),
@@ -223,7 +222,8 @@ class Gemma3Model:
             self.rope_tables[layer.kind],
             pool_layer,
         )
-        return out.reshape(tokens, self.q_size)
+        spec = self.kv.attention_specs[layer.group]
+        return batch.attention.run(layer.group, spec, q_rot, pool_layer).reshape(tokens, self.q_size)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.projections(hidden, self.lm_head)

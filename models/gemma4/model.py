@@ -45,6 +45,7 @@ from kernels import layer_ops, reference
 from kernels.attention.base import AttentionLayerSpec
 from kernels.gemm.dispatch import Linear
 from kernels.gemm.projections import as_projections
+from kernels.prep_dispatch import run_attention_prep
 from kernels.reference import NormSpec, NormWeight, PrepSpec
 from models.gemma4.config import GLOBAL, SLIDING, Gemma4Config
 from models.gemma4.sharding import shard_plan
@@ -236,9 +237,7 @@ class Gemma4Model:
             q, k = projected.split([q_size, kv_size], dim=-1)
             v_heads = None
         pool_layer = self.kv.layer(layer.group, layer.slot)
-        out, _ = batch.attention.prep_and_run(
-            layer.group,
-            self.kv.shapes[layer.group].attention,
+        q_rot, _ = run_attention_prep(
             self.preps[layer.kind],
             q.reshape(tokens, num_heads, g.head_dim),
             k.reshape(tokens, num_kv_heads, g.head_dim),
@@ -249,7 +248,8 @@ class Gemma4Model:
             self.rope_tables[layer.kind],
             pool_layer,
         )
-        return out.reshape(tokens, q_size)
+        spec = self.kv.shapes[layer.group].attention
+        return batch.attention.run(layer.group, spec, q_rot, pool_layer).reshape(tokens, q_size)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.projections(hidden, self.embed)

@@ -37,6 +37,7 @@ from kernels import layer_ops, reference
 from kernels.attention.base import AttentionLayerSpec
 from kernels.gemm.dispatch import Linear
 from kernels.gemm.projections import as_projections
+from kernels.prep_dispatch import run_attention_prep
 from kernels.reference import GatedActivation, NormSpec, NormWeight
 from models.qwen3.config import Qwen3Config
 from models.qwen3.sharding import shard_plan
@@ -144,9 +145,7 @@ class Qwen3Model:
         tokens, head_dim = qkv.shape[0], self.config.head_dim
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         pool_layer = self.kv.layer(0, index)
-        out, _ = batch.attention.prep_and_run(
-            0,
-            self.attn_spec,
+        q_rot, _ = run_attention_prep(
             self.prep,
             q.view(tokens, self.num_heads, head_dim),
             k.view(tokens, self.num_kv_heads, head_dim),
@@ -157,7 +156,7 @@ class Qwen3Model:
             self.rope_table,
             pool_layer,
         )
-        return out.reshape(tokens, self.q_size)
+        return batch.attention.run(0, self.attn_spec, q_rot, pool_layer).reshape(tokens, self.q_size)
 
     def _layers(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """Every layer as separate projections, each residual add fused with the norm after it; the

@@ -60,6 +60,7 @@ from kernels.attention.base import AttentionLayerSpec
 from kernels.gdn import GDNBackend, StateRows, TorchGDN
 from kernels.gemm.dispatch import Linear
 from kernels.gemm.projections import as_projections
+from kernels.prep_dispatch import run_attention_prep
 from kernels.reference import GatedActivation, NormSpec, NormWeight
 from kernels.triton.storage import interpreted
 from models.qwen35.config import FULL, LINEAR, GDNGeometry, Qwen35Config
@@ -430,9 +431,7 @@ class Qwen35Model:
         tokens = projected.shape[0]
         q, k, v = projected.split([2 * q_size, kv_size, kv_size], dim=-1)
         pool_layer = self.kv.layer(0, layer.kv_index)
-        attn, gate = batch.attention.prep_and_run(
-            0,
-            self.attn_spec,
+        q_rot, gate = run_attention_prep(
             self.prep,
             q.reshape(tokens, self.num_heads, 2 * head_dim),
             k.reshape(tokens, self.num_kv_heads, head_dim),
@@ -444,6 +443,7 @@ class Qwen35Model:
             pool_layer,
         )
         assert gate is not None  # the gated-Q prep always returns the gate
+        attn = batch.attention.run(0, self.attn_spec, q_rot, pool_layer)
         gated = attn.reshape(tokens, self.num_heads, head_dim) * torch.sigmoid(gate)
         return gated.reshape(tokens, q_size)
 

@@ -28,7 +28,7 @@ from kernels.triton.decode_attention import (
     DecodeScratch,
     decode_attention,
 )
-from kernels.triton.decode_attention_aot import PREP_VARIANTS, PV_STORAGE_VARIANTS, SERVING_VARIANTS
+from kernels.triton.decode_attention_aot import PV_STORAGE_VARIANTS, SERVING_VARIANTS
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 S = SPLIT_TOKENS
@@ -300,8 +300,11 @@ def test_refuses_what_it_cannot_run_naming_the_value() -> None:
 
 def test_every_variant_compiles_for_sm90() -> None:
     compiled = compiled_variants("kernels.triton.decode_attention_aot")
-    # The plain kernels at every serving geometry, the PREP variant at its own, then P·V in bf16.
-    assert len(compiled) == len(SERVING_VARIANTS) + len(PREP_VARIANTS) + len(PV_STORAGE_VARIANTS), compiled
-    assert all(
-        "registers=" not in line or "stack_bytes=0" in line for line in compiled[-len(PV_STORAGE_VARIANTS) :]
-    )
+    # The plain kernels at every serving geometry, then P·V in bf16.
+    assert len(compiled) == len(SERVING_VARIANTS) + len(PV_STORAGE_VARIANTS), compiled
+    spilled = [
+        line
+        for line in compiled[-len(PV_STORAGE_VARIANTS) :]
+        if "registers=" in line and "stack_bytes=0" not in line
+    ]
+    assert not spilled, spilled

@@ -37,7 +37,14 @@ from kernels import layer_ops, reference
 from kernels.gemm import skinny_dispatch
 from kernels.gemm.projections import ComposedProjections
 from kernels.gemm.skinny_candidates import candidate_settings
-from kernels.gemm.skinny_dispatch import Backend, ChoiceTable, DispatchTableError, ShapeChoice, SkinnyDispatch
+from kernels.gemm.skinny_dispatch import (
+    GATED_MAX_ROWS,
+    Backend,
+    ChoiceTable,
+    DispatchTableError,
+    ShapeChoice,
+    SkinnyDispatch,
+)
 from kernels.reference import SpecError
 from kernels.triton.fused_gemv import Fusion, fused_gemv
 from kernels.triton.fused_mma import MmaSettings, fused_mma
@@ -327,17 +334,22 @@ def test_dispatch_routes_a_gemv_bucket_to_the_decode_gemv(monkeypatch: pytest.Mo
 def test_the_gated_activation_rides_the_gemv_where_the_table_sends_the_gate_up_to_it(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Where the bucket is the GEMV, ``linear_gated`` is the GEMV with its gated epilogue (one launch)
-    and the composed projections take it; elsewhere it declines and they compose; a weight the
-    epilogue refuses (odd N: no gate and up halves) declines by name, once."""
+    """Where the bucket is the GEMV and M is at most ``GATED_MAX_ROWS``, ``linear_gated`` is the GEMV
+    with its gated epilogue (one launch) and the composed projections take it; elsewhere it
+    declines and they compose; a weight the epilogue refuses (odd N: no gate and up halves)
+    declines by name, once."""
     linear = SkinnyDispatch(_table(SETTINGS["whole-s4"], ((2, Backend.GEMV), (8, Backend.OURS))))
     projections = ComposedProjections(linear)
     silu = reference.GatedActivation.SILU
     x, w = _operands(8, torch.bfloat16)
-    for rows in (1, 2):
-        fused = fused_gemv(x[:rows], w, Fusion(activation=silu))
-        assert torch.equal(linear.linear_gated(x[:rows], w, silu), fused)
-        assert torch.equal(projections.norm_linear_gated(x[:rows], None, None, w, silu), fused)
+    fused = fused_gemv(x[:1], w, Fusion(activation=silu))
+    assert torch.equal(linear.linear_gated(x[:1], w, silu), fused)
+    assert torch.equal(projections.norm_linear_gated(x[:1], None, None, w, silu), fused)
+    assert (
+        GATED_MAX_ROWS == 1 and linear.linear_gated(x[:2], w, silu) is None
+    )  # the plain GEMV, then SiLU·mul
+    composed = layer_ops.gated_activation(fused_gemv(x[:2], w, Fusion()), silu)
+    assert torch.equal(projections.norm_linear_gated(x[:2], None, None, w, silu), composed)
     assert linear.linear_gated(x[:3], w, silu) is None  # bucket 8: the skinny GEMM
     composed = layer_ops.gated_activation(skinny_gemm(x[:3], w, SETTINGS["whole-s4"]), silu)
     assert torch.equal(projections.norm_linear_gated(x[:3], None, None, w, silu), composed)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import importlib.machinery
 import sys
 import types
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -230,51 +229,26 @@ def test_tiny_qwen3_decodes_the_torch_backends_tokens(tiny_qwen3: Path) -> None:
     assert got == want and all(len(t) == 12 for t in want.values())
 
 
-@pytest.mark.parametrize("line", ["tiny_qwen3", "tiny_gemma4", "tiny_qwen35"])
-def test_the_prep_inside_the_split_kernel_decodes_the_same_tokens(
-    line: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """`FUSE_PREP`: the kernel's steps run the prep inside the split kernel (Qwen3, Gemma 4's sliding
-    layers), Qwen3.5's gated-Q prep keeps the prep kernel; the tokens are the unfused run's."""
-    checkpoint: Path = request.getfixturevalue(line)
-    want, _ = _greedy_tokens(checkpoint, "triton")
-    fused_launches: list[int] = []
-    real = triton_decode_backend.decode_attention_with_prep
-
-    def spied(*args: object, **kwargs: object) -> torch.Tensor:
-        fused_launches.append(1)
-        return real(*args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(triton_decode_backend, "FUSE_PREP", True)
-    monkeypatch.setattr(triton_decode_backend, "decode_attention_with_prep", spied)
-    got, _ = _greedy_tokens(checkpoint, "triton")
-    assert got == want and all(len(t) == 12 for t in want.values())
-    assert (len(fused_launches) > 0) == (line != "tiny_qwen35"), len(fused_launches)
-
-
-@pytest.mark.parametrize("fuse_prep", [False, True], ids=["pair", "fused"])
 def test_p_in_the_storage_dtype_reaches_every_kernel_launch(
-    fuse_prep: bool, tiny_qwen3: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_qwen3: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`PV_STORAGE`: every launch of the kernel (warm-up, plain and with the prep) takes it. The tiny
-    checkpoint is fp32, whose program has no P to round: the tokens stay the run's without it."""
+    """`PV_STORAGE`: every launch of the kernel (warm-up and serving) takes the backend's setting.
+    The tiny checkpoint is fp32, whose program has no P to round: the tokens stay the same."""
     want, _ = _greedy_tokens(tiny_qwen3, "triton")
     seen: list[object] = []
+    real = triton_decode_backend.decode_attention
 
-    def spy(real: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-        def launch(*args: object, **kwargs: object) -> torch.Tensor:
-            seen.append(kwargs.get("pv_storage"))
-            return real(*args, **kwargs)
+    def launch(*args: object, **kwargs: object) -> torch.Tensor:
+        seen.append(kwargs.get("pv_storage"))
+        return real(*args, **kwargs)  # type: ignore[arg-type]
 
-        return launch
-
-    monkeypatch.setattr(triton_decode_backend, "PV_STORAGE", True)
-    monkeypatch.setattr(triton_decode_backend, "FUSE_PREP", fuse_prep)
-    for name in ("decode_attention", "decode_attention_with_prep"):
-        monkeypatch.setattr(triton_decode_backend, name, spy(getattr(triton_decode_backend, name)))
-    got, _ = _greedy_tokens(tiny_qwen3, "triton")
-    assert got == want
-    assert seen and set(seen) == {True}, seen
+    for setting in (True, False):
+        seen.clear()
+        monkeypatch.setattr(triton_decode_backend, "PV_STORAGE", setting)
+        monkeypatch.setattr(triton_decode_backend, "decode_attention", launch)
+        got, _ = _greedy_tokens(tiny_qwen3, "triton")
+        assert got == want
+        assert seen and set(seen) == {setting}, seen
 
 
 def test_pick_attention_builds_it_and_refuses_a_cpu_without_the_interpreter(
