@@ -66,27 +66,21 @@
 # come back, so fetch through a wait call's runs.tgz instead.
 # The next stretch's call 2 picks its pipeline by the card that came (a plain call may get either):
 #   if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
-#     P="qwen3-table qwen35-9b-forward+qwen35-gates vllm-qwen3 attn-pv-storage-ab prep-fuse-ab skinny-early-ab"; else
-#     P="attn-pv-storage-ab prep-fuse-ab skinny-early-ab gate-act-lines-ab default-attn-gates pdl-preload-probe"; fi;
+#     P="qwen3-table qwen35-9b-forward+qwen35-gates vllm-qwen3 lines-attn-ab"; else
+#     P="lines-attn-ab default-attn-gates vllm-qwen3 pdl-preload-probe"; fi;
 #   PIPELINE="$P" QWEN35_SELECT=all SYNTH_AHEAD=0 WAIT_S=5 STAGE=all bash docs/benchmarks/scripts/h200_session.sh ...
-# On an H200 (~3 + 15 + 4 + 14 + 7 + 4 min): qwen3-table (the H200's dispatch table has no GEMV rows:
-# copy skinny_dispatch_h200.json back from runs.tgz) and the H200's first decode step since f348b1c;
+# On an H200 (~3 + 15 + 4 + 6 min): qwen3-table (the H200's dispatch table has no GEMV rows: copy
+# skinny_dispatch_h200.json back from runs.tgz) and the H200's first decode step since f348b1c;
 # the 9b's full_forward_matches_hf (never run alone on an H200) beside the whole qwen35 manifest at
 # HEAD (neither sizes a KV pool from free memory; issue 19's last two GPU points); vllm-qwen3 for the
-# same-session ratio (its six staging calls while the lanes run, `last` before vllm-qwen3 starts);
-# then the three levers below. Later H200 steps: invariance, numerics, gemma4-gates (its five
-# gates that need the H200's memory), prefill-graphs-gates-gemma4 (what stands between
-# --prefill-graphs and the default).
-# On an H100 (~14 + 7 + 4 + 5 + 12 + 2 min): the split kernel with P rounded to bf16 for P·V
-# (INFER_ATTN_PV_STORAGE=1; 119 registers against 224, so twice the programs an SM) up to 4 and 64
-# rows (FlashInfer serves 8-64 now: its 13.7 + 2.9 µs a layer at batch 8 read 16.8 MB of KV,
-# 5.7 µs at the stream rate; 6a3578e timeline); the attention prep inside the split kernel
-# (INFER_FUSE_PREP=1, one launch a layer fewer at batches 1-4); the skinny GEMM's first tile before
-# the PDL wait (FIRST_TILE_BEFORE_WAIT, same bits; batches 2-16); turn each on by default where the
-# step gains and the gates pass; the gate/up GEMV's gated epilogue (ec7f68b) on Gemma 4 12B at
-# batch 1-2 and Qwen3.5-4B at batch 1; the qwen35 manifest and the gemma4 gates that fit with them
-# as shipped; what each projection's GEMV adds past a PDL predecessor. (2026-12-07 late: no machine
-# came in seven calls, then loans paused: nothing of this ran.)
+# same-session ratio (its six staging calls while the lanes run, `last` before vllm-qwen3 starts).
+# Later H200 steps: invariance, numerics, gemma4-gates (its five gates that need the H200's memory),
+# prefill-graphs-gates-gemma4 (what stands between --prefill-graphs and the default).
+# On an H100 (~6 + 12 + 4 + 2 min): bea95fc's Triton attention (P·V in bf16, up to 16 rows), timed
+# on Qwen3-4B only (38b9790), against the attention before it on Gemma 4 12B and Qwen3.5-4B; the
+# qwen35 manifest and the gemma4 gates that fit, as shipped; vLLM beside the shipped Qwen3-4B step
+# (its six staging calls during default-attn-gates); what each projection's GEMV adds past a PDL
+# predecessor.
 # The rest needs the H200
 # (its figures, gemma4's five gates, the 9b's parity: qwen35-9b-forward). The staging
 # folders are ignored, so a new checkout lacks them: scripts/stage_device.sh stages them all (~1 min)
@@ -327,70 +321,25 @@ gate-act-head-ab() {  # the decode step as shipped (the gate/up GEMV's SiLU·mul
   done
   python3 -m pytest -q -s --tb=short tests/kernels/test_skinny_gemm.py -k "gated or gemv_bucket"
 }
-prep-fuse-ab() {  # the attention prep inside the Triton split kernel (INFER_FUSE_PREP=1: one launch a
-  # layer fewer at the batches the kernel serves, 1-4) against the prep kernel, Qwen3-4B at batches
-  # 1-4, interleaved, twice each, run 1 with the kernel timeline; then its GPU tests and the qwen3
-  # manifest with it (~7 min)
-  synth_q3
-  local run
+lines-attn-ab() {  # bea95fc's Triton decode attention (P·V in bf16, up to 16 rows; timed on Qwen3-4B
+  # only) against the attention before it (tf32x3 P·V up to 4 rows, FlashInfer above) on Gemma 4
+  # 12B's sliding layers and Qwen3.5-4B's attention layers, batches 1 and 8, interleaved, twice
+  # each (~6 min)
+  synth_g4
+  synth_q35
+  local run before="import kernels.attention.triton_decode_backend as backend
+backend.KERNEL_ROWS = 4
+backend.PV_STORAGE = False"
   for run in 1 2; do
-    infer bench latency --model $q3 --batch-sizes 1,2,4 --prefill-lens 1024 \
-      $([ $run == 1 ] && echo --breakdown) --save-result $work/qwen3-4b-latency-prep-pair-$run.json
-    INFER_FUSE_PREP=1 infer bench latency --model $q3 --batch-sizes 1,2,4 --prefill-lens 1024 \
-      $([ $run == 1 ] && echo --breakdown) --save-result $work/qwen3-4b-latency-prep-fused-$run.json
+    infer bench latency --model $g4 --batch-sizes 1,8 --prefill-lens 1024 \
+      --save-result $work/gemma4-12b-latency-attn-shipped-$run.json
+    infer_patched "$before" bench latency --model $g4 --batch-sizes 1,8 --prefill-lens 1024 \
+      --save-result $work/gemma4-12b-latency-attn-before-$run.json
+    infer bench latency --model $q35 --batch-sizes 1,8 --prefill-lens 1024 \
+      --save-result $work/qwen35-4b-latency-attn-shipped-$run.json
+    infer_patched "$before" bench latency --model $q35 --batch-sizes 1,8 --prefill-lens 1024 \
+      --save-result $work/qwen35-4b-latency-attn-before-$run.json
   done
-  python3 -m pytest -q -s --tb=short tests/kernels/test_decode_attention_prep.py \
-    tests/kernels/test_triton_decode_backend.py
-  INFER_FUSE_PREP=1 infer gates --manifest qwen3 --shared-process --checkpoint $q3 $(gate_args qwen3) \
-    --json $work/qwen3-gates-prep-fused.json
-}
-attn-pv-storage-ab() {  # the Triton split kernel with P rounded to bf16 for its P·V dot
-  # (INFER_ATTN_PV_STORAGE=1: 119 registers against 224, so 4 programs an SM where 2 fit) against the
-  # shipped tf32x3 dot: up to KERNEL_ROWS = 4 rows as shipped at batches 1-4 (and with the prep
-  # inside the split kernel too, INFER_FUSE_PREP=1, which prep-fuse-ab times alone), and up to 64 rows
-  # (FlashInfer's rows until now) at 8, 16 and 64, against FlashInfer there, with and without the prep
-  # inside (the prep kernel's link is 4.6 µs a layer at batch 64, 6a3578e); Qwen3-4B, interleaved,
-  # twice each, run 1 with the kernel timeline; then the kernel's GPU tests and the qwen3 manifest
-  # with it up to 64 rows (~12 min)
-  synth_q3
-  local run rows64="import kernels.attention.triton_decode_backend as backend
-backend.KERNEL_ROWS = 64"
-  for run in 1 2; do
-    local timeline=$([ $run == 1 ] && echo --breakdown)
-    infer bench latency --model $q3 --batch-sizes 1,2,4,8,16,64 --prefill-lens 1024 $timeline \
-      --save-result $work/qwen3-4b-latency-pv-shipped-$run.json
-    INFER_ATTN_PV_STORAGE=1 infer bench latency --model $q3 --batch-sizes 1,2,4 --prefill-lens 1024 \
-      $timeline --save-result $work/qwen3-4b-latency-pv-storage-$run.json
-    INFER_ATTN_PV_STORAGE=1 INFER_FUSE_PREP=1 infer bench latency --model $q3 --batch-sizes 1,2,4 \
-      --prefill-lens 1024 $timeline --save-result $work/qwen3-4b-latency-pv-storage-prep-$run.json
-    infer_patched "$rows64" bench latency --model $q3 --batch-sizes 8,16,64 --prefill-lens 1024 $timeline \
-      --save-result $work/qwen3-4b-latency-pv-rows64-tf32x3-$run.json
-    INFER_ATTN_PV_STORAGE=1 infer_patched "$rows64" bench latency --model $q3 --batch-sizes 8,16,64 \
-      --prefill-lens 1024 $timeline --save-result $work/qwen3-4b-latency-pv-rows64-storage-$run.json
-    INFER_ATTN_PV_STORAGE=1 INFER_FUSE_PREP=1 infer_patched "$rows64" bench latency --model $q3 \
-      --batch-sizes 8,16,64 --prefill-lens 1024 $timeline \
-      --save-result $work/qwen3-4b-latency-pv-rows64-storage-prep-$run.json
-  done
-  python3 -m pytest -q -s --tb=short tests/kernels/test_decode_attention.py \
-    tests/kernels/test_decode_attention_prep.py
-  INFER_ATTN_PV_STORAGE=1 infer_patched "$rows64" gates --manifest qwen3 --shared-process --checkpoint $q3 \
-    $(gate_args qwen3) --json $work/qwen3-gates-pv-rows64.json
-}
-skinny-early-ab() {  # the skinny GEMM's K loop with each split's first weight tile requested before
-  # the PDL wait (FIRST_TILE_BEFORE_WAIT: the same bits) against as shipped, Qwen3-4B at the batches
-  # whose table rows take the skinny GEMM (gate/up at 2-16, O at 4-16, the LM head at 2-4),
-  # interleaved, twice each, run 1 with the kernel timeline; then its GPU bit test (~4 min)
-  synth_q3
-  local run early="import kernels.triton.skinny_gemm as skinny
-skinny.FIRST_TILE_BEFORE_WAIT = True"
-  for run in 1 2; do
-    local timeline=$([ $run == 1 ] && echo --breakdown)
-    infer bench latency --model $q3 --batch-sizes 2,4,8,16 --prefill-lens 1024 $timeline \
-      --save-result $work/qwen3-4b-latency-skinny-shipped-$run.json
-    infer_patched "$early" bench latency --model $q3 --batch-sizes 2,4,8,16 --prefill-lens 1024 $timeline \
-      --save-result $work/qwen3-4b-latency-skinny-early-$run.json
-  done
-  python3 -m pytest -q -s --tb=short tests/kernels/test_skinny_gemm.py -k "first_tile"
 }
 gate-act-lines-ab() {  # the same question on the other lines the H100 table sends to the gated GEMV,
   # untimed so far: Gemma 4 12B's gate/up at M = 1-2 (GELU-tanh) and Qwen3.5-4B's at M = 1, as
@@ -1122,7 +1071,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | gemv-layout-ab | attn-split-ab | decode-kernel-ab | invariant-gpu-tests | invariant-tiles-probe | invariant-triton-attn | prefill-host-ab | split-rule-check | gemv-rows-ab | prefill-spread | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | prefill-graphs-gates-qwen35 | prefill-graphs-gates-gemma4 | qwen35-prefill-graphs-latency | attn-layouts | qwen35-9b-forward | mma-rows-ab | attn-chunk-ab | fused-compose-check | default-attn-gates | pdl-preload-probe | attn-split-sizes | attn-split-size-ab | gate-act-head-ab | gate-act-lines-ab | prep-fuse-ab | attn-pv-storage-ab | skinny-early-ab)
+  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | gemv-layout-ab | attn-split-ab | decode-kernel-ab | invariant-gpu-tests | invariant-tiles-probe | invariant-triton-attn | prefill-host-ab | split-rule-check | gemv-rows-ab | prefill-spread | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | prefill-graphs-gates-qwen35 | prefill-graphs-gates-gemma4 | qwen35-prefill-graphs-latency | attn-layouts | qwen35-9b-forward | mma-rows-ab | attn-chunk-ab | fused-compose-check | default-attn-gates | pdl-preload-probe | attn-split-sizes | attn-split-size-ab | gate-act-head-ab | gate-act-lines-ab | lines-attn-ab)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
