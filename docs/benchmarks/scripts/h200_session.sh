@@ -66,18 +66,19 @@
 # come back, so fetch through a wait call's runs.tgz instead.
 # The next stretch's call 2 picks its pipeline by the card that came (a plain call may get either):
 #   if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
-#     P="qwen3-table qwen35-9b-forward+qwen35-gates vllm-qwen3 lines-attn-ab"; else
-#     P="lines-attn-ab default-attn-gates vllm-qwen3 pdl-preload-probe"; fi;
+#     P="qwen3-table qwen35-9b-forward+qwen35-gates vllm-qwen3 lines-attn-ab attn-rows64-split-ab"; else
+#     P="lines-attn-ab attn-rows64-split-ab default-attn-gates vllm-qwen3 pdl-preload-probe"; fi;
 #   PIPELINE="$P" QWEN35_SELECT=all SYNTH_AHEAD=0 WAIT_S=5 STAGE=all bash docs/benchmarks/scripts/h200_session.sh ...
-# On an H200 (~3 + 15 + 4 + 6 min): qwen3-table (the H200's dispatch table has no GEMV rows: copy
+# On an H200 (~3 + 15 + 4 + 6 + 6 min): qwen3-table (the H200's dispatch table has no GEMV rows: copy
 # skinny_dispatch_h200.json back from runs.tgz) and the H200's first decode step since f348b1c;
 # the 9b's full_forward_matches_hf (never run alone on an H200) beside the whole qwen35 manifest at
 # HEAD (neither sizes a KV pool from free memory; issue 19's last two GPU points); vllm-qwen3 for the
 # same-session ratio (its six staging calls while the lanes run, `last` before vllm-qwen3 starts).
 # Later H200 steps: invariance, numerics, gemma4-gates (its five gates that need the H200's memory),
 # prefill-graphs-gates-gemma4 (what stands between --prefill-graphs and the default).
-# On an H100 (~6 + 12 + 4 + 2 min): bea95fc's Triton attention (P·V in bf16, up to 16 rows), timed
+# On an H100 (~6 + 6 + 12 + 4 + 2 min): bea95fc's Triton attention (P·V in bf16, up to 16 rows), timed
 # on Qwen3-4B only (38b9790), against the attention before it on Gemma 4 12B and Qwen3.5-4B; the
+# kernel at 32-64 rows with longer splits against FlashInfer (batch 64's 70 % needs ~2.7 µs a layer); the
 # qwen35 manifest and the gemma4 gates that fit, as shipped; vLLM beside the shipped Qwen3-4B step
 # (its six staging calls during default-attn-gates); what each projection's GEMV adds past a PDL
 # predecessor.
@@ -339,6 +340,25 @@ backend.PV_STORAGE = False"
       --save-result $work/qwen35-4b-latency-attn-shipped-$run.json
     infer_patched "$before" bench latency --model $q35 --batch-sizes 1,8 --prefill-lens 1024 \
       --save-result $work/qwen35-4b-latency-attn-before-$run.json
+  done
+}
+attn-rows64-split-ab() {  # the Triton kernel (P·V in bf16) at 17-64 rows with a longer split than
+  # 64 tokens (at 64 rows rows × KV heads already fill the SMs, and 16 partials a query head cost
+  # the merge 8.2 µs a layer at 38b9790, where the kernel lost to FlashInfer, 6.41 against 6.18 ms)
+  # against FlashInfer as shipped, Qwen3-4B at batches 32 and 64, interleaved, twice each, run 1
+  # with the kernel timeline (~6 min)
+  synth_q3
+  local run split
+  for run in 1 2; do
+    local timeline=$([ $run == 1 ] && echo --breakdown)
+    infer bench latency --model $q3 --batch-sizes 32,64 --prefill-lens 1024 $timeline \
+      --save-result $work/qwen3-4b-latency-rows64-flashinfer-$run.json
+    for split in 128 256 512; do
+      infer_patched "import kernels.attention.triton_decode_backend as backend
+backend.KERNEL_ROWS = 64
+backend.SPLIT_TOKENS_BY_ROWS = ((16, 64), (64, $split))" bench latency --model $q3 --batch-sizes 32,64 \
+        --prefill-lens 1024 $timeline --save-result $work/qwen3-4b-latency-rows64-split$split-$run.json
+    done
   done
 }
 gate-act-lines-ab() {  # the same question on the other lines the H100 table sends to the gated GEMV,
@@ -1071,7 +1091,7 @@ case "${STAGE:-all}" in
     follow ;;
   pipeline) pipeline ;;
   wait) follow ;;
-  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | gemv-layout-ab | attn-split-ab | decode-kernel-ab | invariant-gpu-tests | invariant-tiles-probe | invariant-triton-attn | prefill-host-ab | split-rule-check | gemv-rows-ab | prefill-spread | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | prefill-graphs-gates-qwen35 | prefill-graphs-gates-gemma4 | qwen35-prefill-graphs-latency | attn-layouts | qwen35-9b-forward | mma-rows-ab | attn-chunk-ab | fused-compose-check | default-attn-gates | pdl-preload-probe | attn-split-sizes | attn-split-size-ab | gate-act-head-ab | gate-act-lines-ab | lines-attn-ab)
+  gemma4-gates | gpu-tests | host-profile | qwen3-greedy | gemma4-latency | norms-check | numerics | invariance | buckets | startup | gemma4-startup | qwen3-gates | qwen3-latency | attn-triton | attn-triton-tests | attn-triton-latency | gemm | decode-paths | kernels | gemma3-latency | gemma3-gates | qwen35-agree | async-check | qwen35 | decode-tests | sampler-timing | gemm-qwen3 | qwen3-decode-variants | gemma4-decode-variants | host-profile-async | vllm-qwen3 | vllm-gemma4 | vllm-qwen35 | qwen3-gates-decode-path | qwen35-gpu-tests | qwen35-fla-tests | qwen35-bench-gdn | qwen35-gates | qwen35-latency | qwen35-4b-parity | qwen35-9b-parity | qwen35-decode-fused | host-launch-costs | async-gates-qwen3 | async-gates-qwen35 | async-gates-gemma4 | prefill-calls | decode-attention-backends | gemm-gemma4 | gemm-qwen35 | conv-pieces-tests | gemv-ab | pdl-tests | sync-probe | qwen3-table | gemv-sweep | gemv-layout-ab | attn-split-ab | decode-kernel-ab | invariant-gpu-tests | invariant-tiles-probe | invariant-triton-attn | prefill-host-ab | split-rule-check | gemv-rows-ab | prefill-spread | qwen3-timeline | prefill-graphs-tests | prefill-graphs-latency | prefill-graphs-gates-qwen3 | prefill-graphs-gates-qwen35 | prefill-graphs-gates-gemma4 | qwen35-prefill-graphs-latency | attn-layouts | qwen35-9b-forward | mma-rows-ab | attn-chunk-ab | fused-compose-check | default-attn-gates | pdl-preload-probe | attn-split-sizes | attn-split-size-ab | gate-act-head-ab | gate-act-lines-ab | lines-attn-ab | attn-rows64-split-ab)
     "$STAGE"; cp $work/*.json "$out"/ 2>/dev/null; true ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac
