@@ -12,8 +12,8 @@ three fused ops, each defined in ``kernels.reference``:
 
 ``ComposedProjections`` runs each as separate ops (the policy's linear, ``layer_ops.rms_norm``,
 torch's rounded add, ``layer_ops.gated_activation``), with one exception: where the policy's linear
-is the ``tuned`` dispatch and its table sends the gate/up weight at this M to the decode GEMV, the
-GEMV's gated epilogue stores ``act(gate) · up`` itself (``SkinnyDispatch.linear_gated``: one launch a
+is the ``tuned`` dispatch and its table sends the gate/up weight at this M to the decode GEMV (at
+one row: ``skinny_dispatch.GATED_MAX_ROWS``), the GEMV's gated epilogue stores ``act(gate) · up`` itself (``SkinnyDispatch.linear_gated``: one launch a
 layer fewer, Qwen3-4B's batch-1 step 0.07 ms faster on an H100, docs/benchmarks/qwen3.md).
 ``FusedDecodeProjections`` runs each of them, and the plain projection ``projections(x, weight)``
 (the LM head included: the fused kernels' weight offsets are 64-bit), as one fused launch when

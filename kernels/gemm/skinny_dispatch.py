@@ -306,9 +306,8 @@ class SkinnyDispatch:
         """``reference.linear_gated(x, weight, kind)`` as one launch of the decode GEMV with its gated
         epilogue where the table sends this fused ``[2I, K]`` gate/up weight at x's M to the GEMV
         and M is at most ``GATED_MAX_ROWS``; None elsewhere (the caller composes the linear and the
-        activation). The GEMV stores the
-        rounded ``act(gate) · up`` itself, so the step skips the activation launch and its link in
-        the PDL chain (docs/kernels.md, "The fused decode GEMV")."""
+        activation). The GEMV stores the rounded ``act(gate) · up`` itself, so the step skips the
+        activation launch and its link in the PDL chain (docs/kernels.md, "The fused decode GEMV")."""
         if weight.dim() != 2 or x.dim() != 2 or x.shape[0] > GATED_MAX_ROWS:
             return None
         choice = self.table.lookup(int(weight.shape[0]), int(weight.shape[1]), weight.dtype)
