@@ -113,7 +113,7 @@ def _check_rows_buffer(name: str, t: torch.Tensor, needed_rows: int) -> None:
         raise PrepLaunchError(f"{name} must be dense in its last dim, got strides {t.stride()}")
 
 
-def check_index_vector(name: str, t: torch.Tensor, rows: int) -> None:
+def _check_index_vector(name: str, t: torch.Tensor, rows: int) -> None:
     """Raise `PrepLaunchError` naming `name` unless `t` is a dense int32 or int64 vector of at least
     `rows` entries (each row's position or sequence index)."""
     if t.dim() != 1 or t.shape[0] < rows:
@@ -124,7 +124,7 @@ def check_index_vector(name: str, t: torch.Tensor, rows: int) -> None:
         raise PrepLaunchError(f"{name} must be contiguous, got stride {t.stride()}")
 
 
-def check_rope_table(spec: PrepSpec, rope_table: torch.Tensor, dtype: torch.dtype) -> None:
+def _check_rope_table(spec: PrepSpec, rope_table: torch.Tensor, dtype: torch.dtype) -> None:
     """Raise ``PrepLaunchError`` unless ``rope_table`` is ``[positions, 2, turning_pairs]`` in the
     storage dtype, dense in its last dim (what the kernels index)."""
     turning = spec.rope.turning_pairs
@@ -156,8 +156,8 @@ def _check_launch(
     for name, t in (("q", q), ("k", k), ("v", v), ("q_out", q_out), ("gate_out", gate_out)):
         if t is not None:
             _check_rows_buffer(name, t, end_row)
-    check_index_vector("positions", rows.positions, end_row)
-    check_index_vector("seq_index", rows.seq_index, end_row)
+    _check_index_vector("positions", rows.positions, end_row)
+    _check_index_vector("seq_index", rows.seq_index, end_row)
     if rows.page_table.dim() != 2 or rows.page_table.stride(1) != 1:
         raise PrepLaunchError(f"page_table must be 2-D, dense per row, got {tuple(rows.page_table.shape)}")
     expected_out = (q.shape[1], spec.head_dim)
@@ -171,7 +171,7 @@ def _check_launch(
         raise PrepLaunchError(
             f"{spec.name}: gate_out is {'missing' if spec.q_gated else 'given but Q has no gate'}"
         )
-    check_rope_table(spec, rope_table, q.dtype)
+    _check_rope_table(spec, rope_table, q.dtype)
     if kv_pool_layer.dtype != q.dtype:
         raise PrepLaunchError(f"pool dtype {kv_pool_layer.dtype} differs from q {q.dtype}")
     devices = {

@@ -463,20 +463,6 @@ def decode_attention(
     work is metadata only: no synchronisation, and with `scratch` and `out` given no allocation
     (CUDA-graph safe)."""
     check_decode(q, pool_layer, page_table, kv_lens, layer, scratch, split_tokens)
-    return _launch(q, pool_layer, page_table, kv_lens, layer, scratch, out, split_tokens, pv_storage)
-
-
-def _launch(
-    q: torch.Tensor,
-    pool_layer: torch.Tensor,
-    page_table: torch.Tensor,
-    kv_lens: torch.Tensor,
-    layer: AttentionLayerSpec,
-    scratch: DecodeScratch | None,
-    out: torch.Tensor | None,
-    split_tokens: int,
-    pv_storage: bool,
-) -> torch.Tensor:
     geometry = DecodeGeometry.of(layer)
     rows = q.shape[0]
     if out is None:

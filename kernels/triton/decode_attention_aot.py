@@ -49,11 +49,11 @@ SERVING_VARIANTS: tuple[tuple[int, int, int, int | None, torch.dtype], ...] = (
 )
 
 # (q heads, kv heads, head dim, window): the split kernel with P·V in the storage dtype
-# (`pv_storage`), bf16, at the tensor-core geometries of SERVING_VARIANTS.
-PV_STORAGE_VARIANTS: tuple[tuple[int, int, int, int | None], ...] = (
-    (32, 8, 128, None),
-    (16, 4, 256, None),
-    (16, 8, 256, 1024),
+# (`pv_storage`, what the serving backend runs) at every bf16 geometry of SERVING_VARIANTS.
+PV_STORAGE_VARIANTS: tuple[tuple[int, int, int, int | None], ...] = tuple(
+    (heads, kv_heads, head_dim, window)
+    for heads, kv_heads, head_dim, window, dtype in SERVING_VARIANTS
+    if dtype == torch.bfloat16
 )
 _INT_POINTERS = ("table_ptr", "kv_len_ptr")
 _FP32_POINTERS = ("acc_ptr", "ml_ptr")

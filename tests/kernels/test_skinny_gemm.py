@@ -345,9 +345,9 @@ def test_the_gated_activation_rides_the_gemv_where_the_table_sends_the_gate_up_t
     fused = fused_gemv(x[:1], w, Fusion(activation=silu))
     assert torch.equal(linear.linear_gated(x[:1], w, silu), fused)
     assert torch.equal(projections.norm_linear_gated(x[:1], None, None, w, silu), fused)
-    assert (
-        GATED_MAX_ROWS == 1 and linear.linear_gated(x[:2], w, silu) is None
-    )  # the plain GEMV, then SiLU·mul
+    # Two rows: past GATED_MAX_ROWS, so the plain GEMV, then SiLU·mul.
+    assert GATED_MAX_ROWS == 1
+    assert linear.linear_gated(x[:2], w, silu) is None
     composed = layer_ops.gated_activation(fused_gemv(x[:2], w, Fusion()), silu)
     assert torch.equal(projections.norm_linear_gated(x[:2], None, None, w, silu), composed)
     assert linear.linear_gated(x[:3], w, silu) is None  # bucket 8: the skinny GEMM

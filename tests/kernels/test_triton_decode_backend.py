@@ -242,10 +242,10 @@ def test_p_in_the_storage_dtype_reaches_every_kernel_launch(
         seen.append(kwargs.get("pv_storage"))
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
+    monkeypatch.setattr(triton_decode_backend, "decode_attention", launch)
     for setting in (True, False):
         seen.clear()
         monkeypatch.setattr(triton_decode_backend, "PV_STORAGE", setting)
-        monkeypatch.setattr(triton_decode_backend, "decode_attention", launch)
         got, _ = _greedy_tokens(tiny_qwen3, "triton")
         assert got == want
         assert seen and set(seen) == {setting}, seen
